@@ -1,0 +1,61 @@
+"""The rollout-engine contract every engine (HF, vLLM) implements.
+
+Behaviour log-probs are defined once: ``log_softmax(logits / temperature)`` over the full vocabulary,
+at the sampled token (:func:`shared_interfaces.losses.token_logprobs`); top-p changes which tokens can
+be sampled, never the recorded log-prob. Every engine returns exactly this, so the trainer's
+recomputation at the same weights matches up to float error.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 64
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.temperature > 0:
+            raise ValueError(f"temperature must be > 0 (use a small value for near-greedy), got {self.temperature}")
+        if not (0 < self.top_p <= 1):
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One generated response: token ids (EOS included when generated), their behaviour log-probs,
+    ``finish_reason`` (``stop`` on EOS, ``length`` when ``max_new_tokens`` ran out) and the decoded
+    text (special tokens skipped)."""
+
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    finish_reason: Literal["stop", "length"]
+    text: str
+
+
+class RolloutEngine(abc.ABC):
+    """Samples responses for one policy (its own tokenizer and weights)."""
+
+    @abc.abstractmethod
+    def generate(
+        self, prompt_token_ids: Sequence[Sequence[int]], n: int, sampling: SamplingConfig
+    ) -> list[list[Sample]]:
+        """``n`` samples for each prompt (token ids in the policy's tokenizer, template applied)."""
+
+    @abc.abstractmethod
+    def sync_weights(self, model: torch.nn.Module) -> None:
+        """Make the engine sample from ``model``'s current weights (in place where possible)."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release the engine's resources."""

@@ -1,0 +1,196 @@
+"""The Shared Experience Exchange (SEE) contract and its two local implementations.
+
+Contract (every implementation, including the Ray service, keeps it):
+
+* ``publish(records)`` adds records; it is idempotent by ``record_id``: re-publishing an identical
+  record is a no-op, publishing a *different* record under an existing id is an error.
+* ``fetch_group(prompt_id, step, requester=..., include_own=...)`` returns a :class:`PromptGroup`
+  of that prompt's rollout records for that step, in canonical order (policy id, sample index,
+  record id), with or without the requester's own records. ``max_staleness=k`` widens the window to
+  steps ``step - k .. step`` (bounded-staleness asynchronous training; k = 0 is synchronous).
+* Records are validated on the way in (they are :class:`ExperienceRecord` instances, validated at
+  construction; the on-disk log re-validates every line it replays).
+
+:class:`InMemoryExchange` keeps records in a dict. :class:`DiskLogExchange` adds an append-only JSON
+lines log; a restarted process that opens the same path replays it to the same state. A torn last
+line (a crash mid-write) is dropped and truncated away on open, with a warning.
+"""
+
+from __future__ import annotations
+
+import abc
+import os
+import threading
+import warnings
+from collections import defaultdict
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from shared_interfaces.records import ExperienceRecord, PromptGroup, RecordValidationError
+
+
+class ExchangeConflictError(ValueError):
+    """A record id was published twice with different contents."""
+
+
+class ExperienceExchange(abc.ABC):
+    """Abstract SEE: publish and fetch typed experience records."""
+
+    @abc.abstractmethod
+    def publish(self, records: Iterable[ExperienceRecord]) -> int:
+        """Add records; return how many were new (re-published identical records do not count)."""
+
+    @abc.abstractmethod
+    def fetch_group(
+        self,
+        prompt_id: str,
+        step: int,
+        *,
+        requester: str | None = None,
+        include_own: bool = True,
+        max_staleness: int = 0,
+    ) -> PromptGroup:
+        """Rollout records of ``prompt_id`` for steps ``step - max_staleness .. step``."""
+
+    @abc.abstractmethod
+    def records(self) -> Iterator[ExperienceRecord]:
+        """All records in publication order."""
+
+    @abc.abstractmethod
+    def __len__(self) -> int: ...
+
+    def prompt_ids(self, step: int) -> list[str]:
+        """Prompt ids that have at least one record at ``step``, sorted."""
+        return sorted({r.prompt_id for r in self.records() if r.step == step})
+
+
+class InMemoryExchange(ExperienceExchange):
+    """A thread-safe in-process exchange."""
+
+    def __init__(self) -> None:
+        self._by_id: dict[str, ExperienceRecord] = {}
+        self._order: list[str] = []
+        self._index: dict[tuple[str, int], list[str]] = defaultdict(list)
+        self._lock = threading.RLock()
+
+    def _add(self, record: ExperienceRecord) -> bool:
+        if not isinstance(record, ExperienceRecord):
+            raise TypeError(f"publish() takes ExperienceRecord objects, got {type(record).__name__}")
+        existing = self._by_id.get(record.record_id)
+        if existing is not None:
+            if existing != record:
+                raise ExchangeConflictError(
+                    f"record id {record.record_id!r} (policy {record.policy_id!r}) was already published "
+                    "with different contents; record ids must be unique per rollout"
+                )
+            return False
+        self._by_id[record.record_id] = record
+        self._order.append(record.record_id)
+        self._index[(record.prompt_id, record.step)].append(record.record_id)
+        return True
+
+    def publish(self, records: Iterable[ExperienceRecord]) -> int:
+        with self._lock:
+            return sum(self._add(r) for r in records)
+
+    def fetch_group(
+        self,
+        prompt_id: str,
+        step: int,
+        *,
+        requester: str | None = None,
+        include_own: bool = True,
+        max_staleness: int = 0,
+    ) -> PromptGroup:
+        if max_staleness < 0:
+            raise ValueError(f"max_staleness must be >= 0, got {max_staleness}")
+        if not include_own and requester is None:
+            raise ValueError("include_own=False needs the requester's policy id")
+        with self._lock:
+            out = []
+            for s in range(max(0, step - max_staleness), step + 1):
+                for rid in self._index.get((prompt_id, s), ()):
+                    rec = self._by_id[rid]
+                    if include_own or rec.policy_id != requester:
+                        out.append(rec)
+        return PromptGroup(prompt_id=prompt_id, step=step, records=tuple(out))
+
+    def records(self) -> Iterator[ExperienceRecord]:
+        with self._lock:
+            order = list(self._order)
+        return (self._by_id[rid] for rid in order)
+
+    def get(self, record_id: str) -> ExperienceRecord | None:
+        return self._by_id.get(record_id)
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+
+class DiskLogExchange(InMemoryExchange):
+    """An :class:`InMemoryExchange` backed by an append-only JSON lines log at ``path``.
+
+    Opening an existing log replays it (each line re-validated) to the state the writer had.
+    One process writes a log at a time (under Ray the exchange actor is that process).
+    ``fsync=True`` makes every ``publish`` durable before it returns.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, fsync: bool = True) -> None:
+        super().__init__()
+        self.path = Path(path)
+        self.fsync = fsync
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._replay()
+        self._fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - held for the lifetime
+
+    def _replay(self) -> None:
+        if not self.path.exists():
+            return
+        data = self.path.read_bytes()
+        good_end = data.rfind(b"\n") + 1
+        if good_end < len(data):
+            warnings.warn(
+                f"exchange log {self.path}: dropping a torn last line of {len(data) - good_end} bytes "
+                "(the writer stopped mid-record)",
+                stacklevel=3,
+            )
+            with open(self.path, "r+b") as fh:
+                fh.truncate(good_end)
+        for lineno, line in enumerate(data[:good_end].decode("utf-8").splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                rec = ExperienceRecord.from_json(line)
+            except RecordValidationError as err:
+                raise RecordValidationError(f"exchange log {self.path}, line {lineno}: {err}") from err
+            self._add(rec)
+
+    def publish(self, records: Iterable[ExperienceRecord]) -> int:
+        with self._lock:
+            new = []
+            for r in records:
+                if self._add(r):
+                    new.append(r)
+            if new:
+                self._fh.write("".join(r.to_json() + "\n" for r in new))
+                self._fh.flush()
+                if self.fsync:
+                    os.fsync(self._fh.fileno())
+            return len(new)
+
+    def close(self) -> None:
+        with self._lock:
+            if not self._fh.closed:
+                self._fh.close()
+
+    def __enter__(self) -> DiskLogExchange:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:  # pragma: no cover - best effort
+        try:
+            self.close()
+        except Exception:
+            pass

@@ -1,0 +1,163 @@
+"""The policy loss, written once in torch for both backends.
+
+Tensors are ``[..., N, T]``: leading dims (e.g. seeds in the bandit) are kept, N rows (samples) of T
+tokens each (T = 1 in the bandit), ``mask`` marks real tokens. Per-row quantities (advantages,
+weights) are ``[..., N]``. Every aggregate returns ``[...]``; callers sum or mean it.
+
+The learner's loss for one batch (:func:`regime_loss`)::
+
+    L = L_PG + lambda * L_SGT + beta * KL_k3
+    L_PG  = agg_{n,t} [ -w_n * c_nt * min(rho_nt A_n, clip(rho_nt, 1 - eps_low, 1 + eps_high) A_n) ]
+    rho   = exp(log pi_theta - log pi_old)            (proximal ratio; PPO clip)
+    c     = behaviour correction (1 for own samples; PRP's min(pi_old / mu, cap) for peer samples)
+    w     = sample weight (1 own, PRP peer_weight for peer samples)
+    L_SGT = - mean over the SGT targets' tokens of log pi_theta
+    KL_k3 = agg of exp(q) - q - 1, q = log pi_ref - log pi_theta
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from shared_interfaces.regimes.config import LossConfig
+
+
+def masked_sum(x: torch.Tensor, mask: torch.Tensor, dims: tuple[int, ...] = (-2, -1)) -> torch.Tensor:
+    return (x * mask).sum(dim=dims)
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor, dims: tuple[int, ...] = (-2, -1)) -> torch.Tensor:
+    """Mean of ``x`` over ``mask`` along ``dims``; 0 where the mask is empty."""
+    return masked_sum(x, mask, dims) / mask.sum(dim=dims).clamp(min=1)
+
+
+def agg_loss(loss_mat: torch.Tensor, mask: torch.Tensor, mode: str, max_len: int = 1) -> torch.Tensor:
+    """Aggregate a per-token loss ``[..., N, T]`` to ``[...]``.
+
+    * ``token-mean``: ``sum_{n,t} m l / sum_{n,t} m`` (verl/TRL default, DAPO);
+    * ``seq-mean-token-mean``: ``mean_n (sum_t m l / sum_t m)`` over rows with at least one token;
+    * ``seq-mean-token-sum-norm`` (Dr.GRPO): ``sum_{n,t} m l / (N_rows * max_len)`` with ``max_len``
+      a constant (the generation budget), N_rows the rows with at least one token.
+    """
+    mask = mask.to(loss_mat.dtype)
+    if mode == "token-mean":
+        return masked_mean(loss_mat, mask)
+    row_tokens = mask.sum(dim=-1)
+    rows = (row_tokens > 0).to(loss_mat.dtype).sum(dim=-1).clamp(min=1)
+    if mode == "seq-mean-token-mean":
+        per_row = (loss_mat * mask).sum(dim=-1) / row_tokens.clamp(min=1)
+        return per_row.sum(dim=-1) / rows
+    if mode == "seq-mean-token-sum-norm":
+        return (loss_mat * mask).sum(dim=(-2, -1)) / (rows * max_len)
+    raise ValueError(
+        f"unknown loss aggregation {mode!r}; use token-mean, seq-mean-token-mean or seq-mean-token-sum-norm"
+    )
+
+
+def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """Per-token k3 estimator of KL(pi_theta || pi_ref): ``exp(q) - q - 1``, ``q = log pi_ref - log pi_theta``
+    (non-negative, unbiased for samples from pi_theta)."""
+    q = ref_logp - logp
+    return torch.exp(q) - q - 1.0
+
+
+def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """Per-position entropy ``H = logsumexp(z) - sum softmax(z) z`` over the last (vocabulary) axis."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    return -(logp.exp() * logp).sum(dim=-1)
+
+
+def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """Behaviour log-probs, defined once: ``log_softmax(logits / temperature)`` over the full vocabulary,
+    gathered at ``token_ids``. ``logits [..., V]``, ``token_ids [...]`` -> ``[...]`` (float32)."""
+    logp = torch.log_softmax(logits.float() / temperature, dim=-1)
+    return logp.gather(-1, token_ids.long().unsqueeze(-1)).squeeze(-1)
+
+
+@dataclass
+class LossOutput:
+    """The learner's loss ``[...]`` and its parts and diagnostics (detached, ``[...]``)."""
+
+    loss: torch.Tensor
+    pg_loss: torch.Tensor
+    sgt_loss: torch.Tensor
+    kl: torch.Tensor
+    clip_fraction: torch.Tensor
+    approx_kl_old: torch.Tensor
+
+
+def policy_gradient_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    cfg: LossConfig,
+    *,
+    behaviour_coef: torch.Tensor | None = None,
+    sample_weight: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The clipped surrogate ``L_PG`` (see module docstring) and the clip fraction, both ``[...]``.
+
+    ``advantages`` and ``sample_weight`` are per row ``[..., N]``; ``behaviour_coef`` per token
+    ``[..., N, T]`` and treated as a constant (detached).
+    """
+    mask_f = mask.to(logp.dtype)
+    adv = advantages.to(logp.dtype).unsqueeze(-1)
+    ratio = torch.exp(logp - old_logp)
+    surr1 = ratio * adv
+    surr2 = ratio.clamp(1.0 - cfg.clip_low, 1.0 + cfg.clip_high) * adv
+    per_token = -torch.minimum(surr1, surr2)
+    if behaviour_coef is not None:
+        per_token = per_token * behaviour_coef.detach().to(logp.dtype)
+    if sample_weight is not None:
+        per_token = per_token * sample_weight.to(logp.dtype).unsqueeze(-1)
+    clipped = (surr2 < surr1).to(logp.dtype)
+    loss = agg_loss(per_token, mask_f, cfg.agg, cfg.max_response_len)
+    return loss, masked_mean(clipped, mask_f).detach()
+
+
+def sgt_nll_loss(logp: torch.Tensor, sgt_mask: torch.Tensor, weight: float) -> torch.Tensor:
+    """``L_SGT = -lambda * mean over the selected successes' tokens of log pi_theta`` -> ``[...]``
+    (0 where nothing is selected)."""
+    return -weight * masked_mean(logp, sgt_mask.to(logp.dtype))
+
+
+def regime_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    pg_mask: torch.Tensor,
+    cfg: LossConfig,
+    *,
+    behaviour_coef: torch.Tensor | None = None,
+    sample_weight: torch.Tensor | None = None,
+    sgt_mask: torch.Tensor | None = None,
+    sgt_weight: float = 0.0,
+    ref_logp: torch.Tensor | None = None,
+) -> LossOutput:
+    """The full learner loss ``L = L_PG + lambda L_SGT + beta KL_k3`` (module docstring).
+
+    ``pg_mask [..., N, T]`` marks the tokens of rows in the policy-gradient batch; ``sgt_mask`` those
+    of SGT target rows (a row may be in both). KL is aggregated over ``pg_mask`` like ``L_PG``.
+    """
+    pg_loss, clip_frac = policy_gradient_loss(
+        logp, old_logp, advantages, pg_mask, cfg, behaviour_coef=behaviour_coef, sample_weight=sample_weight
+    )
+    zero = torch.zeros_like(pg_loss)
+    sgt = sgt_nll_loss(logp, sgt_mask, sgt_weight) if (sgt_mask is not None and sgt_weight > 0) else zero
+    if ref_logp is not None and cfg.kl_coef > 0:
+        kl = agg_loss(kl_k3(logp, ref_logp), pg_mask.to(logp.dtype), cfg.agg, cfg.max_response_len)
+    else:
+        kl = zero
+    pg_mask_f = pg_mask.to(logp.dtype)
+    approx_kl_old = masked_mean((old_logp - logp).detach(), pg_mask_f)
+    return LossOutput(
+        loss=pg_loss + sgt + cfg.kl_coef * kl,
+        pg_loss=pg_loss.detach(),
+        sgt_loss=sgt.detach(),
+        kl=kl.detach(),
+        clip_fraction=clip_frac,
+        approx_kl_old=approx_kl_old,
+    )
