@@ -1,0 +1,70 @@
+"""The cross-backend contract: what each backend hands its optimizer for the same raw records.
+
+A :class:`ContractCase` is a set of raw rollout records (one or more prompt groups of one step) and a
+regime. Each backend exposes ``run_contract_case(case) -> ContractOutput``: it feeds the records
+through *its own* grouping and batching (and THL, for the LLM) exactly as in training, and reports,
+per learner, the rows of its policy-gradient batch (record id -> advantage, sample weight, behaviour
+coefficient at the snapshot) and its SGT targets. ``tests/contract/`` runs every case through every
+backend and compares with :func:`reference_output`, so a backend that re-derives or mis-groups
+anything fails.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from shared_interfaces.records import ExperienceRecord, PromptGroup
+from shared_interfaces.regimes.config import RegimeSpec
+from shared_interfaces.regimes.plan import plan_prompt_group
+
+
+@dataclass(frozen=True)
+class ContractCase:
+    name: str
+    regime: RegimeSpec
+    policy_ids: tuple[str, ...]
+    records: tuple[ExperienceRecord, ...]
+
+
+@dataclass
+class LearnerDecisions:
+    """One learner's batch: ``advantages[record_id]``, ``weights[record_id]`` (sample weight),
+    ``snapshot_coef[record_id]`` (behaviour coefficient of a peer row under the snapshot denominator,
+    1.0 by definition; only reported for ``prp_snapshot``), ``sgt_targets`` (record ids) and
+    ``sgt_gates[prompt_id]``."""
+
+    advantages: dict[str, float] = field(default_factory=dict)
+    weights: dict[str, float] = field(default_factory=dict)
+    snapshot_coef: dict[str, float] = field(default_factory=dict)
+    sgt_targets: set[str] = field(default_factory=set)
+    sgt_gates: dict[str, bool] = field(default_factory=dict)
+
+
+ContractOutput = dict[str, LearnerDecisions]
+
+
+def groups_of(records: Sequence[ExperienceRecord]) -> list[PromptGroup]:
+    """Split records into prompt groups by (prompt id, step), sorted by (step, prompt id)."""
+    by_key: dict[tuple[int, str], list[ExperienceRecord]] = defaultdict(list)
+    for r in records:
+        by_key[(r.step, r.prompt_id)].append(r)
+    return [PromptGroup(prompt_id=p, step=s, records=tuple(rs)) for (s, p), rs in sorted(by_key.items())]
+
+
+def reference_output(case: ContractCase) -> ContractOutput:
+    """The core's own decisions for ``case`` (via :func:`plan_prompt_group`)."""
+    out: ContractOutput = {p: LearnerDecisions() for p in case.policy_ids}
+    for group in groups_of(case.records):
+        plans = plan_prompt_group(group, case.policy_ids, case.regime)
+        for learner, plan in plans.items():
+            dec = out[learner]
+            dec.sgt_gates[group.prompt_id] = plan.sgt_gate
+            for it in plan.pg_items:
+                dec.advantages[it.record.record_id] = it.advantage
+                dec.weights[it.record.record_id] = it.weight
+                if it.is_peer and plan.denominator == "snapshot":
+                    dec.snapshot_coef[it.record.record_id] = 1.0
+            dec.sgt_targets.update(r.record_id for r in plan.sgt_targets)
+    return out
