@@ -1,0 +1,138 @@
+"""What a cluster has: nodes with GPUs (and their memory), CPUs and RAM, from a YAML file or this machine.
+
+A cluster file (``experiments/configs/clusters/*.yaml``)::
+
+    name: 8xA100-80GB
+    nodes:
+      - {count: 1, gpus: 8, gpu_memory_gib: 80, cpus: 96, ram_gib: 1000}
+    memory_model: {usable_fraction: 0.9}      # optional, see memory.MemoryModel
+
+Unknown keys are errors naming the key. Without a file, :func:`detect_local_cluster` reads this
+machine (``torch.cuda`` devices, ``os.cpu_count``, ``/proc/meminfo``).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mrl_llm.distributed.memory import GiB, MemoryModel
+from shared_interfaces.config_io import ConfigError, from_mapping, load_yaml
+from shared_interfaces.mwra import Resources
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """``count`` identical nodes."""
+
+    gpus: int = 0
+    gpu_memory_gib: float = 0.0
+    cpus: int = 1
+    ram_gib: float = 1.0
+    count: int = 1
+
+    def __post_init__(self) -> None:
+        if self.count < 1 or self.cpus < 1 or self.gpus < 0 or self.ram_gib <= 0:
+            raise ConfigError(f"node spec {self}: count and cpus must be >= 1, gpus >= 0, ram_gib > 0")
+        if self.gpus > 0 and self.gpu_memory_gib <= 0:
+            raise ConfigError(f"node spec {self}: gpus > 0 needs gpu_memory_gib > 0")
+
+
+@dataclass(frozen=True)
+class Device:
+    """One placement target: a GPU (``node0/gpu3``) or a node's host RAM (``node0/ram``)."""
+
+    name: str
+    node: int
+    kind: str  # "gpu" | "ram"
+    capacity_bytes: float
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    name: str
+    nodes: tuple[NodeSpec, ...]
+    memory_model: MemoryModel = field(default_factory=MemoryModel)
+
+    def __post_init__(self) -> None:
+        if not self.nodes:
+            raise ConfigError(f"cluster {self.name!r}: nodes must list at least one node")
+
+    def expanded(self) -> list[NodeSpec]:
+        """One entry per physical node (``count`` unrolled)."""
+        return [n for n in self.nodes for _ in range(n.count)]
+
+    def gpus(self) -> list[Device]:
+        return [
+            Device(f"node{i}/gpu{j}", i, "gpu", n.gpu_memory_gib * GiB)
+            for i, n in enumerate(self.expanded())
+            for j in range(n.gpus)
+        ]
+
+    def rams(self) -> list[Device]:
+        return [Device(f"node{i}/ram", i, "ram", n.ram_gib * GiB) for i, n in enumerate(self.expanded())]
+
+    @property
+    def n_gpus(self) -> int:
+        return sum(n.gpus for n in self.expanded())
+
+    @property
+    def n_cpus(self) -> int:
+        return sum(n.cpus for n in self.expanded())
+
+    def resources(self) -> Resources:
+        """The cluster as the core's :class:`~shared_interfaces.mwra.Resources` (smallest GPU memory)."""
+        nodes = self.expanded()
+        gpu_mem = min((n.gpu_memory_gib for n in nodes if n.gpus), default=0.0)
+        return Resources(
+            n_gpus=self.n_gpus, gpu_memory_gib=gpu_mem, n_cpus=self.n_cpus,
+            ram_gib=sum(n.ram_gib for n in nodes), n_nodes=len(nodes),
+        )
+
+    def describe(self) -> str:
+        parts = []
+        for n in self.nodes:
+            gpu = f"{n.gpus}x{n.gpu_memory_gib:g} GiB GPU, " if n.gpus else "no GPU, "
+            parts.append(f"{n.count} node(s) of {gpu}{n.cpus} CPUs, {n.ram_gib:g} GiB RAM")
+        return f"{self.name}: " + "; ".join(parts)
+
+
+def load_cluster(path: str | Path) -> ClusterSpec:
+    """Read a cluster YAML file (module docstring); errors name the file and the key."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(
+            f"cluster file {p} not found; pass --cluster with one of experiments/configs/clusters/*.yaml "
+            "or omit it to plan for this machine"
+        )
+    data = load_yaml(p)
+    if not isinstance(data, dict):
+        raise ConfigError(f"cluster file {p}: expected a mapping with 'name' and 'nodes'")
+    data = dict(data)
+    data.setdefault("name", p.stem)
+    return from_mapping(ClusterSpec, data, where=f"cluster file {p}")
+
+
+def detect_local_cluster() -> ClusterSpec:
+    """This machine as a one-node cluster."""
+    cpus = os.cpu_count() or 1
+    ram = 1.0
+    try:
+        with open("/proc/meminfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("MemTotal:"):
+                    ram = int(line.split()[1]) * 1024 / GiB
+                    break
+    except OSError:
+        pass
+    gpus, gpu_mem = 0, 0.0
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            gpus = torch.cuda.device_count()
+            gpu_mem = min(torch.cuda.get_device_properties(i).total_memory for i in range(gpus)) / GiB
+    except Exception:  # a broken CUDA install plans as CPU-only
+        gpus = 0
+    return ClusterSpec("local", (NodeSpec(gpus=gpus, gpu_memory_gib=gpu_mem, cpus=cpus, ram_gib=ram),))

@@ -1,0 +1,270 @@
+"""Per-device memory estimates for one policy's trainer and rollout engine (the MWRA planner's input).
+
+Everything is in bytes; ``e`` is the bytes per element of the policy's dtype (fp32: 4, bf16/fp16: 2),
+``b`` the training micro-batch, ``s = prompt_len + max_response_len``, ``h`` the hidden size,
+``h_q = n_heads * head_dim``, ``h_kv = n_kv_heads * head_dim``, ``I`` the MLP width, ``L`` the layers,
+``V`` the vocabulary and ``N`` the parameter count (:attr:`ModelShape.n_params`).
+
+Training state, sharded FSDP-style over ``k`` devices (``k = 1``: unsharded):
+
+* weights ``N e / k`` (+ one gathered layer ``N_layer e`` when ``k > 1``);
+* gradients ``N e / k``;
+* optimizer ``N (8 + 4 [e < 4 and master_weights]) / k`` for AdamW (fp32 first and second moments,
+  plus an fp32 master copy under mixed precision); SGD keeps only the master copy;
+* a frozen reference model for the k3 KL (``kl_coef > 0``): ``N e / k``.
+
+Training activations, per device (Korthikanti et al. 2022, "Reducing Activation Recomputation",
+re-derived for attention computed by a fused kernel, so no ``s^2`` term, no dropout, and gated MLPs):
+one layer stores ``A = e s b (3h + 2h_q + 2h_kv + 4I)`` (``4I`` -> ``2I`` for ungated MLPs: GPT-2) — the
+inputs of the two norms and of QKV, Q/K/V, the attention output, the MLP's gate/up/act/product.
+Without gradient checkpointing all ``L`` layers keep ``A``; with it each keeps only its input
+``e s b h`` and one layer's ``A`` is live during recomputation. The LM head adds the logits
+``e b s V`` and their fp32 log-softmax with its gradient ``2 * 4 b s V``.
+
+Rollout engine: its own weights copy ``N e`` unless it samples from the trainer's model in the same
+process (the ``hf`` engine colocated or on CPU), the KV cache ``2 L h_kv e_kv (prompt_len + max_response_len)`` per sequence in
+flight, and the sampling logits ``2 * 4 V`` per sequence. Each process adds a fixed runtime overhead
+(CUDA context, allocator slack, Python + torch), :attr:`MemoryModel.process_overhead_gib`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, Literal
+
+GiB = 1024**3
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+Dtype = Literal["fp32", "bf16", "fp16"]
+
+
+class ShapeError(ValueError):
+    """A model shape could not be determined; the message says what to pass instead."""
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The sizes of a decoder-only transformer that decide its memory (llama/qwen/mistral/phi/gpt2)."""
+
+    n_layers: int
+    hidden_size: int
+    n_heads: int
+    n_kv_heads: int
+    intermediate_size: int
+    vocab_size: int
+    head_dim: int = 0  # 0: hidden_size // n_heads
+    tie_embeddings: bool = False
+    attention_bias: bool = False
+    gated_mlp: bool = True
+    learned_positions: int = 0  # GPT-2's position table rows
+
+    def __post_init__(self) -> None:
+        for f in ("n_layers", "hidden_size", "n_heads", "n_kv_heads", "intermediate_size", "vocab_size"):
+            if getattr(self, f) < 1:
+                raise ShapeError(f"model shape: {f} must be >= 1, got {getattr(self, f)}")
+        if self.head_dim == 0:
+            object.__setattr__(self, "head_dim", self.hidden_size // self.n_heads)
+
+    @property
+    def q_width(self) -> int:
+        return self.n_heads * self.head_dim
+
+    @property
+    def kv_width(self) -> int:
+        return self.n_kv_heads * self.head_dim
+
+    @property
+    def layer_params(self) -> int:
+        h, hq, hkv, inter = self.hidden_size, self.q_width, self.kv_width, self.intermediate_size
+        attn = h * hq + 2 * h * hkv + hq * h
+        if self.attention_bias:
+            attn += hq + 2 * hkv + (h if not self.gated_mlp else 0)
+        mlp = (3 * h * inter) if self.gated_mlp else (2 * h * inter + inter + h)
+        norms = 2 * h if self.gated_mlp else 4 * h  # RMSNorm weights; LayerNorm weight + bias
+        return attn + mlp + norms
+
+    @property
+    def n_params(self) -> int:
+        h = self.hidden_size
+        embed = self.vocab_size * h + self.learned_positions * h
+        head = 0 if self.tie_embeddings else self.vocab_size * h
+        final_norm = h if self.gated_mlp else 2 * h
+        return embed + head + self.n_layers * self.layer_params + final_norm
+
+    @classmethod
+    def from_hf_config(cls, cfg: Mapping[str, Any], *, where: str = "config.json") -> ModelShape:
+        """From a Hugging Face ``config.json`` mapping (llama-like keys, or GPT-2's ``n_embd`` ...)."""
+        try:
+            if cfg.get("model_type") == "gpt2" or "n_embd" in cfg:
+                h = int(cfg["n_embd"])
+                return cls(
+                    n_layers=int(cfg["n_layer"]), hidden_size=h, n_heads=int(cfg["n_head"]),
+                    n_kv_heads=int(cfg["n_head"]), intermediate_size=int(cfg.get("n_inner") or 4 * h),
+                    vocab_size=int(cfg["vocab_size"]), tie_embeddings=True, attention_bias=True,
+                    gated_mlp=False, learned_positions=int(cfg.get("n_positions", 1024)),
+                )
+            n_heads = int(cfg["num_attention_heads"])
+            return cls(
+                n_layers=int(cfg["num_hidden_layers"]), hidden_size=int(cfg["hidden_size"]), n_heads=n_heads,
+                n_kv_heads=int(cfg.get("num_key_value_heads") or n_heads),
+                intermediate_size=int(cfg["intermediate_size"]), vocab_size=int(cfg["vocab_size"]),
+                head_dim=int(cfg.get("head_dim") or 0), tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+                attention_bias=bool(cfg.get("attention_bias", cfg.get("model_type") == "qwen2")),
+            )
+        except KeyError as err:
+            raise ShapeError(f"{where}: missing key {err.args[0]!r} needed for the memory estimate") from err
+
+    @classmethod
+    def from_model_dir(cls, path: str | Path) -> ModelShape:
+        p = Path(path) / "config.json"
+        if not p.is_file():
+            raise ShapeError(
+                f"model directory {Path(path)} has no config.json; create the model there first, or give "
+                "the policy a known architecture name (one of "
+                f"{sorted(KNOWN_SHAPES)}) or an explicit shape in the plan"
+            )
+        return cls.from_hf_config(json.loads(p.read_text(encoding="utf-8")), where=str(p))
+
+
+#: Public ``config.json`` values of the paper's models, so a cluster can be planned before the
+#: weights are on disk. Keys are the Hugging Face repo names (without the organisation).
+KNOWN_SHAPES: dict[str, ModelShape] = {
+    "Qwen2.5-Math-1.5B": ModelShape(28, 1536, 12, 2, 8960, 151936, tie_embeddings=True, attention_bias=True),
+    "Qwen3-1.7B-Base": ModelShape(28, 2048, 16, 8, 6144, 151936, head_dim=128, tie_embeddings=True),
+    "Llama-2-7b-hf": ModelShape(32, 4096, 32, 32, 11008, 32000),
+    "Mistral-7B-v0.1": ModelShape(32, 4096, 32, 8, 14336, 32000),
+    "phi-4": ModelShape(40, 5120, 40, 10, 17920, 100352),
+}
+
+
+def known_shape(name: str) -> ModelShape | None:
+    """The shape of a known model whose name (or a path ending in it) matches, case-insensitively."""
+    base = Path(str(name).rstrip("/")).name.lower()
+    for key, shape in KNOWN_SHAPES.items():
+        if key.lower() == base:
+            return shape
+    return None
+
+
+@dataclass(frozen=True)
+class PolicyFootprint:
+    """What one policy needs, as the planner sees it (built from the policy's config)."""
+
+    name: str
+    shape: ModelShape
+    dtype: Dtype = "bf16"
+    rollouts_per_step: int = 8  # prompts per step x group size
+    prompt_len: int = 256
+    max_response_len: int = 256
+    micro_batch: int = 1
+    grad_checkpointing: bool = False
+    optimizer: Literal["adamw", "sgd"] = "adamw"
+    master_weights: bool = True
+    kl_coef: float = 0.0
+    engine: Literal["hf", "vllm"] = "vllm"
+    max_num_seqs: int = 256  # the engine's cap on sequences in flight
+    tokenizer_id: str = ""
+
+    def __post_init__(self) -> None:
+        for f in ("rollouts_per_step", "max_response_len", "micro_batch", "max_num_seqs"):
+            if getattr(self, f) < 1:
+                raise ValueError(f"policy {self.name!r}: {f} must be >= 1, got {getattr(self, f)}")
+        if self.dtype not in DTYPE_BYTES:
+            raise ValueError(f"policy {self.name!r}: dtype {self.dtype!r} is not one of {sorted(DTYPE_BYTES)}")
+
+    @property
+    def n_params(self) -> int:
+        return self.shape.n_params
+
+    @property
+    def seq_len(self) -> int:
+        return self.prompt_len + self.max_response_len
+
+    @property
+    def step_cost(self) -> float:
+        """``N * rollouts * seq_len``: the split key of :func:`shared_interfaces.mwra.plan_proportional`."""
+        return float(self.n_params) * self.rollouts_per_step * self.seq_len
+
+
+@dataclass(frozen=True)
+class MemoryModel:
+    """The planner's constants (documented choices, overridable from the cluster file)."""
+
+    usable_fraction: float = 0.9  # of each GPU / node RAM, the rest is headroom (vLLM's default 0.9)
+    process_overhead_gib: float = 1.0  # CUDA context + allocator slack per process on a GPU
+    host_process_gib: float = 0.5  # Python + torch per actor process in host RAM
+
+    def __post_init__(self) -> None:
+        if not (0 < self.usable_fraction <= 1):
+            raise ValueError(f"usable_fraction must be in (0, 1], got {self.usable_fraction}")
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """Bytes one policy puts on one device, by kind (the plan's per-GPU table)."""
+
+    weights: float = 0.0
+    gradients: float = 0.0
+    optimizer: float = 0.0
+    activations: float = 0.0
+    kv_cache: float = 0.0
+    overhead: float = 0.0
+
+    @property
+    def total(self) -> float:
+        return sum(getattr(self, f.name) for f in fields(self))
+
+    def __add__(self, other: MemoryBreakdown) -> MemoryBreakdown:
+        return MemoryBreakdown(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))
+
+    def gib(self) -> dict[str, float]:
+        d = {f.name: getattr(self, f.name) / GiB for f in fields(self)}
+        d["total"] = self.total / GiB
+        return d
+
+
+def layer_activation_bytes(p: PolicyFootprint) -> float:
+    """``A = e s b (3h + 2h_q + 2h_kv + 4I)`` (``2I`` for ungated MLPs): one layer's saved activations."""
+    sh, e = p.shape, DTYPE_BYTES[p.dtype]
+    mlp = (4 if sh.gated_mlp else 2) * sh.intermediate_size
+    return e * p.seq_len * p.micro_batch * (3 * sh.hidden_size + 2 * sh.q_width + 2 * sh.kv_width + mlp)
+
+
+def training_bytes(p: PolicyFootprint, shards: int = 1) -> MemoryBreakdown:
+    """The trainer's footprint on each of ``shards`` devices (module docstring)."""
+    if shards < 1:
+        raise ValueError(f"shards must be >= 1, got {shards}")
+    sh, e, n = p.shape, DTYPE_BYTES[p.dtype], p.n_params
+    weights = n * e / shards + (sh.layer_params * e if shards > 1 else 0)
+    if p.kl_coef > 0:
+        weights += n * e / shards
+    master = 4 if (e < 4 and p.master_weights) else 0
+    moments = 8 if p.optimizer == "adamw" else 0
+    layer = layer_activation_bytes(p)
+    tokens = p.micro_batch * p.seq_len
+    if p.grad_checkpointing:
+        acts = sh.n_layers * e * tokens * sh.hidden_size + layer
+    else:
+        acts = sh.n_layers * layer
+    acts += e * tokens * sh.vocab_size + 2 * 4 * tokens * sh.vocab_size
+    return MemoryBreakdown(
+        weights=weights, gradients=n * e / shards, optimizer=n * (moments + master) / shards, activations=acts
+    )
+
+
+def kv_bytes_per_sequence(p: PolicyFootprint) -> float:
+    """``2 L h_kv e (prompt_len + max_response_len)``: one sequence's KV cache at full length."""
+    return 2 * p.shape.n_layers * p.shape.kv_width * DTYPE_BYTES[p.dtype] * p.seq_len
+
+
+def rollout_bytes(p: PolicyFootprint, concurrent_seqs: int, *, own_weights: bool) -> MemoryBreakdown:
+    """The rollout engine's footprint on one device with ``concurrent_seqs`` sequences in flight;
+    ``own_weights=False`` when it samples from the trainer's model in the same process."""
+    return MemoryBreakdown(
+        weights=p.n_params * DTYPE_BYTES[p.dtype] if own_weights else 0.0,
+        activations=2 * 4 * p.shape.vocab_size * concurrent_seqs,
+        kv_cache=kv_bytes_per_sequence(p) * concurrent_seqs,
+    )

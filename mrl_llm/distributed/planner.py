@@ -1,0 +1,344 @@
+"""The MWRA placement planner: policies x cluster -> who runs where, with per-device memory estimates.
+
+Layouts (``mode``):
+
+* ``colocated`` — rollout and training share GPUs. With ``n_gpus >= P`` each policy gets whole GPUs,
+  apportioned by step cost ``N * rollouts * seq_len`` (largest remainder, at least one each), trains
+  FSDP-sharded over them and runs one rollout engine per GPU. With ``n_gpus < P`` policies share GPUs:
+  each goes to the least-loaded GPU (most free memory) and holds a fraction of it equal to its share of
+  that GPU's estimated memory (fractional GPUs for small models).
+* ``split`` — separate pools: each policy gets at least 2 whole GPUs, half (rounded down) for its rollout
+  engines and the rest for its trainer. Preferred for asynchronous training, where generation and
+  training overlap; ``colocated`` is preferred for synchronous steps, where they alternate.
+* ``cpu`` — no GPUs: each policy goes to the node with most free RAM and gets whole CPUs (largest
+  remainder, at least one) or, with fewer CPUs than policies, a fractional share and one thread.
+
+Memory is estimated per device (:mod:`mrl_llm.distributed.memory`) and must fit in
+``usable_fraction`` of it. Rollout concurrency (sequences in flight per engine) starts at
+``min(ceil(rollouts_per_step / engines), max_num_seqs)`` and is scaled down until the KV cache fits, as
+vLLM does; a device that cannot hold one sequence per engine makes the plan infeasible, and the
+:class:`~shared_interfaces.mwra.AllocationError` says which device, for which policies, by how much.
+The driver and the exchange actor reserve no CPU (they mostly wait on the policy actors).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from mrl_llm.distributed.cluster import ClusterSpec, Device
+from mrl_llm.distributed.memory import (
+    DTYPE_BYTES,
+    GiB,
+    MemoryBreakdown,
+    PolicyFootprint,
+    kv_bytes_per_sequence,
+    rollout_bytes,
+    training_bytes,
+)
+from shared_interfaces.mwra import AllocationError, AllocationPlan, PolicyAllocation
+
+PlanMode = Literal["auto", "colocated", "split", "cpu"]
+HINTS = (
+    "try: more or larger GPUs (--cluster), --mode split/colocated, a smaller micro_batch, "
+    "gradient checkpointing, bf16, or a shorter max_response_len"
+)
+
+
+@dataclass(frozen=True)
+class DevicePart:
+    """What one policy puts on one device in one role (``colocated``, ``train``, ``rollout``, ``cpu``,
+    ``host``)."""
+
+    policy: str
+    role: str
+    memory: MemoryBreakdown
+
+
+@dataclass(frozen=True)
+class DeviceLoad:
+    device: Device
+    usable_bytes: float
+    parts: tuple[DevicePart, ...]
+
+    @property
+    def used_bytes(self) -> float:
+        return sum(p.memory.total for p in self.parts)
+
+
+@dataclass(frozen=True)
+class PolicyPlacement:
+    """Where one policy runs. ``bundles`` are its Ray placement-group bundles (strategy PACK)."""
+
+    policy: str
+    train_devices: tuple[str, ...]
+    rollout_devices: tuple[str, ...]
+    num_gpus: float
+    num_cpus: float
+    threads: int
+    bundles: tuple[dict[str, float], ...]
+    rollouts_per_step: int
+    rollout_concurrency: int
+    rollout_waves: int
+    share: float
+
+
+@dataclass(frozen=True)
+class PlacementPlan:
+    cluster: ClusterSpec
+    mode: Literal["colocated", "split", "cpu"]
+    policies: tuple[PolicyPlacement, ...]
+    devices: tuple[DeviceLoad, ...]
+
+    def for_policy(self, name: str) -> PolicyPlacement:
+        for p in self.policies:
+            if p.policy == name:
+                return p
+        raise KeyError(f"no placement for policy {name!r}; planned: {[p.policy for p in self.policies]}")
+
+    def allocation(self) -> AllocationPlan:
+        """The plan as the core's MWRA contract type."""
+        return AllocationPlan(
+            mode=self.mode,
+            allocations=tuple(
+                PolicyAllocation(p.policy, p.num_gpus, max(1, round(p.num_cpus)), p.rollouts_per_step, p.share)
+                for p in self.policies
+            ),
+        )
+
+    def render(self) -> str:
+        from mrl_llm.distributed.plan_render import render_plan
+
+        return render_plan(self)
+
+
+def apportion(shares: Sequence[float], total: int, minimum: int) -> list[int]:
+    """Integers ``>= minimum`` summing to ``total``, proportional to ``shares`` (largest remainder)."""
+    n = len(shares)
+    spare = total - minimum * n
+    if spare < 0:
+        raise AllocationError(f"{n} parts need at least {minimum * n} units, only {total} available")
+    raw = [s * spare for s in shares]
+    base = [int(x) for x in raw]
+    for i in sorted(range(n), key=lambda i: (-(raw[i] - base[i]), i))[: spare - sum(base)]:
+        base[i] += 1
+    return [b + minimum for b in base]
+
+
+@dataclass
+class _Slot:
+    policy: int
+    device: Device
+    role: str
+
+
+def _engines(slots: list[_Slot], i: int) -> int:
+    return max(1, sum(s.role in ("colocated", "rollout", "cpu") and s.policy == i for s in slots))
+
+
+def _slot_memory(fp: PolicyFootprint, slot: _Slot, n_train: int, seqs: int, cluster: ClusterSpec) -> MemoryBreakdown:
+    mm = cluster.memory_model
+    over = MemoryBreakdown(overhead=mm.process_overhead_gib * GiB)
+    if slot.role == "colocated":
+        return training_bytes(fp, n_train) + rollout_bytes(fp, seqs, own_weights=fp.engine != "hf") + over
+    if slot.role == "train":
+        return training_bytes(fp, n_train) + over
+    if slot.role == "rollout":
+        return rollout_bytes(fp, seqs, own_weights=True) + over
+    # cpu: trainer and engine in one process in host RAM
+    host = MemoryBreakdown(overhead=mm.host_process_gib * GiB)
+    return training_bytes(fp, 1) + rollout_bytes(fp, seqs, own_weights=fp.engine == "vllm") + host
+
+
+def _evaluate(
+    fps: Sequence[PolicyFootprint], slots: list[_Slot], cluster: ClusterSpec, mode: str
+) -> tuple[list[DeviceLoad], list[int]]:
+    """Memory per device with rollout concurrency scaled to fit; raises when a device cannot fit."""
+    usable = cluster.memory_model.usable_fraction
+    n_train = [max(1, sum(s.policy == i and s.role in ("colocated", "train", "cpu") for s in slots))
+               for i in range(len(fps))]
+    req = [min(math.ceil(fp.rollouts_per_step / _engines(slots, i)), fp.max_num_seqs) for i, fp in enumerate(fps)]
+    by_dev: dict[str, list[_Slot]] = defaultdict(list)
+    for s in slots:
+        by_dev[s.device.name].append(s)
+    conc = list(req)
+    for slist in by_dev.values():
+        cap = slist[0].device.capacity_bytes * usable
+        base = sum(_slot_memory(fps[s.policy], s, n_train[s.policy], 0, cluster).total for s in slist)
+        per_seq = {s.policy: kv_bytes_per_sequence(fps[s.policy]) + 8 * fps[s.policy].shape.vocab_size
+                   for s in slist if s.role != "train"}
+        want = sum(req[i] * c for i, c in per_seq.items())
+        if base + want <= cap:
+            continue
+        factor = max(0.0, (cap - base) / want) if want else 0.0
+        if want == 0 or any(math.floor(req[i] * factor) < 1 for i in per_seq):
+            need = base + sum(per_seq.values())
+            dev = slist[0].device
+            names = sorted({fps[s.policy].name for s in slist})
+            raise AllocationError(
+                f"{mode} plan does not fit: {dev.name} ({dev.capacity_bytes / GiB:.1f} GiB, "
+                f"{cap / GiB:.1f} GiB usable) needs {need / GiB:.1f} GiB for {', '.join(names)} "
+                f"(with one rollout sequence in flight); short by {(need - cap) / GiB:.1f} GiB; {HINTS}"
+            )
+        for i in per_seq:
+            conc[i] = min(conc[i], math.floor(req[i] * factor))
+    loads = []
+    for slist in by_dev.values():
+        parts = tuple(
+            DevicePart(fps[s.policy].name, s.role, _slot_memory(fps[s.policy], s, n_train[s.policy],
+                                                                 0 if s.role == "train" else conc[s.policy], cluster))
+            for s in slist
+        )
+        loads.append(DeviceLoad(slist[0].device, slist[0].device.capacity_bytes * usable, parts))
+    return loads, conc
+
+
+def _host_loads(fps: Sequence[PolicyFootprint], slots: list[_Slot], cluster: ClusterSpec) -> list[DeviceLoad]:
+    """Host RAM on GPU nodes: one process per GPU slot plus a staging copy of each policy's weights."""
+    mm, out = cluster.memory_model, []
+    for ram in cluster.rams():
+        parts = []
+        for i, fp in enumerate(fps):
+            procs = sum(s.policy == i and s.device.node == ram.node for s in slots)
+            if procs:
+                mem = MemoryBreakdown(weights=fp.n_params * DTYPE_BYTES[fp.dtype],
+                                      overhead=procs * mm.host_process_gib * GiB)
+                parts.append(DevicePart(fp.name, "host", mem))
+        if parts:
+            load = DeviceLoad(ram, ram.capacity_bytes * mm.usable_fraction, tuple(parts))
+            if load.used_bytes > load.usable_bytes:
+                raise AllocationError(
+                    f"host RAM of {ram.name} ({ram.capacity_bytes / GiB:.1f} GiB) cannot stage "
+                    f"{load.used_bytes / GiB:.1f} GiB for {[p.policy for p in parts]}; short by "
+                    f"{(load.used_bytes - load.usable_bytes) / GiB:.1f} GiB; use nodes with more RAM"
+                )
+            out.append(load)
+    return out
+
+
+def _gpu_slots(fps: Sequence[PolicyFootprint], cluster: ClusterSpec, mode: str, shares: list[float]) -> list[_Slot]:
+    gpus, n = cluster.gpus(), len(fps)
+    slots: list[_Slot] = []
+    if mode == "split":
+        if len(gpus) < 2 * n:
+            raise AllocationError(
+                f"split pools need at least 2 GPUs per policy ({2 * n} for {n} policies); the cluster has "
+                f"{len(gpus)}; use --mode colocated"
+            )
+        pos = 0
+        for i, k in enumerate(apportion(shares, len(gpus), 2)):
+            n_roll = k // 2
+            for j in range(k):
+                slots.append(_Slot(i, gpus[pos + j], "rollout" if j < n_roll else "train"))
+            pos += k
+        return slots
+    if len(gpus) >= n:
+        pos = 0
+        for i, k in enumerate(apportion(shares, len(gpus), 1)):
+            slots.extend(_Slot(i, gpus[pos + j], "colocated") for j in range(k))
+            pos += k
+        return slots
+    # fewer GPUs than policies: share GPUs, largest policies first, each to the emptiest GPU
+    used = {g.name: 0.0 for g in gpus}
+    for i in sorted(range(n), key=lambda i: -_slot_memory(fps[i], _Slot(i, gpus[0], "colocated"), 1,
+                                                          fps[i].rollouts_per_step, cluster).total):
+        g = max(gpus, key=lambda d: (d.capacity_bytes - used[d.name], -gpus.index(d)))
+        used[g.name] += _slot_memory(fps[i], _Slot(i, g, "colocated"), 1, fps[i].rollouts_per_step, cluster).total
+        slots.append(_Slot(i, g, "colocated"))
+    return sorted(slots, key=lambda s: s.policy)
+
+
+def _cpu_slots(fps: Sequence[PolicyFootprint], cluster: ClusterSpec) -> list[_Slot]:
+    rams, used = cluster.rams(), defaultdict(float)
+    slots = []
+    for i, fp in enumerate(fps):
+        d = max(rams, key=lambda r: (r.capacity_bytes - used[r.name], -r.node))
+        used[d.name] += _slot_memory(fp, _Slot(i, d, "cpu"), 1, 1, cluster).total
+        slots.append(_Slot(i, d, "cpu"))
+    return slots
+
+
+def _plan_mode(fps: Sequence[PolicyFootprint], cluster: ClusterSpec, mode: str) -> PlacementPlan:
+    costs = [fp.step_cost for fp in fps]
+    shares = [c / sum(costs) for c in costs]
+    slots = _cpu_slots(fps, cluster) if mode == "cpu" else _gpu_slots(fps, cluster, mode, shares)
+    loads, conc = _evaluate(fps, slots, cluster, mode)
+    if mode != "cpu":
+        loads += _host_loads(fps, slots, cluster)
+    nodes = cluster.expanded()
+    # CPUs: each node's CPUs go to the slots on it, by share (whole CPUs when there are enough)
+    cpus = [0.0] * len(fps)
+    threads = [1] * len(fps)
+    per_slot_cpu: dict[int, float] = {}
+    for node_idx, node in enumerate(nodes):
+        here = [k for k, s in enumerate(slots) if s.device.node == node_idx]
+        if not here:
+            continue
+        w = [shares[slots[k].policy] / sum(slots[q].policy == slots[k].policy for q in here) for k in here]
+        w = [x / sum(w) for x in w]
+        got = apportion(w, node.cpus, 1) if node.cpus >= len(here) else [node.cpus * x for x in w]
+        for k, c in zip(here, got, strict=True):
+            per_slot_cpu[k] = float(c)
+    placements = []
+    for i, fp in enumerate(fps):
+        mine = [k for k, s in enumerate(slots) if s.policy == i]
+        cpus[i] = sum(per_slot_cpu[k] for k in mine)
+        threads[i] = max(1, math.floor(min(per_slot_cpu[k] for k in mine)))
+        on_gpu = [slots[k].device for k in mine if slots[k].device.kind == "gpu"]
+        frac = 1.0
+        if mode == "colocated" and len(on_gpu) == 1:
+            load = next(ld for ld in loads if ld.device.name == on_gpu[0].name)
+            frac = next(p.memory.total for p in load.parts if p.policy == fp.name) / load.used_bytes
+        bundles = tuple(
+            ({"GPU": frac} if slots[k].device.kind == "gpu" else {}) | {"CPU": per_slot_cpu[k]} for k in mine
+        )
+        engines = _engines(slots, i)
+        placements.append(PolicyPlacement(
+            policy=fp.name,
+            train_devices=tuple(slots[k].device.name for k in mine if slots[k].role != "rollout"),
+            rollout_devices=tuple(slots[k].device.name for k in mine if slots[k].role != "train"),
+            num_gpus=sum(b.get("GPU", 0.0) for b in bundles),
+            num_cpus=cpus[i],
+            threads=threads[i],
+            bundles=bundles,
+            rollouts_per_step=fp.rollouts_per_step,
+            rollout_concurrency=conc[i],
+            rollout_waves=math.ceil(math.ceil(fp.rollouts_per_step / engines) / conc[i]),
+            share=shares[i],
+        ))
+    return PlacementPlan(cluster, mode, tuple(placements), tuple(loads))  # type: ignore[arg-type]
+
+
+def plan_placement(
+    footprints: Sequence[PolicyFootprint], cluster: ClusterSpec, *, mode: PlanMode = "auto",
+    prefer_split: bool = False,
+) -> PlacementPlan:
+    """Place ``footprints`` on ``cluster`` (module docstring); raise :class:`AllocationError` if nothing fits.
+
+    ``mode="auto"`` picks ``cpu`` without GPUs, else tries ``colocated`` then ``split`` (``split`` first
+    when ``prefer_split``, i.e. asynchronous training) and returns the first that fits.
+    """
+    if not footprints:
+        raise AllocationError("no policies to place; the config lists none")
+    names = [f.name for f in footprints]
+    if len(set(names)) != len(names):
+        raise AllocationError(f"policy names must be unique, got {names}")
+    if mode == "cpu" or (mode == "auto" and cluster.n_gpus == 0):
+        return _plan_mode(footprints, cluster, "cpu")
+    if cluster.n_gpus == 0:
+        raise AllocationError(f"mode {mode!r} needs GPUs; cluster {cluster.name!r} has none (use --mode cpu)")
+    if mode != "auto":
+        return _plan_mode(footprints, cluster, mode)
+    order = ["split", "colocated"] if prefer_split else ["colocated", "split"]
+    if cluster.n_gpus < 2 * len(footprints):
+        order.remove("split")
+    errors = []
+    for m in order:
+        try:
+            return _plan_mode(footprints, cluster, m)
+        except AllocationError as err:
+            errors.append(str(err))
+    raise AllocationError(errors[0] + "".join(f"\n(also tried: {e})" for e in errors[1:]))

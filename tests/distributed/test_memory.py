@@ -1,0 +1,103 @@
+"""Memory estimates: parameter counts against real HF models, and hand-computed byte counts."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mrl_llm.distributed.memory import (
+    KNOWN_SHAPES,
+    ModelShape,
+    PolicyFootprint,
+    ShapeError,
+    kv_bytes_per_sequence,
+    known_shape,
+    layer_activation_bytes,
+    rollout_bytes,
+    training_bytes,
+)
+
+TINY_CONFIGS = {
+    "qwen2": dict(model_type="qwen2", hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, vocab_size=300, tie_word_embeddings=True),
+    "llama": dict(model_type="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                  num_attention_heads=4, num_key_value_heads=4, vocab_size=257),
+    "mistral": dict(model_type="mistral", hidden_size=48, intermediate_size=80, num_hidden_layers=2,
+                    num_attention_heads=4, num_key_value_heads=1, vocab_size=200),
+    "qwen3": dict(model_type="qwen3", hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=32, vocab_size=300,
+                  tie_word_embeddings=True),
+    "gpt2": dict(model_type="gpt2", n_embd=48, n_layer=2, n_head=4, n_positions=64, vocab_size=211),
+}
+
+
+@pytest.mark.parametrize("family", sorted(TINY_CONFIGS))
+def test_param_count_matches_a_real_hf_model(family: str) -> None:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = dict(TINY_CONFIGS[family])
+    hf = AutoConfig.for_model(cfg.pop("model_type"), **cfg)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(hf)
+    real = sum(p.numel() for p in model.parameters())
+    est = ModelShape.from_hf_config(hf.to_dict()).n_params
+    # Qwen3 adds per-head q/k RMSNorm weights (2 * head_dim per layer), which the shape ignores.
+    slack = 2 * 32 * 2 if family == "qwen3" else 0
+    assert real - slack <= est <= real
+    if family != "qwen3":
+        assert est == real
+
+
+def test_shared_configs_give_the_published_sizes(shared_dir) -> None:
+    sizes = {t: ModelShape.from_model_dir(shared_dir / "tokenizers" / t).n_params for t in ("llama2", "mistral", "gpt2")}
+    # The model cards' parameter counts (exact counts of the released checkpoints).
+    assert sizes == {"llama2": 6_738_415_616, "mistral": 7_241_732_096, "gpt2": 124_439_808}
+
+
+def test_known_shapes_of_the_paper_pair() -> None:
+    assert known_shape("/models/Qwen2.5-Math-1.5B/") is KNOWN_SHAPES["Qwen2.5-Math-1.5B"]
+    assert 1.5e9 < KNOWN_SHAPES["Qwen2.5-Math-1.5B"].n_params < 1.6e9
+    assert 1.65e9 < KNOWN_SHAPES["Qwen3-1.7B-Base"].n_params < 1.75e9
+    assert known_shape("no-such-model") is None
+    with pytest.raises(ShapeError, match="no config.json"):
+        ModelShape.from_model_dir("/nonexistent/model")
+    with pytest.raises(ShapeError, match="missing key 'vocab_size'"):
+        ModelShape.from_hf_config({"num_attention_heads": 2, "num_hidden_layers": 1, "hidden_size": 8,
+                                   "intermediate_size": 8})
+
+
+def _tiny(**kw) -> PolicyFootprint:
+    shape = ModelShape(n_layers=2, hidden_size=8, n_heads=2, n_kv_heads=1, intermediate_size=16, vocab_size=10)
+    base = dict(name="t", shape=shape, dtype="bf16", prompt_len=3, max_response_len=5, micro_batch=2)
+    return PolicyFootprint(**(base | kw))
+
+
+def test_training_bytes_hand_computed() -> None:
+    p = _tiny()
+    n = p.n_params
+    # 2 layers x (attn 8*8 + 2*8*4 + 8*8 = 192, mlp 3*8*16 = 384, norms 16) + embed 80 + head 80 + norm 8
+    assert n == 2 * (192 + 384 + 16) + 80 + 80 + 8
+    # one layer: e s b (3h + 2h_q + 2h_kv + 4I) = 2 * 8 * 2 * (24 + 16 + 8 + 64)
+    assert layer_activation_bytes(p) == 2 * 8 * 2 * 112
+    logits = 2 * 16 * 10 + 8 * 16 * 10
+    m = training_bytes(p)
+    assert (m.weights, m.gradients, m.optimizer) == (2 * n, 2 * n, 12 * n)
+    assert m.activations == 2 * 2 * 8 * 2 * 112 + logits
+    ck = training_bytes(_tiny(grad_checkpointing=True))
+    assert ck.activations == 2 * 2 * 16 * 8 + 2 * 8 * 2 * 112 + logits
+    fp32 = training_bytes(_tiny(dtype="fp32", optimizer="sgd"))
+    assert (fp32.gradients, fp32.optimizer) == (4 * n, 0)
+    sharded = training_bytes(_tiny(kl_coef=0.01), shards=4)
+    assert sharded.weights == 2 * (2 * n / 4) + 2 * p.shape.layer_params
+    assert sharded.optimizer == 12 * n / 4
+
+
+def test_kv_and_rollout_bytes() -> None:
+    p = _tiny()
+    assert kv_bytes_per_sequence(p) == 2 * 2 * 4 * 2 * 8
+    r = rollout_bytes(p, 3, own_weights=True)
+    assert r.kv_cache == 3 * kv_bytes_per_sequence(p)
+    assert r.weights == 2 * p.n_params
+    assert rollout_bytes(p, 3, own_weights=False).weights == 0
+    with pytest.raises(ValueError, match="micro_batch must be >= 1"):
+        _tiny(micro_batch=0)

@@ -1,0 +1,145 @@
+"""MWRA placement: the issue's four planning cases, plus split pools, fractional CPUs and KV scaling."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from mrl_llm.distributed.cluster import ClusterSpec, NodeSpec, load_cluster
+from mrl_llm.distributed.memory import GiB, kv_bytes_per_sequence, rollout_bytes, training_bytes
+from mrl_llm.distributed.planner import PlacementPlan, apportion, plan_placement
+from shared_interfaces.config_io import ConfigError
+from shared_interfaces.mwra import AllocationError, AllocationPlan
+
+from .specs import CLUSTERS, cpu_demo, paper_pair
+
+
+def _check_consistent(plan: PlacementPlan) -> None:
+    """Every device fits, every policy is placed, and the core's AllocationPlan agrees."""
+    for load in plan.devices:
+        assert 0 < load.used_bytes <= load.usable_bytes, load.device.name
+    alloc = plan.allocation()
+    assert isinstance(alloc, AllocationPlan) and alloc.mode == plan.mode
+    assert [a.policy for a in alloc.allocations] == [p.policy for p in plan.policies]
+    assert math.isclose(sum(p.share for p in plan.policies), 1.0)
+    for p in plan.policies:
+        assert p.rollout_concurrency >= 1
+        assert p.rollout_waves * p.rollout_concurrency * len(p.rollout_devices) >= p.rollouts_per_step
+        assert math.isclose(sum(b.get("GPU", 0.0) for b in p.bundles), p.num_gpus)
+        assert math.isclose(sum(b["CPU"] for b in p.bundles), p.num_cpus)
+
+
+def test_paper_pair_on_8xA100_80GB() -> None:
+    cluster = load_cluster(CLUSTERS / "8xA100-80GB.yaml")
+    plan = plan_placement(paper_pair(), cluster)
+    _check_consistent(plan)
+    assert plan.mode == "colocated"
+    gpus = [p.num_gpus for p in plan.policies]
+    assert sum(gpus) == 8 and all(g >= 1 and g == int(g) for g in gpus)
+    # The larger Qwen3 (more parameters, same workload) gets at least as many GPUs.
+    assert gpus[1] >= gpus[0]
+    used = sorted(d for p in plan.policies for d in p.train_devices)
+    assert used == sorted(f"node0/gpu{i}" for i in range(8))
+    # Each GPU's estimate is the sum of the documented parts for that policy and its shard count.
+    fp = paper_pair()[0]
+    k = int(gpus[0])
+    load = next(ld for ld in plan.devices if ld.device.name == "node0/gpu0")
+    c = plan.policies[0].rollout_concurrency
+    expect = (training_bytes(fp, k).total + rollout_bytes(fp, c, own_weights=True).total
+              + cluster.memory_model.process_overhead_gib * GiB)
+    assert math.isclose(load.used_bytes, expect)
+    text = plan.render()
+    assert "mode=colocated" in text and "kv_cache" in text and "node0/gpu7" in text
+    # asynchronous training prefers split pools when they fit
+    split = plan_placement(paper_pair(), cluster, prefer_split=True)
+    _check_consistent(split)
+    assert split.mode == "split"
+    for p in split.policies:
+        assert set(p.train_devices).isdisjoint(p.rollout_devices) and p.rollout_devices
+
+
+def test_paper_pair_on_1xH200_141GB_shares_the_gpu() -> None:
+    cluster = load_cluster(CLUSTERS / "1xH200-141GB.yaml")
+    plan = plan_placement(paper_pair(), cluster)
+    _check_consistent(plan)
+    assert plan.mode == "colocated"
+    fractions = [p.num_gpus for p in plan.policies]
+    assert all(0 < f < 1 for f in fractions) and math.isclose(sum(fractions), 1.0)
+    assert {p.train_devices for p in plan.policies} == {("node0/gpu0",)}
+    # KV cache was scaled down to what fits: fewer sequences in flight than the 256 requested.
+    assert all(p.rollout_concurrency < 256 for p in plan.policies)
+    assert all(p.rollout_waves > 1 for p in plan.policies)
+    with pytest.raises(AllocationError, match="split pools need at least 2 GPUs per policy"):
+        plan_placement(paper_pair(), cluster, mode="split")
+
+
+def test_cpu_demo_on_2cpu_24GiB() -> None:
+    cluster = load_cluster(CLUSTERS / "cpu-2core-24GiB.yaml")
+    plan = plan_placement(cpu_demo(), cluster)
+    _check_consistent(plan)
+    assert plan.mode == "cpu"
+    assert [p.num_cpus for p in plan.policies] == [1.0, 1.0]
+    assert [p.threads for p in plan.policies] == [1, 1]
+    assert all(p.rollout_concurrency == p.rollouts_per_step for p in plan.policies)
+    assert "node0/ram" in plan.render()
+
+
+def test_paper_pair_refused_on_the_cpu_machine_with_the_shortfall() -> None:
+    cluster = load_cluster(CLUSTERS / "cpu-2core-24GiB.yaml")
+    with pytest.raises(AllocationError) as info:
+        plan_placement(paper_pair(), cluster)
+    msg = str(info.value)
+    assert "node0/ram" in msg and "qwen2.5-math-1.5b" in msg and "qwen3-1.7b-base" in msg
+    need = sum(
+        training_bytes(fp).total + rollout_bytes(fp, 1, own_weights=True).total
+        + cluster.memory_model.host_process_gib * GiB
+        for fp in paper_pair()
+    )
+    short = (need - 24 * GiB * cluster.memory_model.usable_fraction) / GiB
+    assert f"short by {short:.1f} GiB" in msg
+    assert "try:" in msg
+
+
+def test_three_policies_on_two_cpus_get_fractional_cpus() -> None:
+    fps = cpu_demo() + [cpu_demo()[0].__class__(**{**cpu_demo()[0].__dict__, "name": "third"})]
+    plan = plan_placement(fps, load_cluster(CLUSTERS / "cpu-2core-24GiB.yaml"))
+    _check_consistent(plan)
+    assert math.isclose(sum(p.num_cpus for p in plan.policies), 2.0)
+    assert all(0 < p.num_cpus < 1 and p.threads == 1 for p in plan.policies)
+
+
+def test_kv_concurrency_scales_to_what_fits() -> None:
+    fp = paper_pair()[0]
+    roomy = ClusterSpec("big", (NodeSpec(gpus=1, gpu_memory_gib=400, cpus=4, ram_gib=64),))
+    tight = ClusterSpec("tight", (NodeSpec(gpus=1, gpu_memory_gib=70, cpus=4, ram_gib=64),))
+    big, small = plan_placement([fp], roomy), plan_placement([fp], tight)
+    assert big.policies[0].rollout_concurrency == 256
+    c = small.policies[0].rollout_concurrency
+    assert 1 <= c < 256
+    load = small.devices[0]
+    # one more sequence would not have fitted
+    assert load.used_bytes + kv_bytes_per_sequence(fp) + 8 * fp.shape.vocab_size > load.usable_bytes * 0.999
+    too_small = ClusterSpec("tiny", (NodeSpec(gpus=1, gpu_memory_gib=16, cpus=4, ram_gib=64),))
+    with pytest.raises(AllocationError, match=r"node0/gpu0 \(16.0 GiB, 14.4 GiB usable\).*short by"):
+        plan_placement([fp], too_small)
+
+
+def test_apportion_and_errors() -> None:
+    assert apportion([0.5, 0.3, 0.2], 10, 1) == [5, 3, 2]
+    assert sum(apportion([0.7, 0.3], 7, 2)) == 7
+    with pytest.raises(AllocationError, match="policy names must be unique"):
+        plan_placement(cpu_demo() + cpu_demo(), load_cluster(CLUSTERS / "cpu-2core-24GiB.yaml"))
+    with pytest.raises(AllocationError, match="needs GPUs"):
+        plan_placement(cpu_demo(), load_cluster(CLUSTERS / "cpu-2core-24GiB.yaml"), mode="colocated")
+
+
+def test_cluster_files(tmp_path) -> None:
+    a100 = load_cluster(CLUSTERS / "8xA100-80GB.yaml")
+    assert (a100.n_gpus, a100.resources().gpu_memory_gib) == (8, 80.0)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("nodes:\n  - {gpus: 1, gpu_memory_gib: 8, cpus: 2, ram_gib: 8, gpu_count: 3}\n")
+    with pytest.raises(ConfigError, match=r"unknown key\(s\) \['gpu_count'\]"):
+        load_cluster(bad)
+    with pytest.raises(ConfigError, match="not found; pass --cluster"):
+        load_cluster(tmp_path / "missing.yaml")
