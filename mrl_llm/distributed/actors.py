@@ -1,0 +1,194 @@
+"""A policy's colocated actor: generate -> publish to the exchange, fetch -> plan (core) -> train, checkpoint.
+
+The actor wraps a *policy worker* built by a factory named ``"module:function"`` (so Ray workers import
+it instead of unpickling a closure): ``factory(name, config, seed) -> worker`` with
+
+* ``worker.version`` — optimizer steps taken (the ``policy_version`` its records carry);
+* ``worker.generate(problems, step) -> list[ExperienceRecord]``;
+* ``worker.train_step(plans: list[LearnerPromptPlan]) -> dict[str, float]``;
+* ``worker.save_checkpoint(dir)`` / ``worker.load_checkpoint(dir)``.
+
+The regime decisions come only from :func:`shared_interfaces.regimes.plan.plan_prompt_group`, fed from the
+exchange's groups; the actor decides nothing itself. Records reach the exchange and come back as
+JSON, validated on receipt (:class:`~mrl_llm.distributed.exchange_actor.RemoteExchange`).
+
+Staleness (bounded-staleness asynchronous mode): a record's *lag* is ``step - policy_version``; a
+producer's *baseline lag* is its lag when it (re)joined the run (0 from the start; ``s - v`` after a
+restart at step ``s`` from a checkpoint of version ``v``). Its staleness is ``lag - baseline``: how many
+updates behind its producer's schedule it was generated. A learner sees a peer's record only when
+staleness ``<= max_staleness`` (stale ones are counted, never silently used); its own records always.
+
+Checkpoints: ``<checkpoint_dir>/step_<s>/`` (the worker's files plus ``actor.json``) and a ``LATEST``
+pointer written last; a (re)started actor loads ``LATEST`` if present, so Ray's restart of a dead
+actor brings it back with its last checkpoint's weights.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from shared_interfaces.exchange import ExperienceExchange
+from shared_interfaces.regimes.config import parse_regime_config
+from shared_interfaces.regimes.plan import plan_prompt_group
+
+
+@dataclass(frozen=True)
+class FaultInjection:
+    """Crash the actor's process (``os._exit``) in ``phase`` (``generate``/``train``) of ``step``, once:
+    a marker file in the checkpoint directory keeps the restarted process from crashing again."""
+
+    step: int
+    phase: str = "train"
+
+
+@dataclass(frozen=True)
+class PolicyActorSpec:
+    """Everything a policy actor is created from (plain data, so Ray can ship it)."""
+
+    name: str
+    factory: str  # "package.module:function"
+    config: Mapping[str, Any]
+    seed: int
+    regime: Mapping[str, Any]  # a regime section, e.g. {"name": "sgt+xgrpo", "sgt": {...}}
+    checkpoint_dir: str
+    checkpoint_every: int = 1
+    threads: int = 1
+    fault: FaultInjection | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+def load_factory(path: str) -> Any:
+    mod, sep, fn = path.partition(":")
+    if not sep:
+        raise ValueError(f"worker factory {path!r} must look like 'package.module:function'")
+    try:
+        return getattr(importlib.import_module(mod), fn)
+    except (ImportError, AttributeError) as err:
+        raise ValueError(f"worker factory {path!r} cannot be imported ({err}); is the package installed?") from err
+
+
+def problem_id(problem: Any) -> str:
+    return str(getattr(problem, "prompt_id", problem))
+
+
+def plan_rng(seed: int, step: int, policy: str) -> np.random.Generator:
+    """SGT ``random`` selection's generator: a function of (seed, step, learner), not of scheduling."""
+    return np.random.default_rng([seed, step, sum(policy.encode())])
+
+
+class PolicyActor:
+    """The body of one policy's actor (Ray wraps it with ``ray.remote``; tests may use it in-process)."""
+
+    def __init__(self, spec: PolicyActorSpec, exchange: ExperienceExchange) -> None:
+        import torch
+
+        torch.set_num_threads(max(1, spec.threads))
+        self.spec = spec
+        self.exchange = exchange
+        self.regime = parse_regime_config(dict(spec.regime))
+        random.seed(spec.seed)
+        np.random.seed(spec.seed % 2**32)
+        torch.manual_seed(spec.seed)
+        self.worker = load_factory(spec.factory)(spec.name, dict(spec.config), spec.seed)
+        self.ckpt = Path(spec.checkpoint_dir)
+        self.restored_step: int | None = None
+        latest = self.ckpt / "LATEST"
+        if latest.is_file():
+            d = self.ckpt / latest.read_text().strip()
+            self.worker.load_checkpoint(str(d))
+            self.restored_step = json.loads((d / "actor.json").read_text())["step"]
+
+    # -- fault injection (tests) -------------------------------------------------------------
+    def _maybe_crash(self, phase: str, step: int) -> None:
+        f = self.spec.fault
+        if f is None or f.phase != phase or f.step != step:
+            return
+        marker = self.ckpt / f".crashed-{phase}-{step}"
+        if marker.exists():
+            return
+        self.ckpt.mkdir(parents=True, exist_ok=True)
+        marker.write_text("1")
+        os._exit(17)  # a hard crash: no cleanup, no exception
+
+    # -- the step ----------------------------------------------------------------------------
+    def generate(self, problems: Sequence[Any], step: int) -> dict[str, Any]:
+        """Sample this step's records and publish them; returns what the driver tracks."""
+        recs = self.worker.generate(list(problems), step)
+        self._maybe_crash("generate", step)
+        bad = [r.record_id for r in recs if r.policy_id != self.spec.name or r.step != step]
+        if bad:
+            raise ValueError(f"policy {self.spec.name!r} produced records for another policy/step: {bad[:3]}")
+        new = self.exchange.publish(recs)
+        return {"policy": self.spec.name, "step": step, "version": int(self.worker.version),
+                "records": len(recs), "new": new}
+
+    def train(self, step: int, prompt_ids: Sequence[str], ready: Sequence[Any] | None,
+              peers: Sequence[str], baselines: Mapping[str, int], max_staleness: int = 0) -> dict[str, Any]:
+        """Train on this step's groups with the records of ``peers`` (self included).
+
+        ``ready`` are the peers' generate results (Ray object refs, nested so Ray does not resolve them
+        eagerly): a peer whose generate failed is left out of this step (a gap). In-process, ``None``.
+        """
+        present = set(peers)
+        if ready is not None:
+            import ray
+
+            present = set()
+            for ref in ready:
+                try:
+                    present.add(ray.get(ref)["policy"])
+                except Exception:  # the peer died in this step: it simply has no records here
+                    continue
+            present.add(self.spec.name)
+        learners = sorted(present)
+        groups = (self.exchange.fetch_groups(list(prompt_ids), step)
+                  if hasattr(self.exchange, "fetch_groups")
+                  else {p: self.exchange.fetch_group(p, step) for p in prompt_ids})
+        plans, stale = [], 0
+        for pid in prompt_ids:
+            g = groups[pid]
+            keep = []
+            for r in g.records:
+                if r.policy_id not in present:
+                    continue
+                if r.policy_id != self.spec.name and (r.step - r.policy_version) - baselines.get(r.policy_id, 0) > max_staleness:
+                    stale += 1
+                    continue
+                keep.append(r)
+            group = type(g)(g.prompt_id, g.step, tuple(keep))
+            plan = plan_prompt_group(group, learners, self.regime, rng=plan_rng(self.spec.seed, step, self.spec.name))
+            plans.append(plan[self.spec.name])
+        self._maybe_crash("train", step)
+        metrics = dict(self.worker.train_step(plans))
+        if self.spec.checkpoint_every > 0 and (step + 1) % self.spec.checkpoint_every == 0:
+            self.save(step)
+        return {"policy": self.spec.name, "step": step, "version": int(self.worker.version),
+                "peers": learners, "stale_dropped": stale, "metrics": metrics}
+
+    def save(self, step: int) -> str:
+        d = self.ckpt / f"step_{step}"
+        d.mkdir(parents=True, exist_ok=True)
+        self.worker.save_checkpoint(str(d))
+        (d / "actor.json").write_text(json.dumps({"step": step, "version": int(self.worker.version)}))
+        tmp = self.ckpt / "LATEST.tmp"
+        tmp.write_text(d.name)
+        os.replace(tmp, self.ckpt / "LATEST")
+        return str(d)
+
+    def status(self) -> dict[str, Any]:
+        return {"policy": self.spec.name, "version": int(self.worker.version), "pid": os.getpid(),
+                "restored_step": self.restored_step}
+
+    def state(self) -> dict[str, Any]:
+        """The worker's comparable state (``worker.state()`` when it has one), for equality checks."""
+        fn = getattr(self.worker, "state", None)
+        return fn() if callable(fn) else {"version": int(self.worker.version)}

@@ -1,0 +1,301 @@
+"""The Ray driver: one colocated actor per policy, the exchange as a service, sync or bounded-staleness async.
+
+Synchronous (``max_staleness = 0``, ``mode="sync"``): each step every live policy generates and
+publishes; the driver waits for all (the barrier over the live policies); then every policy fetches the
+step's groups, plans with the core and trains, concurrently; the driver waits again.
+
+Asynchronous (``mode="async"``, bounded staleness ``k``): each policy's generation runs up to ``k``
+steps ahead of its training (``generate(s + k)`` is queued right behind ``train(s - 1)``), and a
+policy's ``train(s)`` waits only for its peers' ``generate(s)`` — object refs handed to the actor — not
+for their training. The driver keeps at most ``k + 1`` steps in flight. Records then carry versions up
+to ``k`` behind, and the actor drops peer records staler than ``k`` (see :mod:`.actors`). ``k = 0``
+gives exactly the synchronous schedule.
+
+Fault tolerance: actors are created with ``max_restarts=-1``, so Ray restarts a dead one, which loads
+its policy's last checkpoint. The calls it was running fail; the driver logs a ``gap`` event per lost
+call; the other policies train that step without its records. Before the next step the driver waits
+for the restarted actor, logs ``rejoin`` with the checkpoint step and the ``lost_steps`` (updates since
+the checkpoint that are gone), resets the policy's baseline lag, and lets it rejoin at the current step.
+
+Membership: :meth:`RayDriver.add_policy` / :meth:`RayDriver.remove_policy` between steps, or
+``join_step`` / ``leave_step`` per policy (the config/CLI route, :class:`Membership`).
+
+Output (``out_dir``): ``events.jsonl`` (join, leave, gap, rejoin) and ``metrics.jsonl`` (one row per
+step and policy) as the run goes, ``summary.json`` at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from mrl_llm.distributed.actors import PolicyActor, PolicyActorSpec, problem_id
+from mrl_llm.distributed.exchange_actor import RemoteExchange, start_exchange
+from mrl_llm.distributed.planner import PlacementPlan
+from shared_interfaces.exchange import InMemoryExchange
+
+
+@dataclass(frozen=True)
+class Membership:
+    """When a policy is in the run: steps ``join_step <= s < leave_step`` (None: to the end)."""
+
+    join_step: int = 0
+    leave_step: int | None = None
+
+    def active(self, step: int) -> bool:
+        return step >= self.join_step and (self.leave_step is None or step < self.leave_step)
+
+
+@dataclass
+class RunResult:
+    metrics: list[dict[str, Any]] = field(default_factory=list)
+    events: list[dict[str, Any]] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def events_of(self, kind: str) -> list[dict[str, Any]]:
+        return [e for e in self.events if e["event"] == kind]
+
+
+def _is_actor_failure(err: BaseException) -> bool:
+    import ray.exceptions as rex
+
+    return isinstance(err, (rex.RayActorError, rex.ActorDiedError, rex.ActorUnavailableError))
+
+
+def wait_status(actor: Any, timeout_s: float = 300.0) -> dict[str, Any]:
+    """``actor.status()``, retried while Ray is restarting the actor."""
+    import ray
+    import ray.exceptions as rex
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return ray.get(actor.status.remote())
+        except (rex.ActorUnavailableError, rex.RayActorError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+class RayDriver:
+    """Runs ``steps`` of mutual RL over Ray actors (module docstring). Call :meth:`close` (or use ``with``)."""
+
+    def __init__(
+        self,
+        specs: Sequence[PolicyActorSpec],
+        problems_for_step: Callable[[int], Sequence[Any]],
+        out_dir: str | Path,
+        *,
+        mode: Literal["sync", "async"] = "sync",
+        max_staleness: int = 0,
+        membership: dict[str, Membership] | None = None,
+        placement: PlacementPlan | None = None,
+        exchange_fsync: bool = True,
+    ) -> None:
+        import ray
+
+        if mode not in ("sync", "async"):
+            raise ValueError(f"mode must be 'sync' or 'async', got {mode!r}")
+        if max_staleness < 0 or (mode == "sync" and max_staleness != 0):
+            raise ValueError(f"max_staleness must be 0 in sync mode and >= 0 in async mode, got {max_staleness}")
+        if not ray.is_initialized():
+            raise RuntimeError("Ray is not initialised; call ray.init(...) (a local cluster) before RayDriver")
+        self.out = Path(out_dir)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.problems_for_step = problems_for_step
+        self.mode, self.k = mode, max_staleness
+        self.placement = placement
+        self.exchange_handle = start_exchange(self.out / "exchange.jsonl", fsync=exchange_fsync)
+        self.exchange = RemoteExchange(self.exchange_handle, producer="driver")
+        self.specs: dict[str, PolicyActorSpec] = {}
+        self.membership: dict[str, Membership] = {}
+        self.actors: dict[str, Any] = {}
+        self.baselines: dict[str, int] = {}
+        self.down: dict[str, int] = {}  # policy -> step of its failure
+        self.result = RunResult()
+        self.next_step = 0
+        for s in specs:
+            self.add_policy(s, (membership or {}).get(s.name, Membership()))
+
+    # -- membership --------------------------------------------------------------------------
+    def add_policy(self, spec: PolicyActorSpec, membership: Membership | None = None) -> None:
+        """Add a policy; it joins at ``membership.join_step`` (default: the next step)."""
+        if spec.name in self.specs:
+            raise ValueError(f"policy {spec.name!r} is already in the run")
+        self.specs[spec.name] = spec
+        self.membership[spec.name] = membership or Membership(join_step=self.next_step)
+
+    def remove_policy(self, name: str) -> None:
+        """Remove a policy from the next step on (its records stay in the exchange)."""
+        if name not in self.specs:
+            raise KeyError(f"no policy {name!r} in the run; policies: {sorted(self.specs)}")
+        m = self.membership[name]
+        self.membership[name] = Membership(m.join_step, self.next_step)
+
+    def _event(self, **row: Any) -> None:
+        self.result.events.append(row)
+        with open(self.out / "events.jsonl", "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(row) + "\n")
+
+    def _actor_options(self, name: str) -> dict[str, Any]:
+        opts: dict[str, Any] = dict(max_restarts=-1, max_task_retries=0, num_cpus=0)
+        if self.placement is not None:
+            p = self.placement.for_policy(name)
+            b = p.bundles[0]
+            opts.update(num_cpus=b.get("CPU", 0.0), num_gpus=b.get("GPU", 0.0))
+        return opts
+
+    def _sync_membership(self, step: int) -> list[str]:
+        """Start joiners, stop leavers, bring restarted actors back; returns the live policies."""
+        import ray
+
+        live = []
+        for name in sorted(self.specs):
+            active = self.membership[name].active(step)
+            if active and name not in self.actors:
+                opts = self._actor_options(name)
+                self.actors[name] = ray.remote(PolicyActor).options(**opts).remote(
+                    self.specs[name], RemoteExchange(self.exchange_handle, producer=name))
+                st = wait_status(self.actors[name])
+                self.baselines[name] = step - st["version"]
+                self._event(event="join", step=step, policy=name, version=st["version"])
+            elif not active and name in self.actors:
+                ray.kill(self.actors.pop(name))
+                self._event(event="leave", step=step, policy=name)
+                continue
+            if not active:
+                continue
+            if name in self.down:
+                st = wait_status(self.actors[name])  # waits for Ray's restart
+                ck = st["restored_step"]
+                lost = list(range(ck + 1 if ck is not None else 0, step))
+                self.baselines[name] = step - st["version"]
+                self._event(event="rejoin", step=step, policy=name, checkpoint_step=ck, version=st["version"],
+                            lost_steps=lost, failed_at=self.down.pop(name))
+            live.append(name)
+        return live
+
+    def _collect(self, step: int, phase: str, refs: dict[str, Any]) -> dict[str, dict[str, Any]]:
+        import ray
+
+        ok = {}
+        for name, ref in refs.items():
+            try:
+                ok[name] = ray.get(ref)
+            except Exception as err:
+                if not _is_actor_failure(err):
+                    raise
+                self.down.setdefault(name, step)
+                self._event(event="gap", step=step, policy=name, phase=phase, error=type(err).__name__)
+        return ok
+
+    def _record(self, rows: dict[str, dict[str, Any]]) -> None:
+        with open(self.out / "metrics.jsonl", "a", encoding="utf-8") as fh:
+            for name in sorted(rows):
+                self.result.metrics.append(rows[name])
+                fh.write(json.dumps(rows[name]) + "\n")
+
+    # -- running -----------------------------------------------------------------------------
+    def run(self, steps: int) -> RunResult:
+        """Run steps ``next_step .. steps - 1``; may be called again with more steps (after add/remove)."""
+        t0 = time.perf_counter()
+        if self.mode == "sync":
+            self._run_sync(steps)
+        else:
+            self._run_async(steps)
+        self.result.timings["run_s"] = self.result.timings.get("run_s", 0.0) + time.perf_counter() - t0
+        (self.out / "summary.json").write_text(json.dumps(
+            {"steps": self.next_step, "mode": self.mode, "max_staleness": self.k,
+             "policies": sorted(self.actors), "events": self.result.events}, indent=1))
+        return self.result
+
+    def _run_sync(self, steps: int) -> None:
+        for s in range(self.next_step, steps):
+            live = self._sync_membership(s)
+            problems = list(self.problems_for_step(s))
+            pids = [problem_id(p) for p in problems]
+            gens = self._collect(s, "generate", {n: self.actors[n].generate.remote(problems, s) for n in live})
+            peers = sorted(gens)
+            refs = {n: self.actors[n].train.remote(s, pids, None, peers, dict(self.baselines), 0) for n in peers}
+            self._record(self._collect(s, "train", refs))
+            self.next_step = s + 1
+
+    def _run_async(self, steps: int) -> None:
+        gen_refs: dict[int, dict[str, Any]] = {}
+        train_refs: dict[int, dict[str, Any]] = {}
+        start = self.next_step
+        problems_cache: dict[int, list[Any]] = {}
+
+        def submit_gen(t: int, names: list[str]) -> None:
+            if t >= steps:
+                return
+            problems_cache.setdefault(t, list(self.problems_for_step(t)))
+            for n in names:
+                if self.membership[n].active(t) and n not in gen_refs.setdefault(t, {}):
+                    gen_refs[t][n] = self.actors[n].generate.remote(problems_cache[t], t)
+
+        live = self._sync_membership(start)
+        for t in range(start, min(start + self.k + 1, steps)):
+            submit_gen(t, live)
+        for s in range(start, steps):
+            if s > start:
+                live = self._sync_membership(s)
+                for t in range(s, min(s + self.k + 1, steps)):  # joiners / rejoiners catch up
+                    submit_gen(t, live)
+            pids = [problem_id(p) for p in problems_cache[s]]
+            ready = [gen_refs[s][n] for n in live if n in gen_refs[s]]
+            train_refs[s] = {
+                n: self.actors[n].train.remote(s, pids, ready, live, dict(self.baselines), self.k)
+                for n in live if n in gen_refs[s]
+            }
+            submit_gen(s + self.k + 1, live)
+            done = s - self.k
+            if done >= start:
+                self._finish_async_step(done, gen_refs, train_refs)
+            self.next_step = s + 1
+        for t in range(max(start, steps - self.k), steps):
+            self._finish_async_step(t, gen_refs, train_refs)
+
+    def _finish_async_step(self, t: int, gen_refs: dict, train_refs: dict) -> None:
+        self._collect(t, "generate", gen_refs.pop(t, {}))
+        self._record(self._collect(t, "train", train_refs.pop(t, {})))
+
+    # -- inspection --------------------------------------------------------------------------
+    def states(self) -> dict[str, Any]:
+        import ray
+
+        return {n: ray.get(a.state.remote()) for n, a in sorted(self.actors.items())}
+
+    def close(self) -> None:
+        import ray
+
+        for a in self.actors.values():
+            ray.kill(a)
+        self.actors.clear()
+        ray.kill(self.exchange_handle)
+
+    def __enter__(self) -> RayDriver:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def run_local(specs: Sequence[PolicyActorSpec], problems_for_step: Callable[[int], Sequence[Any]],
+              steps: int) -> tuple[RunResult, dict[str, Any]]:
+    """The same steps in one process, in order, over an in-memory exchange (the reference for equality)."""
+    ex = InMemoryExchange()
+    actors = {s.name: PolicyActor(s, ex) for s in sorted(specs, key=lambda s: s.name)}
+    result = RunResult()
+    for s in range(steps):
+        problems = list(problems_for_step(s))
+        pids = [problem_id(p) for p in problems]
+        for a in actors.values():
+            a.generate(problems, s)
+        for n, a in actors.items():
+            result.metrics.append(a.train(s, pids, None, sorted(actors), {}, 0))
+    return result, {n: a.state() for n, a in actors.items()}
