@@ -296,6 +296,6 @@ def run_local(specs: Sequence[PolicyActorSpec], problems_for_step: Callable[[int
         pids = [problem_id(p) for p in problems]
         for a in actors.values():
             a.generate(problems, s)
-        for n, a in actors.items():
+        for a in actors.values():
             result.metrics.append(a.train(s, pids, None, sorted(actors), {}, 0))
     return result, {n: a.state() for n, a in actors.items()}

@@ -60,7 +60,7 @@ class ToyWorker:
         return out
 
     def train_step(self, plans: list[Any]) -> dict[str, float]:
-        xs, arms, adv, w, peer_mu, is_peer, denom, cap, sgt = [], [], [], [], [], [], [], [], []
+        xs, arms, adv, w, peer_mu, is_peer, cap, sgt = [], [], [], [], [], [], [], []
         lam = 0.0
         for plan in plans:
             for it in plan.pg_items:
