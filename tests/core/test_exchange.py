@@ -1,0 +1,93 @@
+"""The SEE contract on both local implementations."""
+
+from __future__ import annotations
+
+import pytest
+
+from shared_interfaces.exchange import DiskLogExchange, ExchangeConflictError, InMemoryExchange
+from tests.core.test_records import make
+
+
+def recs(step=0, prompt="p"):
+    out = []
+    for pol in ("B", "A"):
+        for g in (1, 0):
+            out.append(make(record_id=f"{pol}/{step}/{prompt}/{g}", policy_id=pol, sample_index=g,
+                            step=step, policy_version=step, prompt_id=prompt, reward=float(g)))
+    return out
+
+
+@pytest.fixture(params=["memory", "disk"])
+def exchange(request, tmp_path):
+    if request.param == "memory":
+        return InMemoryExchange()
+    return DiskLogExchange(tmp_path / "see.jsonl")
+
+
+def test_fetch_canonical_order_and_own_exclusion(exchange):
+    assert exchange.publish(recs()) == 4
+    g = exchange.fetch_group("p", 0)
+    assert [r.record_id for r in g.records] == ["A/0/p/0", "A/0/p/1", "B/0/p/0", "B/0/p/1"]
+    peers = exchange.fetch_group("p", 0, requester="A", include_own=False)
+    assert {r.policy_id for r in peers.records} == {"B"}
+    assert exchange.fetch_group("p", 1).records == ()
+    assert exchange.fetch_group("other", 0).records == ()
+    with pytest.raises(ValueError, match="requester"):
+        exchange.fetch_group("p", 0, include_own=False)
+
+
+def test_republish_is_idempotent_and_conflicts_are_errors(exchange):
+    exchange.publish(recs())
+    assert exchange.publish(recs()) == 0
+    assert len(exchange) == 4
+    bad = make(record_id="A/0/p/0", reward=0.5)
+    with pytest.raises(ExchangeConflictError, match="A/0/p/0"):
+        exchange.publish([bad])
+    assert len(exchange) == 4
+
+
+def test_staleness_window(exchange):
+    exchange.publish(recs(step=0) + recs(step=1) + recs(step=2))
+    assert {r.step for r in exchange.fetch_group("p", 2).records} == {2}
+    assert {r.step for r in exchange.fetch_group("p", 2, max_staleness=1).records} == {1, 2}
+    assert exchange.prompt_ids(1) == ["p"]
+
+
+def test_disk_log_replays_to_identical_state(tmp_path):
+    path = tmp_path / "see.jsonl"
+    with DiskLogExchange(path) as ex:
+        ex.publish(recs(0) + recs(1, "q"))
+        ex.publish(recs(0))  # duplicates are not logged twice
+        before = list(ex.records())
+    lines = path.read_text().splitlines()
+    assert len(lines) == 8
+    with DiskLogExchange(path) as ex2:
+        assert list(ex2.records()) == before
+        assert ex2.publish(recs(0)) == 0
+        ex2.publish(recs(2))
+    with DiskLogExchange(path) as ex3:
+        assert len(ex3) == 12
+
+
+def test_disk_log_drops_torn_last_line(tmp_path):
+    path = tmp_path / "see.jsonl"
+    with DiskLogExchange(path) as ex:
+        ex.publish(recs())
+    with open(path, "a") as fh:
+        fh.write('{"record_id": "A/9/p/0", "pol')  # a crash mid-write
+    with pytest.warns(UserWarning, match="torn last line"):
+        ex = DiskLogExchange(path)
+    assert len(ex) == 4
+    ex.publish(recs(step=1))
+    ex.close()
+    assert len(DiskLogExchange(path)) == 8
+
+
+def test_disk_log_rejects_invalid_line(tmp_path):
+    path = tmp_path / "see.jsonl"
+    with DiskLogExchange(path) as ex:
+        ex.publish(recs())
+    text = path.read_text().replace('"reward":1.0', '"reward":NaN', 1)
+    path.write_text(text)
+    with pytest.raises(Exception, match="line"):
+        DiskLogExchange(path)

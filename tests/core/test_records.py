@@ -1,0 +1,130 @@
+"""Records: validation names the field and producer; JSON round trip is lossless; views are right."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from shared_interfaces.records import (
+    ExperienceRecord,
+    PromptGroup,
+    RecordValidationError,
+    RewardStats,
+    TraceCache,
+    dump_jsonl,
+    load_jsonl,
+    make_record_id,
+    verified_successes,
+)
+
+
+def make(**kw) -> ExperienceRecord:
+    base = dict(
+        record_id="A/0/p/0", policy_id="A", policy_version=0, step=0, prompt_id="p", sample_index=0,
+        prompt_text="Q", response_text="ans", token_ids=(1, 2, 3), token_logprobs=(-0.5, -1.0, 0.0),
+        tokenizer_id="tok", reward=1.0, verified=True, verifier="math", finish_reason="stop",
+    )
+    base.update(kw)
+    return ExperienceRecord(**base)
+
+
+@pytest.mark.parametrize(
+    "kw, field",
+    [
+        (dict(reward=float("nan")), "reward"),
+        (dict(reward=float("inf")), "reward"),
+        (dict(token_logprobs=(-0.5, 0.1, -1.0)), "token_logprobs"),
+        (dict(token_logprobs=(-0.5, float("nan"), -1.0)), "token_logprobs"),
+        (dict(token_logprobs=(-0.5, -1.0)), "token_logprobs"),
+        (dict(token_ids=(1, -2, 3)), "token_ids"),
+        (dict(schema_version=99), "schema_version"),
+        (dict(finish_reason="eos"), "finish_reason"),
+        (dict(policy_version=-1), "policy_version"),
+        (dict(policy_id=""), "policy_id"),
+        (dict(advantage=float("nan")), "advantage"),
+    ],
+)
+def test_invalid_records_are_rejected_naming_field_and_producer(kw, field):
+    producer = kw.get("policy_id", "A")
+    with pytest.raises(RecordValidationError) as err:
+        make(**kw)
+    msg = str(err.value)
+    assert f"'{field}'" in msg
+    assert repr(producer) in msg
+
+
+def test_records_are_frozen_and_hashable():
+    r = make()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        r.reward = 0.0  # type: ignore[misc]
+    assert hash(r) == hash(make())
+
+
+finite_logprob = st.floats(max_value=0.0, allow_nan=False, allow_infinity=False)
+
+
+@given(
+    n=st.integers(0, 20).flatmap(
+        lambda n: st.tuples(st.lists(st.integers(0, 2**31), min_size=n, max_size=n),
+                            st.lists(finite_logprob, min_size=n, max_size=n))
+    ),
+    reward=st.floats(allow_nan=False, allow_infinity=False),
+    text=st.text(),
+    adv=st.one_of(st.none(), st.floats(allow_nan=False, allow_infinity=False)),
+)
+def test_json_round_trip_is_lossless(n, reward, text, adv):
+    ids, lps = n
+    r = make(token_ids=tuple(ids), token_logprobs=tuple(lps), reward=reward, response_text=text, advantage=adv)
+    back = ExperienceRecord.from_json(r.to_json())
+    assert back == r
+    assert all(math.copysign(1, a) == math.copysign(1, b) for a, b in zip(back.token_logprobs, lps))
+    assert load_jsonl(dump_jsonl([r, r])) == [r, r]
+
+
+def test_from_json_rejects_unknown_and_missing_fields():
+    d = make().to_dict()
+    with pytest.raises(RecordValidationError, match="unknown field"):
+        ExperienceRecord.from_dict({**d, "evil": "__import__('os')"})
+    del d["reward"]
+    with pytest.raises(RecordValidationError, match="missing field"):
+        ExperienceRecord.from_dict(d)
+    with pytest.raises(RecordValidationError, match="not valid JSON"):
+        ExperienceRecord.from_json("{not json")
+    with pytest.raises(RecordValidationError, match="JSON object"):
+        ExperienceRecord.from_json(json.dumps([1, 2]))
+
+
+def test_views_reward_stats_and_verified_successes():
+    recs = [
+        make(record_id=make_record_id("B", 0, "p", 1), policy_id="B", sample_index=1, reward=1.0),
+        make(record_id=make_record_id("A", 0, "p", 0), reward=0.0),
+        make(record_id=make_record_id("A", 0, "p", 1), sample_index=1, reward=1.0, verified=False),
+        make(record_id=make_record_id("B", 0, "p", 0), policy_id="B", reward=1.0),
+    ]
+    s = RewardStats.of(recs)
+    assert (s.n, s.mean, s.n_success, s.n_verified_success) == (4, 0.75, 3, 2)
+    assert s.std == pytest.approx(0.5)
+    assert RewardStats.of([]).n == 0 and RewardStats.of(recs[:1]).std == 0.0
+    assert [r.record_id for r in verified_successes(recs)] == ["B/0/p/0", "B/0/p/1"]
+    g = PromptGroup("p", 0, tuple(recs))
+    assert [r.record_id for r in g.records] == ["A/0/p/0", "A/0/p/1", "B/0/p/0", "B/0/p/1"]
+    assert g.policy_ids == ("A", "B")
+    assert g.reward_stats("A").mean == 0.5
+    assert g.verified_successes(exclude_policy="B") == []
+
+
+def test_trace_cache_keys_by_record_and_tokenizer():
+    calls = []
+    cache = TraceCache(max_entries=2)
+    f = lambda: calls.append(1) or len(calls)  # noqa: E731
+    assert cache.get_or_compute("r1", "llama", f) == 1
+    assert cache.get_or_compute("r1", "llama", f) == 1
+    assert cache.get_or_compute("r1", "qwen", f) == 2
+    assert (cache.hits, cache.misses) == (1, 2)
+    cache.get_or_compute("r2", "qwen", f)
+    assert len(cache) == 2  # LRU bound
