@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from shared_interfaces.regimes.config import LossConfig
+from shared_interfaces.regimes.math import behaviour_correction
 
 
 def masked_sum(x: torch.Tensor, mask: torch.Tensor, dims: tuple[int, ...] = (-2, -1)) -> torch.Tensor:
@@ -33,19 +34,55 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor, dims: tuple[int, ...] = (-2
     return masked_sum(x, mask, dims) / mask.sum(dim=dims).clamp(min=1)
 
 
-def agg_loss(loss_mat: torch.Tensor, mask: torch.Tensor, mode: str, max_len: int = 1) -> torch.Tensor:
+@dataclass(frozen=True)
+class LossNorm:
+    """Divisors of a learner's *whole* batch, for gradient accumulation over micro-batches.
+
+    ``pg_tokens`` / ``pg_rows``: tokens and rows (with at least one token) under ``pg_mask`` in the whole
+    batch; ``sgt_tokens``: tokens under ``sgt_mask``. With a ``LossNorm`` every aggregate divides by these
+    instead of the micro-batch's own counts, so the losses of the micro-batches *sum* to the full-batch
+    loss exactly (what verl calls global token normalisation). Build it with :meth:`of`.
+    """
+
+    pg_tokens: float
+    pg_rows: float
+    sgt_tokens: float
+
+    @classmethod
+    def of(cls, pg_mask: torch.Tensor, sgt_mask: torch.Tensor | None = None) -> LossNorm:
+        """Counts over full-batch masks ``[N, T]`` (or any shape ``[..., T]``)."""
+        pg = pg_mask.to(torch.float64)
+        sgt = 0.0 if sgt_mask is None else float(sgt_mask.to(torch.float64).sum())
+        return cls(pg_tokens=float(pg.sum()), pg_rows=float((pg.sum(dim=-1) > 0).sum()), sgt_tokens=sgt)
+
+
+def agg_loss(
+    loss_mat: torch.Tensor,
+    mask: torch.Tensor,
+    mode: str,
+    max_len: int = 1,
+    *,
+    norm: LossNorm | None = None,
+) -> torch.Tensor:
     """Aggregate a per-token loss ``[..., N, T]`` to ``[...]``.
 
     * ``token-mean``: ``sum_{n,t} m l / sum_{n,t} m`` (verl/TRL default, DAPO);
     * ``seq-mean-token-mean``: ``mean_n (sum_t m l / sum_t m)`` over rows with at least one token;
     * ``seq-mean-token-sum-norm`` (Dr.GRPO): ``sum_{n,t} m l / (N_rows * max_len)`` with ``max_len``
       a constant (the generation budget), N_rows the rows with at least one token.
+
+    With ``norm`` (a micro-batch of a larger batch) the token and row counts are the whole batch's.
     """
     mask = mask.to(loss_mat.dtype)
-    if mode == "token-mean":
-        return masked_mean(loss_mat, mask)
     row_tokens = mask.sum(dim=-1)
-    rows = (row_tokens > 0).to(loss_mat.dtype).sum(dim=-1).clamp(min=1)
+    if norm is None:
+        tokens = mask.sum(dim=(-2, -1)).clamp(min=1)
+        rows = (row_tokens > 0).to(loss_mat.dtype).sum(dim=-1).clamp(min=1)
+    else:
+        tokens = torch.as_tensor(max(norm.pg_tokens, 1.0), dtype=loss_mat.dtype)
+        rows = torch.as_tensor(max(norm.pg_rows, 1.0), dtype=loss_mat.dtype)
+    if mode == "token-mean":
+        return masked_sum(loss_mat, mask) / tokens
     if mode == "seq-mean-token-mean":
         per_row = (loss_mat * mask).sum(dim=-1) / row_tokens.clamp(min=1)
         return per_row.sum(dim=-1) / rows
@@ -97,6 +134,7 @@ def policy_gradient_loss(
     *,
     behaviour_coef: torch.Tensor | None = None,
     sample_weight: torch.Tensor | None = None,
+    norm: LossNorm | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The clipped surrogate ``L_PG`` (see module docstring) and the clip fraction, both ``[...]``.
 
@@ -114,14 +152,30 @@ def policy_gradient_loss(
     if sample_weight is not None:
         per_token = per_token * sample_weight.to(logp.dtype).unsqueeze(-1)
     clipped = (surr2 < surr1).to(logp.dtype)
-    loss = agg_loss(per_token, mask_f, cfg.agg, cfg.max_response_len)
+    loss = agg_loss(per_token, mask_f, cfg.agg, cfg.max_response_len, norm=norm)
     return loss, masked_mean(clipped, mask_f).detach()
 
 
-def sgt_nll_loss(logp: torch.Tensor, sgt_mask: torch.Tensor, weight: float) -> torch.Tensor:
+def sgt_nll_loss(
+    logp: torch.Tensor, sgt_mask: torch.Tensor, weight: float, *, norm: LossNorm | None = None
+) -> torch.Tensor:
     """``L_SGT = -lambda * mean over the selected successes' tokens of log pi_theta`` -> ``[...]``
-    (0 where nothing is selected)."""
-    return -weight * masked_mean(logp, sgt_mask.to(logp.dtype))
+    (0 where nothing is selected; with ``norm``, the mean is over the whole batch's SGT tokens)."""
+    mask = sgt_mask.to(logp.dtype)
+    if norm is None:
+        return -weight * masked_mean(logp, mask)
+    return -weight * masked_sum(logp, mask) / max(norm.sgt_tokens, 1.0)
+
+
+def peer_behaviour_coef(
+    old_logp: torch.Tensor, mu_logp: torch.Tensor, use_mu: torch.Tensor, cap: float
+) -> torch.Tensor:
+    """Per-token behaviour correction of a batch ``[..., N, T]``: ``min(pi_old / mu, cap)`` on rows with
+    ``use_mu [..., N]`` (PRP peer rows under the ``thl`` denominator), exactly 1 elsewhere (own rows and
+    ``snapshot`` peer rows, whose denominator *is* ``pi_old``). See
+    :func:`shared_interfaces.regimes.math.behaviour_correction`. Detached."""
+    coef = behaviour_correction(old_logp.detach(), mu_logp.detach(), cap)
+    return torch.where(use_mu.unsqueeze(-1), coef, torch.ones_like(coef))
 
 
 def regime_loss(
@@ -136,19 +190,25 @@ def regime_loss(
     sgt_mask: torch.Tensor | None = None,
     sgt_weight: float = 0.0,
     ref_logp: torch.Tensor | None = None,
+    norm: LossNorm | None = None,
 ) -> LossOutput:
     """The full learner loss ``L = L_PG + lambda L_SGT + beta KL_k3`` (module docstring).
 
     ``pg_mask [..., N, T]`` marks the tokens of rows in the policy-gradient batch; ``sgt_mask`` those
     of SGT target rows (a row may be in both). KL is aggregated over ``pg_mask`` like ``L_PG``.
+    ``norm`` (:class:`LossNorm`) makes the loss of a micro-batch its share of the whole batch's loss.
     """
     pg_loss, clip_frac = policy_gradient_loss(
-        logp, old_logp, advantages, pg_mask, cfg, behaviour_coef=behaviour_coef, sample_weight=sample_weight
+        logp, old_logp, advantages, pg_mask, cfg, behaviour_coef=behaviour_coef, sample_weight=sample_weight,
+        norm=norm,
     )
     zero = torch.zeros_like(pg_loss)
-    sgt = sgt_nll_loss(logp, sgt_mask, sgt_weight) if (sgt_mask is not None and sgt_weight > 0) else zero
+    if sgt_mask is not None and sgt_weight > 0:
+        sgt = sgt_nll_loss(logp, sgt_mask, sgt_weight, norm=norm)
+    else:
+        sgt = zero
     if ref_logp is not None and cfg.kl_coef > 0:
-        kl = agg_loss(kl_k3(logp, ref_logp), pg_mask.to(logp.dtype), cfg.agg, cfg.max_response_len)
+        kl = agg_loss(kl_k3(logp, ref_logp), pg_mask.to(logp.dtype), cfg.agg, cfg.max_response_len, norm=norm)
     else:
         kl = zero
     pg_mask_f = pg_mask.to(logp.dtype)

@@ -23,7 +23,14 @@ from shared_interfaces.regimes.math import (
     sgt_gate,
     sgt_select,
 )
-from shared_interfaces.regimes.plan import GroupArrays, LearnerPromptPlan, PGItem, group_arrays, plan_prompt_group
+from shared_interfaces.regimes.plan import (
+    GroupArrays,
+    LearnerPromptPlan,
+    PGItem,
+    group_arrays,
+    plan_prompt_group,
+)
+from shared_interfaces.regimes.rows import TrainRow, learner_rows
 
 __all__ = [
     "ADDONS",
@@ -38,9 +45,11 @@ __all__ = [
     "RegimePlan",
     "RegimeSpec",
     "SGTConfig",
+    "TrainRow",
     "behaviour_correction",
     "group_advantages",
     "group_arrays",
+    "learner_rows",
     "parse_regime",
     "parse_regime_config",
     "plan_prompt_group",

@@ -91,3 +91,48 @@ def test_token_logprobs_is_log_softmax_over_full_vocab_with_temperature():
     got = token_logprobs(logits, ids, temperature=0.5)
     want = torch.log_softmax(logits / 0.5, -1)[0, 1]
     torch.testing.assert_close(got, want.unsqueeze(0))
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+def test_micro_batches_with_global_norm_sum_to_full_batch_loss_and_gradient(agg):
+    """Gradient accumulation: with LossNorm of the whole batch, micro-batch losses sum to the full loss."""
+    from shared_interfaces.losses import LossNorm
+
+    g = torch.Generator().manual_seed(0)
+    N, T = 6, 5
+    logits = torch.randn(N, T, generator=g, dtype=torch.float64)
+    old = torch.log_softmax(torch.randn(N, T, 3, generator=g, dtype=torch.float64), -1)[..., 0]
+    ref = old - 0.1
+    adv = torch.randn(N, generator=g, dtype=torch.float64)
+    mask = torch.rand(N, T, generator=g) > 0.3
+    mask[:, 0] = True
+    sgt = torch.zeros(N, T, dtype=torch.bool)
+    sgt[4:] = mask[4:]
+    pg = mask.clone()
+    pg[5] = False  # an SGT-only row
+    cfg = LossConfig(clip_low=0.2, clip_high=0.28, agg=agg, kl_coef=0.01, max_response_len=T)
+
+    def loss_of(sl, norm):
+        lp = torch.nn.functional.logsigmoid(theta[sl])
+        return regime_loss(lp, old[sl], adv[sl], pg[sl], cfg, sgt_mask=sgt[sl], sgt_weight=0.5,
+                           ref_logp=ref[sl], norm=norm).loss
+
+    theta = logits.clone().requires_grad_()
+    full = loss_of(slice(None), None)
+    (g_full,) = torch.autograd.grad(full, theta)
+    norm = LossNorm.of(pg, sgt)
+    parts = [loss_of(slice(0, 2), norm), loss_of(slice(2, 5), norm), loss_of(slice(5, 6), norm)]
+    total = sum(parts)
+    (g_parts,) = torch.autograd.grad(total, theta)
+    torch.testing.assert_close(total, full)
+    torch.testing.assert_close(g_parts, g_full)
+
+
+def test_peer_behaviour_coef_is_one_off_thl_rows_and_capped_on_them():
+    from shared_interfaces.losses import peer_behaviour_coef
+
+    old = torch.log(torch.tensor([[0.5, 0.5], [0.5, 0.5], [0.5, 0.5]]))
+    mu = torch.log(torch.tensor([[0.1, 0.1], [0.25, 1.0], [1.0, 1.0]]))
+    use = torch.tensor([False, True, True])
+    c = peer_behaviour_coef(old, mu, use, cap=3.0)
+    torch.testing.assert_close(c, torch.tensor([[1.0, 1.0], [2.0, 0.5], [0.5, 0.5]]))

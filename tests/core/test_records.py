@@ -82,7 +82,7 @@ def test_json_round_trip_is_lossless(n, reward, text, adv):
     r = make(token_ids=tuple(ids), token_logprobs=tuple(lps), reward=reward, response_text=text, advantage=adv)
     back = ExperienceRecord.from_json(r.to_json())
     assert back == r
-    assert all(math.copysign(1, a) == math.copysign(1, b) for a, b in zip(back.token_logprobs, lps))
+    assert all(math.copysign(1, a) == math.copysign(1, b) for a, b in zip(back.token_logprobs, lps, strict=True))
     assert load_jsonl(dump_jsonl([r, r])) == [r, r]
 
 

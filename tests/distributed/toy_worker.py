@@ -14,10 +14,10 @@ from typing import Any
 
 import torch
 
-from shared_interfaces.losses import regime_loss
+from shared_interfaces.losses import peer_behaviour_coef, regime_loss
 from shared_interfaces.records import ExperienceRecord, make_record_id
 from shared_interfaces.regimes.config import LossConfig
-from shared_interfaces.regimes.math import behaviour_correction
+from shared_interfaces.regimes.rows import learner_rows
 
 
 class ToyWorker:
@@ -60,42 +60,28 @@ class ToyWorker:
         return out
 
     def train_step(self, plans: list[Any]) -> dict[str, float]:
-        xs, arms, adv, w, peer_mu, is_peer, cap, sgt = [], [], [], [], [], [], [], []
-        lam = 0.0
-        for plan in plans:
-            for it in plan.pg_items:
-                xs.append(int(it.record.prompt_id.lstrip("p")))
-                arms.append(it.record.token_ids[0])
-                adv.append(it.advantage)
-                w.append(it.weight)
-                peer_mu.append(it.record.token_logprobs[0])
-                is_peer.append(it.is_peer and plan.denominator == "thl")
-                cap.append(plan.ratio_cap)
-                sgt.append(False)
-            for rec in plan.sgt_targets:
-                xs.append(int(rec.prompt_id.lstrip("p")))
-                arms.append(rec.token_ids[0])
-                adv.append(0.0), w.append(0.0), peer_mu.append(0.0), is_peer.append(False)
-                cap.append(1.0), sgt.append(True)
-            lam = max(lam, plan.sgt_weight)
-        if not xs:
+        rows = learner_rows(plans)
+        if not rows:
             return {"loss": 0.0, "rows": 0.0}
-        x, a = torch.tensor(xs), torch.tensor(arms)
+        x = torch.tensor([int(r.record.prompt_id.lstrip("p")) for r in rows])
+        a = torch.tensor([r.record.token_ids[0] for r in rows])
         old = self._logp().detach()[x, a].unsqueeze(-1)
-        mu = torch.tensor(peer_mu, dtype=torch.float64).unsqueeze(-1)
-        coef = torch.where(torch.tensor(is_peer).unsqueeze(-1),
-                           behaviour_correction(old, mu, max(cap)), torch.ones_like(old))
-        sgt_mask = torch.tensor(sgt).unsqueeze(-1)
+        mu = torch.tensor([r.record.token_logprobs[0] for r in rows], dtype=torch.float64).unsqueeze(-1)
+        coef = peer_behaviour_coef(old, mu, torch.tensor([r.needs_peer_trace for r in rows]),
+                                   max(r.ratio_cap for r in rows))
+        pg_mask = torch.tensor([r.in_pg for r in rows]).unsqueeze(-1)
+        sgt_mask = torch.tensor([r.sgt for r in rows]).unsqueeze(-1)
         logp = self._logp()[x, a].unsqueeze(-1)
-        out = regime_loss(logp, old, torch.tensor(adv, dtype=torch.float64), ~sgt_mask, self.loss_cfg,
-                          behaviour_coef=coef, sample_weight=torch.tensor(w, dtype=torch.float64),
-                          sgt_mask=sgt_mask, sgt_weight=lam)
+        out = regime_loss(logp, old, torch.tensor([r.advantage for r in rows], dtype=torch.float64), pg_mask,
+                          self.loss_cfg, behaviour_coef=coef,
+                          sample_weight=torch.tensor([r.weight for r in rows], dtype=torch.float64),
+                          sgt_mask=sgt_mask, sgt_weight=max(r.sgt_weight for r in rows))
         self.opt.zero_grad()
         out.loss.backward()
         self.opt.step()
         self.version += 1
         own = [it.record.reward for p in plans for it in p.pg_items if not it.is_peer]
-        return {"loss": float(out.loss.detach()), "rows": float(len(xs)), "reward": sum(own) / max(1, len(own)),
+        return {"loss": float(out.loss.detach()), "rows": float(len(rows)), "reward": sum(own) / max(1, len(own)),
                 "accuracy": self.accuracy()}
 
     def accuracy(self) -> float:
