@@ -22,6 +22,7 @@ class SamplingConfig:
     top_p: float = 1.0
     max_new_tokens: int = 64
     seed: int | None = None
+    greedy: bool = False  # argmax instead of sampling (evaluation); log-probs are still recorded
 
     def __post_init__(self) -> None:
         if not self.temperature > 0:

@@ -1,0 +1,83 @@
+"""The HF engine records exactly the trainer's log-probs, stops on EOS, and is seeded."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mrl_llm.logprobs import response_logprobs
+from mrl_llm.rollout import HFEngine, SamplingConfig
+from mrl_llm.rollout.hf_engine import top_p_filter
+
+
+class _Tok:
+    """The few tokenizer attributes the engine uses (the model is random: no real vocabulary needed)."""
+
+    eos_token_id = 3
+    pad_token_id = 0
+
+    def decode(self, ids, skip_special_tokens=True):
+        return " ".join(str(i) for i in ids if not (skip_special_tokens and i in (0, 3)))
+
+
+@pytest.fixture(scope="module")
+def model():
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Qwen2Config(vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128,
+                      eos_token_id=3, bos_token_id=1, pad_token_id=0, tie_word_embeddings=False)
+    m = Qwen2ForCausalLM(cfg).float()
+    with torch.no_grad():  # make EOS likely enough to be sampled in a short run
+        m.lm_head.weight[3] += 0.5
+    return m.eval()
+
+
+PROMPTS = [[1, 5, 6, 7], [1, 9], [1, 11, 12]]
+
+
+def test_recorded_logprobs_equal_the_trainer_recomputation(model):
+    eng = HFEngine(model, _Tok(), max_batch_size=4)
+    sp = SamplingConfig(temperature=0.7, top_p=0.9, max_new_tokens=12, seed=1)
+    out = eng.generate(PROMPTS, 3, sp)
+    assert [len(o) for o in out] == [3, 3, 3]
+    prompts = [p for p in PROMPTS for _ in range(3)]
+    samples = [s for o in out for s in o]
+    again = response_logprobs(model, prompts, [s.token_ids for s in samples], pad_id=0, temperature=0.7)
+    for s, lp in zip(samples, again, strict=True):
+        assert len(s.token_ids) == len(s.logprobs) == len(lp) >= 1
+        torch.testing.assert_close(torch.tensor(s.logprobs), torch.tensor(lp), atol=2e-5, rtol=0)
+        if s.finish_reason == "stop":
+            assert s.token_ids[-1] == 3 and 3 not in s.token_ids[:-1]
+        else:
+            assert len(s.token_ids) == 12 and 3 not in s.token_ids
+    assert {s.finish_reason for s in samples} == {"stop", "length"}
+
+
+def test_same_seed_same_samples_and_greedy_is_argmax(model):
+    eng = HFEngine(model, _Tok(), max_batch_size=2)
+    sp = SamplingConfig(max_new_tokens=6, seed=7)
+    a = eng.generate(PROMPTS, 2, sp)
+    b = eng.generate(PROMPTS, 2, sp)
+    assert a == b
+    g = eng.generate(PROMPTS[:1], 2, SamplingConfig(max_new_tokens=5, greedy=True))
+    assert g[0][0].token_ids == g[0][1].token_ids
+    with torch.no_grad():
+        first = model(torch.tensor([PROMPTS[0]])).logits[0, -1].argmax().item()
+    assert g[0][0].token_ids[0] == first
+
+
+def test_top_p_keeps_the_nucleus_only():
+    logp = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    kept = torch.isfinite(top_p_filter(logp, 0.7))
+    assert kept.tolist() == [[True, True, False, False]]
+    assert torch.isfinite(top_p_filter(logp, 0.01)).sum() == 1
+
+
+def test_bad_input_is_refused(model):
+    eng = HFEngine(model, _Tok())
+    with pytest.raises(ValueError, match="no tokens"):
+        eng.generate([[]], 1, SamplingConfig())
+    with pytest.raises(ValueError, match="n "):
+        eng.generate(PROMPTS, 0, SamplingConfig())
