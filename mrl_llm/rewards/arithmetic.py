@@ -18,6 +18,19 @@ and the first ``round(eval_fraction * n)`` are held out for evaluation; the rest
 The split does not depend on which other families are in the task. Problems come back in a fixed
 order (family order, then ``a``, then ``b``). The demo warm-starts each tiny policy on a different
 family so that their skills are complementary, then mutual RL runs on the union.
+
+Measured with ``python -m experiments.probes.arithmetic_sft --family F --families add,sub,mul
+--steps 400`` (a 446 K-parameter Llama-style model, character vocabulary, batch 64, 60-110 s on one
+shared CPU thread; greedy accuracy on up to 80 sampled prompts per cell)::
+
+    trained on   own train  own held-out  other families
+    add          1.00       0.89          <= 0.07
+    sub          0.93       0.81          <= 0.08
+    mul          1.00       0.33          <= 0.04
+
+So each family is learnt in a few hundred steps and not picked up from another; ``add`` and ``sub``
+generalise to held-out prompts, ``mul`` is mostly memorised (its held-out prompts test transfer of
+a table, not of a rule). The default task is ``("add", "sub")``.
 """
 
 from __future__ import annotations
@@ -109,7 +122,7 @@ class ArithmeticTask:
     """The task: ``families`` (names of :data:`FAMILIES` or :class:`Family` objects), the held-out
     fraction per family and the split seed."""
 
-    families: tuple[str | Family, ...] = ("add", "mul")
+    families: tuple[str | Family, ...] = ("add", "sub")
     eval_fraction: float = 0.2
     seed: int = 0
     _resolved: tuple[Family, ...] = field(init=False, repr=False, compare=False)

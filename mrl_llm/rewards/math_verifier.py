@@ -67,6 +67,8 @@ class MathVerifier:
         return self._pool.starts
 
     def _gold_problem(self, answer: str) -> str | None:
+        """Why ``answer`` (an extracted gold) is unusable, or ``None``; cached. Raises
+        :class:`WorkerFailed` when the checker crashed (not cached: it may be transient)."""
         with self._gold_lock:
             if answer in self._gold_ok:
                 return self._gold_ok[answer]
@@ -77,8 +79,6 @@ class MathVerifier:
                 problem = f"parsing the gold answer {answer!r} failed: {reply['error']}"
         except WorkerTimeout:
             problem = f"parsing the gold answer {answer!r} took longer than {self.timeout_s} s"
-        except WorkerFailed as err:
-            return f"checker failed while parsing the gold answer {answer!r}: {err}"  # not cached: may be transient
         with self._gold_lock:
             if len(self._gold_ok) >= _GOLD_CACHE_MAX:
                 self._gold_ok.clear()
@@ -90,7 +90,10 @@ class MathVerifier:
         answer = gold_answer(gold)
         if answer is None:
             return "no final answer (the gold is empty, or its last \\boxed{} is unclosed or empty)"
-        return self._gold_problem(answer)
+        try:
+            return self._gold_problem(answer)
+        except WorkerFailed as err:
+            return f"the checker failed while parsing the gold answer {answer!r}: {err}"
 
     def score(
         self, response: str, gold: str, *, finish_reason: FinishReason = "stop", choices: tuple[str, ...] = ()
@@ -101,7 +104,11 @@ class MathVerifier:
 
     def _score(self, response: str, gold: str, finish_reason: str) -> Verdict:
         truncated = truncated_verdict(finish_reason)
-        problem = self.check_gold(gold)
+        answer = gold_answer(gold)
+        try:
+            problem = self.check_gold(gold) if answer is None else self._gold_problem(answer)
+        except WorkerFailed as err:
+            return Verdict(0.0, ERROR, detail=f"checker failed on the gold answer: {err}")
         if problem is not None:
             return Verdict(0.0, GOLD_UNPARSABLE, detail=problem)
         if truncated is not None:
@@ -109,7 +116,6 @@ class MathVerifier:
         pred = last_boxed(response)
         if pred is None:
             return Verdict(0.0, NO_ANSWER, detail="no complete \\boxed{} in the response")
-        answer = gold_answer(gold)
         gold_base, pred_base = number_base(answer), number_base(pred)
         if gold_base is not None and pred_base is not None and gold_base != pred_base:
             return Verdict(0.0, WRONG, pred, detail=f"base {pred_base} numeral, the gold is in base {gold_base}")

@@ -107,7 +107,10 @@ class DeadlineWorker:
                 continue
             chunk = os.read(fd, 1 << 16)
             if not chunk:
-                code = proc.poll()
+                try:
+                    code = proc.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    code = None
                 _kill(self._holder)
                 raise WorkerFailed(f"checker worker exited (code {code}); see its stderr above")
             self._buf += chunk

@@ -68,3 +68,12 @@ def test_chat_modes_with_real_tokenizers(shared_dir):
     with pytest.raises(TemplateError, match="policy B: template.chat is 'require'"):
         PromptTemplate(TemplateConfig(chat="require"), llama, policy="policy B")
     assert not PromptTemplate(TemplateConfig(chat="never"), qwen).uses_chat
+
+
+def test_config_from_yaml_mapping():
+    from shared_interfaces.config_io import ConfigError, from_mapping
+
+    cfg = from_mapping(TemplateConfig, {"text": "{question}\n", "chat": "auto"})
+    assert cfg == TemplateConfig(text=TINY_TEXT, chat="auto")
+    with pytest.raises(ConfigError, match="unknown key"):
+        from_mapping(TemplateConfig, {"txt": "{question}"})

@@ -92,5 +92,17 @@ def test_prompts_are_short_in_real_tokenizers(shared_dir):
     task = ArithmeticTask(families=tuple(FAMILIES))
     for name in ("llama2", "qwen1.5"):
         tok = AutoTokenizer.from_pretrained(shared_dir / "tokenizers" / name)
-        longest = max(len(tok(p.question + "\n" + reference_response(p))["input_ids"]) for p in task.problems("all"))
+        texts = [p.question + "\n" + reference_response(p) for p in task.problems("all")]
+        longest = max(len(ids) for ids in tok(texts)["input_ids"])
         assert longest <= 32, (name, longest)
+
+
+def test_task_from_a_config_mapping():
+    from shared_interfaces.config_io import from_mapping
+
+    task = from_mapping(
+        ArithmeticTask,
+        {"families": ["add", {"name": "big", "op": "+", "a_range": [0, 99], "b_range": [0, 9]}], "seed": 2},
+    )
+    assert task.family_names == ("add", "big")
+    assert len(task.problems("all", ["big"])) == 1000
