@@ -22,6 +22,7 @@ from any thread.
 
 from __future__ import annotations
 
+import importlib.util
 import threading
 from pathlib import Path
 
@@ -48,13 +49,16 @@ _GOLD_CACHE_MAX = 50_000
 class MathVerifier:
     """MATH-style verifier (see the module docstring). Thread-safe; ``n_workers`` checker processes
     run comparisons in parallel for concurrent callers. ``close()`` stops the worker processes (they
-    also stop when the verifier is garbage-collected or the interpreter exits)."""
+    also stop when the verifier is garbage-collected or the interpreter exits). A checker that
+    cannot start at all raises :class:`~mrl_llm.rewards.sandbox.WorkerStartError` from ``score``."""
 
     name = "math"
 
     def __init__(self, *, timeout_s: float = 5.0, n_workers: int = 1, startup_timeout_s: float = 120.0):
         if not timeout_s > 0:
             raise ValueError(f"math verifier timeout_s must be > 0, got {timeout_s}")
+        if importlib.util.find_spec("math_verify") is None:
+            raise ImportError("the MATH verifier needs math-verify: pip install 'mutual-rl[llm]' (or math-verify)")
         self.timeout_s = timeout_s
         self.stats = VerifierStats(self.name)
         self._pool = WorkerPool(WORKER_SCRIPT, n_workers, startup_timeout_s=startup_timeout_s)

@@ -37,6 +37,10 @@ class WorkerFailed(RuntimeError):
     """The worker died or answered garbage; it was discarded (a fresh one starts on the next request)."""
 
 
+class WorkerStartError(RuntimeError):
+    """A worker could not be started at all (a broken installation, not a bad input): not retried."""
+
+
 def _kill(holder: dict[str, Any]) -> None:
     proc = holder.get("proc")
     holder["proc"] = None
@@ -87,13 +91,14 @@ class DeadlineWorker:
             ready = self._read_line(time.monotonic() + self.startup_timeout_s)
         except WorkerTimeout as err:
             _kill(self._holder)
-            raise WorkerFailed(
-                f"checker worker {self.script} did not start within {self.startup_timeout_s} s "
-                "(is math-verify installed? pip install 'mutual-rl[llm]')"
+            raise WorkerStartError(
+                f"checker worker {self.script} did not start within {self.startup_timeout_s} s"
             ) from err
+        except WorkerFailed as err:
+            raise WorkerStartError(f"checker worker {self.script} failed to start: {err}") from err
         if ready.get("ready") is not True:
             _kill(self._holder)
-            raise WorkerFailed(f"checker worker {self.script} sent {ready!r} instead of its ready line")
+            raise WorkerStartError(f"checker worker {self.script} sent {ready!r} instead of its ready line")
 
     def _read_line(self, deadline: float) -> dict[str, Any]:
         proc = self._holder["proc"]
@@ -124,7 +129,8 @@ class DeadlineWorker:
     def request(self, payload: dict[str, Any], timeout_s: float) -> dict[str, Any]:
         """Send ``payload`` and wait up to ``timeout_s`` seconds for the reply (starting the worker first
         if needed; start-up is not counted against ``timeout_s``). Raises :class:`WorkerTimeout` or
-        :class:`WorkerFailed`; either way the worker is replaced on the next request."""
+        :class:`WorkerFailed` (the worker is replaced on the next request), or
+        :class:`WorkerStartError` when no worker can be started."""
         with self._lock:
             if self._holder["proc"] is None or self._holder["proc"].poll() is not None:
                 _kill(self._holder)

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from mrl_llm.rewards.math_verifier import MathVerifier
-from mrl_llm.rewards.sandbox import DeadlineWorker, WorkerFailed, WorkerPool, WorkerTimeout
+from mrl_llm.rewards.sandbox import DeadlineWorker, WorkerFailed, WorkerPool, WorkerStartError, WorkerTimeout
 
 ECHO = """
 import json, sys, time
@@ -59,12 +59,12 @@ def test_echo_and_restart_after_each_failure(script):
 def test_start_up_failures_are_clear(script):
     silent = DeadlineWorker(script("import time; time.sleep(30)"), startup_timeout_s=0.5)
     start = time.monotonic()
-    with pytest.raises(WorkerFailed, match="did not start within 0.5 s"):
+    with pytest.raises(WorkerStartError, match="did not start within 0.5 s"):
         silent.request({}, 1.0)
     assert time.monotonic() - start < 10
-    with pytest.raises(WorkerFailed, match="exited"):
+    with pytest.raises(WorkerStartError, match="failed to start: .*exited \\(code 1\\)"):
         DeadlineWorker(script("raise SystemExit(1)")).request({}, 1.0)
-    with pytest.raises(WorkerFailed, match="instead of its ready line"):
+    with pytest.raises(WorkerStartError, match="instead of its ready line"):
         DeadlineWorker(script('print(\'{"hello": 1}\', flush=True)')).request({}, 1.0)
 
 
@@ -82,3 +82,10 @@ def test_a_crashing_checker_gives_an_error_verdict_not_a_skip(script):
         assert v.stats.counts()["error"] == 1
     finally:
         v.close()
+
+
+def test_a_checker_that_cannot_start_raises_from_score(script):
+    v = MathVerifier()
+    v._pool = WorkerPool(script("raise SystemExit(1)"))
+    with pytest.raises(WorkerStartError):
+        v.score(r"\boxed{1}", "1")
