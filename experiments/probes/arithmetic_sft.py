@@ -49,19 +49,32 @@ def main() -> None:
     torch.manual_seed(args.seed)
     task = ArithmeticTask(families=tuple(args.families.split(",")), seed=args.seed)
     cfg = LlamaConfig(
-        vocab_size=len(CHARS) + 2, hidden_size=args.hidden, intermediate_size=4 * args.hidden,
-        num_hidden_layers=args.layers, num_attention_heads=4, num_key_value_heads=4,
-        max_position_embeddings=64, bos_token_id=BOS, eos_token_id=EOS, pad_token_id=EOS, tie_word_embeddings=True,
+        vocab_size=len(CHARS) + 2,
+        hidden_size=args.hidden,
+        intermediate_size=4 * args.hidden,
+        num_hidden_layers=args.layers,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=64,
+        bos_token_id=BOS,
+        eos_token_id=EOS,
+        pad_token_id=EOS,
+        tie_word_embeddings=True,
     )
     model = LlamaForCausalLM(cfg)
     n_params = sum(p.numel() for p in model.parameters())
     train = task.problems("train", [args.family])
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20) * max(0.05, 1 - s / args.steps))
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / 20) * max(0.05, 1 - s / args.steps)
+    )
     rng = random.Random(args.seed)
     start = time.perf_counter()
     for _ in range(args.steps):
-        pairs = [([BOS] + encode(p.question + "\n"), encode(reference_response(p)) + [EOS]) for p in rng.choices(train, k=args.batch)]
+        pairs = [
+            ([BOS] + encode(p.question + "\n"), encode(reference_response(p)) + [EOS])
+            for p in rng.choices(train, k=args.batch)
+        ]
         width = max(len(a) + len(b) for a, b in pairs)
         ids = torch.full((args.batch, width), EOS)
         labels = torch.full((args.batch, width), -100)
@@ -79,8 +92,10 @@ def main() -> None:
     train_s = time.perf_counter() - start
 
     model.eval()
-    print(f"family={args.family} params={n_params} steps={args.steps} batch={args.batch} "
-          f"train_s={train_s:.1f} final_loss={loss.item():.4f}")
+    print(
+        f"family={args.family} params={n_params} steps={args.steps} batch={args.batch} "
+        f"train_s={train_s:.1f} final_loss={loss.item():.4f}"
+    )
     print(f"{'family':<8}{'split':<7}{'n':>4}{'greedy_acc':>12}")
     for fam in task.family_names:
         for split in ("train", "eval"):
@@ -90,7 +105,9 @@ def main() -> None:
             with torch.no_grad():
                 for p in probs:
                     prompt = torch.tensor([[BOS] + encode(p.question + "\n")])
-                    out = model.generate(prompt, max_new_tokens=12, do_sample=False, eos_token_id=EOS, pad_token_id=EOS)
+                    out = model.generate(
+                        prompt, max_new_tokens=12, do_sample=False, eos_token_id=EOS, pad_token_id=EOS
+                    )
                     text = "".join(ITOS.get(t, "") for t in out[0, prompt.shape[1] :].tolist())
                     ok += arithmetic_reward(text, p.gold)
             print(f"{fam:<8}{split:<7}{len(probs):>4}{ok / len(probs):>12.3f}")

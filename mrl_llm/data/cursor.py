@@ -103,7 +103,12 @@ class DataCursor:
                     "resume with the same dataset, seed and batch size as the saved run"
                 )
         epoch, position = state["epoch"], state["position"]
-        if not (isinstance(epoch, int) and epoch >= 0 and isinstance(position, int) and 0 <= position <= len(self.problems)):
+        if not (
+            isinstance(epoch, int)
+            and epoch >= 0
+            and isinstance(position, int)
+            and 0 <= position <= len(self.problems)
+        ):
             raise ValueError(f"data cursor state has invalid epoch/position {epoch!r}/{position!r}")
         self.epoch = epoch
         self.position = position

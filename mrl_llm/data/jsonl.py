@@ -154,12 +154,16 @@ def row_to_problem(row: Any, *, fields: FieldMap, verifier: str, default_id: str
         )
     gold = _as_text(row[fields.answer])
     if gold is None or not gold.strip():
-        raise DataError(f"{where}: the answer ({fields.answer!r}) is empty or not a string/number: {row[fields.answer]!r}")
+        raise DataError(
+            f"{where}: the answer ({fields.answer!r}) is empty or not a string/number: {row[fields.answer]!r}"
+        )
     prompt_id = default_id
     if fields.id is not None and row.get(fields.id) is not None:
         pid = _as_text(row[fields.id])
         if pid is None or not pid.strip():
-            raise DataError(f"{where}: id ({fields.id!r}) = {row[fields.id]!r} must be a non-empty string or integer")
+            raise DataError(
+                f"{where}: id ({fields.id!r}) = {row[fields.id]!r} must be a non-empty string or integer"
+            )
         prompt_id = pid
     choices: tuple[str, ...] = ()
     if fields.choices is not None and row.get(fields.choices) is not None:
@@ -213,7 +217,11 @@ def load_jsonl(
                 except json.JSONDecodeError as err:
                     raise DataError(f"{where}: not valid JSON ({err.msg} at column {err.colno})") from err
                 problem = row_to_problem(
-                    row, fields=config.fields, verifier=config.verifier, default_id=f"{path.stem}:{lineno}", where=where
+                    row,
+                    fields=config.fields,
+                    verifier=config.verifier,
+                    default_id=f"{path.stem}:{lineno}",
+                    where=where,
                 )
                 if problem.prompt_id in seen:
                     raise DataError(
@@ -229,8 +237,12 @@ def load_jsonl(
                 continue
             reason = check_gold(problem) if check_gold is not None else None
             if reason is not None:
-                skipped.append(Skipped(lineno, f"gold answer unusable by verifier {config.verifier!r}: {reason}"))
-                log.warning("%s: skipping problem %r: gold answer unusable (%s)", where, problem.prompt_id, reason)
+                skipped.append(
+                    Skipped(lineno, f"gold answer unusable by verifier {config.verifier!r}: {reason}")
+                )
+                log.warning(
+                    "%s: skipping problem %r: gold answer unusable (%s)", where, problem.prompt_id, reason
+                )
                 continue
             problems.append(problem)
     if skipped:

@@ -21,7 +21,9 @@ CHOICE_LETTERS = string.ascii_uppercase
 
 def format_choices(choices: tuple[str, ...]) -> str:
     """Options one per line, labelled ``A.``, ``B.``, ... (empty for no options)."""
-    return "\n".join(f"{letter}. {choice.strip()}" for letter, choice in zip(CHOICE_LETTERS, choices, strict=False))
+    return "\n".join(
+        f"{letter}. {choice.strip()}" for letter, choice in zip(CHOICE_LETTERS, choices, strict=False)
+    )
 
 
 class ProblemError(ValueError):
@@ -47,16 +49,22 @@ class Problem:
         for name in ("prompt_id", "question", "gold", "verifier"):
             value = getattr(self, name)
             if not isinstance(value, str) or not value.strip():
-                raise ProblemError(f"problem {self.prompt_id!r}: field '{name}' = {value!r} must be a non-empty string")
+                raise ProblemError(
+                    f"problem {self.prompt_id!r}: field '{name}' = {value!r} must be a non-empty string"
+                )
         if len(self.choices) > len(CHOICE_LETTERS):
             raise ProblemError(
                 f"problem {self.prompt_id!r}: {len(self.choices)} choices; at most {len(CHOICE_LETTERS)} are supported"
             )
         for i, choice in enumerate(self.choices):
             if not isinstance(choice, str) or not choice.strip():
-                raise ProblemError(f"problem {self.prompt_id!r}: choices[{i}] = {choice!r} must be a non-empty string")
+                raise ProblemError(
+                    f"problem {self.prompt_id!r}: choices[{i}] = {choice!r} must be a non-empty string"
+                )
         if self.family is not None and (not isinstance(self.family, str) or not self.family):
-            raise ProblemError(f"problem {self.prompt_id!r}: family = {self.family!r} must be a non-empty string or null")
+            raise ProblemError(
+                f"problem {self.prompt_id!r}: family = {self.family!r} must be a non-empty string or null"
+            )
 
     @property
     def choice_letters(self) -> str:

@@ -58,7 +58,9 @@ class MathVerifier:
         if not timeout_s > 0:
             raise ValueError(f"math verifier timeout_s must be > 0, got {timeout_s}")
         if importlib.util.find_spec("math_verify") is None:
-            raise ImportError("the MATH verifier needs math-verify: pip install 'mutual-rl[llm]' (or math-verify)")
+            raise ImportError(
+                "the MATH verifier needs math-verify: pip install 'mutual-rl[llm]' (or math-verify)"
+            )
         self.timeout_s = timeout_s
         self.stats = VerifierStats(self.name)
         self._pool = WorkerPool(WORKER_SCRIPT, n_workers, startup_timeout_s=startup_timeout_s)
@@ -122,11 +124,15 @@ class MathVerifier:
             return Verdict(0.0, NO_ANSWER, detail="no complete \\boxed{} in the response")
         gold_base, pred_base = number_base(answer), number_base(pred)
         if gold_base is not None and pred_base is not None and gold_base != pred_base:
-            return Verdict(0.0, WRONG, pred, detail=f"base {pred_base} numeral, the gold is in base {gold_base}")
+            return Verdict(
+                0.0, WRONG, pred, detail=f"base {pred_base} numeral, the gold is in base {gold_base}"
+            )
         try:
             reply = self._pool.request({"op": "verify", "gold": answer, "pred": pred}, self.timeout_s)
         except WorkerTimeout:
-            return Verdict(0.0, TIMEOUT, pred, detail=f"comparison ran past {self.timeout_s} s; worker restarted")
+            return Verdict(
+                0.0, TIMEOUT, pred, detail=f"comparison ran past {self.timeout_s} s; worker restarted"
+            )
         except WorkerFailed as err:
             return Verdict(0.0, ERROR, pred, detail=str(err))
         if "error" in reply:

@@ -10,9 +10,10 @@ stdout; anything else the libraries print goes to stderr). First reply: ``{"read
 ``G`` and ``P`` are extracted answers (LaTeX, the content of a box); each is parsed as
 ``\\boxed{...}`` by ``math_verify.parse`` with math-verify's own (signal-based) timeouts turned off:
 the parent enforces the deadline by killing this process. ``gold_ok`` is False when the gold parses
-to no mathematical object (nothing, or only math-verify's raw-string fallback). Parsed golds are cached (a gold repeats for every sample of a group). Each request's
-``kill_after_s`` arms ``SIGALRM`` with its default action: the kernel terminates this process if the
-request runs that long, even when it is stuck in C and its parent is gone.
+to no mathematical object (nothing, or only math-verify's raw-string fallback). Parsed golds are
+cached (a gold repeats for every sample of a group). Each request's ``kill_after_s`` arms
+``SIGALRM`` with its default action: the kernel terminates this process if the request runs that
+long, even when it is stuck in C and its parent is gone.
 """
 
 from __future__ import annotations

@@ -41,7 +41,9 @@ def close_verifier(verifier: Verifier) -> None:
         close()
 
 
-def score_problem(verifier: Verifier, problem: Problem, response: str, *, finish_reason: FinishReason) -> Verdict:
+def score_problem(
+    verifier: Verifier, problem: Problem, response: str, *, finish_reason: FinishReason
+) -> Verdict:
     """``verifier``'s verdict on ``response`` to ``problem`` (its gold and, for multiple choice, options)."""
     if problem.verifier != verifier.name:
         raise ValueError(

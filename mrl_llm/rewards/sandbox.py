@@ -3,7 +3,7 @@
 math-verify's own timeout uses ``signal.alarm``, which only works in the main thread, and a Python
 thread cannot be stopped (a sympy computation on a huge integer holds the GIL inside C for minutes).
 So the checker runs in a child process (:class:`DeadlineWorker`) that speaks JSON lines over pipes:
-the parent waits for each reply with ``select`` until a deadline, and on a timeout kills the child and
+the parent waits for each reply with ``poll`` until a deadline, and on a timeout kills the child and
 starts a fresh one for the next request. The child is a plain script run with ``sys.executable`` (no
 ``multiprocessing``: no pickling, no re-import of ``__main__``, safe to start from any thread or a Ray
 actor). As a second guard against an orphaned, runaway child, each request carries ``kill_after_s``:
@@ -103,12 +103,13 @@ class DeadlineWorker:
     def _read_line(self, deadline: float) -> dict[str, Any]:
         proc = self._holder["proc"]
         fd = proc.stdout.fileno()
+        poller = select.poll()  # not select.select: it fails on descriptors >= 1024 (busy processes)
+        poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
         while b"\n" not in self._buf:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise WorkerTimeout("deadline passed")
-            readable, _, _ = select.select([fd], [], [], remaining)
-            if not readable:
+            if not poller.poll(max(1, int(remaining * 1000) + 1)):
                 continue
             chunk = os.read(fd, 1 << 16)
             if not chunk:
@@ -151,7 +152,9 @@ class DeadlineWorker:
                 raise
             if reply.get("id") != self._next_id:
                 _kill(self._holder)
-                raise WorkerFailed(f"checker worker replied to request {reply.get('id')} instead of {self._next_id}")
+                raise WorkerFailed(
+                    f"checker worker replied to request {reply.get('id')} instead of {self._next_id}"
+                )
             return reply
 
     def close(self) -> None:

@@ -20,7 +20,11 @@ def ids(batch):
 
 
 def test_same_seed_same_batches_other_seed_other_order():
-    a, b, c = DataCursor(problems(20), 6, seed=1), DataCursor(problems(20), 6, seed=1), DataCursor(problems(20), 6, seed=2)
+    a, b, c = (
+        DataCursor(problems(20), 6, seed=1),
+        DataCursor(problems(20), 6, seed=1),
+        DataCursor(problems(20), 6, seed=2),
+    )
     seq_a = [ids(a.next_batch()) for _ in range(10)]
     assert seq_a == [ids(b.next_batch()) for _ in range(10)]
     assert seq_a != [ids(c.next_batch()) for _ in range(10)]
@@ -37,7 +41,11 @@ def test_epochs_are_permutations_and_batches_wrap():
 
 def test_no_shuffle_keeps_file_order():
     cur = DataCursor(problems(5), 3, shuffle=False)
-    assert [ids(cur.next_batch()) for _ in range(3)] == [["p0", "p1", "p2"], ["p3", "p4", "p0"], ["p1", "p2", "p3"]]
+    assert [ids(cur.next_batch()) for _ in range(3)] == [
+        ["p0", "p1", "p2"],
+        ["p3", "p4", "p0"],
+        ["p1", "p2", "p3"],
+    ]
 
 
 def test_batch_larger_than_dataset():
@@ -61,7 +69,11 @@ def test_resume_continues_exactly(n, batch, k, seed):
 
 def test_resume_refuses_another_dataset_or_setting():
     state = DataCursor(problems(10), 4, seed=0).state_dict()
-    for other in (DataCursor(problems(11), 4, seed=0), DataCursor(problems(10), 5, seed=0), DataCursor(problems(10), 4, seed=1)):
+    for other in (
+        DataCursor(problems(11), 4, seed=0),
+        DataCursor(problems(10), 5, seed=0),
+        DataCursor(problems(10), 4, seed=1),
+    ):
         with pytest.raises(ValueError, match="cannot resume the data cursor"):
             other.load_state_dict(state)
     renamed = [Problem(f"x{i}", "q", "1", "math") for i in range(10)]

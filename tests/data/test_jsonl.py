@@ -15,12 +15,22 @@ from mrl_llm.rewards.mcq import MCQVerifier
 
 def write(tmp_path, lines, name="d.jsonl"):
     path = tmp_path / name
-    path.write_text("".join((line if isinstance(line, str) else json.dumps(line)) + "\n" for line in lines), encoding="utf-8")
+    path.write_text(
+        "".join((line if isinstance(line, str) else json.dumps(line)) + "\n" for line in lines),
+        encoding="utf-8",
+    )
     return path
 
 
 def test_math_style_rows_default_schema(tmp_path):
-    path = write(tmp_path, [{"question": "1+1?", "answer": r"It is $\boxed{2}$."}, "", {"question": "2+2?", "answer": 4, "source": "x"}])
+    path = write(
+        tmp_path,
+        [
+            {"question": "1+1?", "answer": r"It is $\boxed{2}$."},
+            "",
+            {"question": "2+2?", "answer": 4, "source": "x"},
+        ],
+    )
     rep = load_jsonl(DataConfig(path=str(path)))
     assert [p.prompt_id for p in rep.problems] == ["d:1", "d:3"]  # file stem and line number
     assert rep.problems[1].gold == "4" and rep.problems[1].meta == {"source": "x"}
@@ -32,7 +42,13 @@ def test_field_mapping_and_multiple_choice_rows(tmp_path):
     path = write(
         tmp_path,
         [
-            {"uid": "q1", "prompt": "Capital of France?", "label": "B", "options": ["London", "Paris"], "subject": "geo"},
+            {
+                "uid": "q1",
+                "prompt": "Capital of France?",
+                "label": "B",
+                "options": ["London", "Paris"],
+                "subject": "geo",
+            },
             {"uid": 7, "prompt": "Largest planet?", "label": "A", "options": {"A": "Jupiter", "B": "Mars"}},
         ],
     )
@@ -69,13 +85,23 @@ def test_malformed_rows_name_file_and_line(tmp_path, line, message):
 
 
 def test_duplicate_ids_are_errors(tmp_path):
-    path = write(tmp_path, [{"id": "a", "question": "q", "answer": "1"}, {"id": "a", "question": "r", "answer": "2"}])
+    path = write(
+        tmp_path, [{"id": "a", "question": "q", "answer": "1"}, {"id": "a", "question": "r", "answer": "2"}]
+    )
     with pytest.raises(DataError, match="duplicate id 'a' \\(first on line 1\\)"):
         load_jsonl(DataConfig(path=str(path)))
 
 
 def test_skip_mode_counts_and_reports_every_bad_row(tmp_path, caplog):
-    path = write(tmp_path, [{"question": "q1", "answer": "1"}, "{oops", {"question": "", "answer": "1"}, {"question": "q4", "answer": "4"}])
+    path = write(
+        tmp_path,
+        [
+            {"question": "q1", "answer": "1"},
+            "{oops",
+            {"question": "", "answer": "1"},
+            {"question": "q4", "answer": "4"},
+        ],
+    )
     with caplog.at_level(logging.WARNING):
         rep = load_jsonl(DataConfig(path=str(path), on_malformed="skip"))
     assert [p.question for p in rep.problems] == ["q1", "q4"]
@@ -86,7 +112,9 @@ def test_skip_mode_counts_and_reports_every_bad_row(tmp_path, caplog):
 
 def test_unusable_golds_are_skipped_and_reported(tmp_path):
     path = write(tmp_path, [{"question": "1+1", "answer": "2"}, {"question": "2+2", "answer": "four"}])
-    rep = load_jsonl(DataConfig(path=str(path), verifier="arithmetic"), check_gold=gold_checker(ArithmeticVerifier()))
+    rep = load_jsonl(
+        DataConfig(path=str(path), verifier="arithmetic"), check_gold=gold_checker(ArithmeticVerifier())
+    )
     assert [p.gold for p in rep.problems] == ["2"]
     assert rep.skipped[0].line == 2 and "not an integer" in rep.skipped[0].reason
     mcq = write(tmp_path, [{"question": "q", "answer": "Z", "choices": ["a", "b"]}], name="m.jsonl")
@@ -128,7 +156,9 @@ def test_limit_and_round_trip(tmp_path):
 def test_config_from_yaml_mapping():
     from shared_interfaces.config_io import ConfigError, from_mapping
 
-    cfg = from_mapping(DataConfig, {"path": "x.jsonl", "verifier": "mcq", "fields": {"question": "prompt", "choices": None}})
+    cfg = from_mapping(
+        DataConfig, {"path": "x.jsonl", "verifier": "mcq", "fields": {"question": "prompt", "choices": None}}
+    )
     assert cfg.fields.question == "prompt" and cfg.fields.choices is None and cfg.fields.answer == "answer"
     with pytest.raises(ConfigError, match="unknown key"):
         from_mapping(DataConfig, {"path": "x.jsonl", "fields": {"quesiton": "prompt"}})

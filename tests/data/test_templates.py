@@ -34,13 +34,18 @@ def test_literal_braces_and_system_in_plain_mode():
 
 
 def test_question_text_is_not_re_substituted():
-    assert render_prompt(TemplateConfig(text="{question}|{instruction}", instruction="I"), "say {instruction}") == "say {instruction}|I"
+    assert (
+        render_prompt(TemplateConfig(text="{question}|{instruction}", instruction="I"), "say {instruction}")
+        == "say {instruction}|I"
+    )
 
 
 def test_multiple_choice_options():
     auto = render_prompt(TemplateConfig(instruction=MCQ_INSTRUCTION), MCQ)
     assert auto == "Capital of France?\nA. London\nB. Paris\n" + MCQ_INSTRUCTION + "\n"
-    explicit = render_prompt(TemplateConfig(text="{question}\nOptions:\n{choices}\n{instruction}", instruction="Pick."), MCQ)
+    explicit = render_prompt(
+        TemplateConfig(text="{question}\nOptions:\n{choices}\n{instruction}", instruction="Pick."), MCQ
+    )
     assert explicit == "Capital of France?\nOptions:\nA. London\nB. Paris\nPick."
 
 

@@ -34,10 +34,18 @@ def test_last_boxed_hand_cases(text, expected):
 
 
 _atoms = st.text(alphabet="ab12+-^_ =.,()", min_size=0, max_size=6)
-_balanced = st.recursive(_atoms, lambda inner: st.lists(inner | inner.map(lambda s: "{" + s + "}"), max_size=3).map("".join), max_leaves=8)
+_balanced = st.recursive(
+    _atoms,
+    lambda inner: st.lists(inner | inner.map(lambda s: "{" + s + "}"), max_size=3).map("".join),
+    max_leaves=8,
+)
 
 
-@given(prefix=st.text(alphabet="xyz 12+{}()$.", max_size=20), content=_balanced, suffix=st.text(alphabet="xyz 12+$.", max_size=20))
+@given(
+    prefix=st.text(alphabet="xyz 12+{}()$.", max_size=20),
+    content=_balanced,
+    suffix=st.text(alphabet="xyz 12+$.", max_size=20),
+)
 def test_last_boxed_recovers_any_balanced_content(prefix, content, suffix):
     text = prefix + r"\boxed{" + content + "}" + suffix
     expected = content.strip() or None

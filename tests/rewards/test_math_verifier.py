@@ -143,7 +143,9 @@ def test_close_stops_the_worker_process():
 
 def test_plain_functions_work_off_the_main_thread():
     out = []
-    t = threading.Thread(target=lambda: out.append((math_reward(r"\boxed{4}", "4"), math_reward(r"\boxed{5}", "4"))))
+    t = threading.Thread(
+        target=lambda: out.append((math_reward(r"\boxed{4}", "4"), math_reward(r"\boxed{5}", "4")))
+    )
     t.start()
     t.join(120)
     assert out == [(1.0, 0.0)]

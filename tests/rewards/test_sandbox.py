@@ -65,7 +65,7 @@ def test_start_up_failures_are_clear(script):
     with pytest.raises(WorkerStartError, match="failed to start: .*exited \\(code 1\\)"):
         DeadlineWorker(script("raise SystemExit(1)")).request({}, 1.0)
     with pytest.raises(WorkerStartError, match="instead of its ready line"):
-        DeadlineWorker(script('print(\'{"hello": 1}\', flush=True)')).request({}, 1.0)
+        DeadlineWorker(script("print('{\"hello\": 1}', flush=True)")).request({}, 1.0)
 
 
 def test_pool_validation():
