@@ -4,10 +4,12 @@ The planner (:mod:`mrl_llm.distributed.planner`) has already checked that everyt
 device fits in ``usable_fraction`` of it, with ``c = rollout_concurrency`` sequences in flight per
 engine. The engine is then told to claim exactly its part of that estimate:
 
-* ``kv_cache_memory_bytes = c * 2 L h_kv e ceil(s / 16) 16`` — the KV cache for ``c`` full-length
-  sequences (``s = prompt_len + max_response_len``, rounded up to whole 16-token blocks). vLLM sizes its
-  cache from this instead of from the utilisation (on CPU it replaces the ``VLLM_CPU_KVCACHE_SPACE``
-  variable, which takes whole GiB; an exported ``VLLM_CPU_KVCACHE_SPACE`` still wins over it).
+* ``kv_cache_memory_bytes = c * 2 L h_kv e s`` — the planner's KV cache for ``c`` full-length sequences
+  (``s = prompt_len + max_response_len``), but at least one sequence rounded up to whole
+  :data:`KV_BLOCK_TOKENS`-token blocks (vLLM refuses to start unless one ``max_model_len`` request fits in
+  whole blocks). vLLM sizes its cache from this instead of from the utilisation (on CPU it replaces the
+  ``VLLM_CPU_KVCACHE_SPACE`` variable, which takes whole GiB; an exported ``VLLM_CPU_KVCACHE_SPACE``
+  still wins over it).
 * ``gpu_memory_utilization = (N e + KV + 8 V c + overhead) / capacity`` — the engine's whole
   footprint (weights, KV cache, sampling logits, plus the per-process overhead on a GPU) as a fraction
   of the device; on the CPU backend the "device" is the node's RAM. vLLM checks at start-up that this
@@ -24,7 +26,7 @@ from typing import Any
 from mrl_llm.distributed.memory import GiB, MemoryModel, PolicyFootprint, kv_bytes_per_sequence, rollout_bytes
 from mrl_llm.distributed.planner import PlacementPlan
 
-KV_BLOCK_TOKENS = 16
+KV_BLOCK_TOKENS = 256  # the largest KV block any vLLM backend uses
 
 
 @dataclass(frozen=True)
@@ -52,9 +54,10 @@ class VLLMMemory:
 
 
 def kv_cache_bytes(fp: PolicyFootprint, concurrency: int) -> int:
-    """KV cache for ``concurrency`` full-length sequences, in whole :data:`KV_BLOCK_TOKENS` blocks."""
-    blocks = math.ceil(fp.seq_len / KV_BLOCK_TOKENS) * KV_BLOCK_TOKENS
-    return math.ceil(kv_bytes_per_sequence(fp) / fp.seq_len * blocks) * concurrency
+    """KV cache for ``concurrency`` full-length sequences, at least one in whole blocks."""
+    per_seq = kv_bytes_per_sequence(fp)
+    one_in_blocks = per_seq / fp.seq_len * math.ceil(fp.seq_len / KV_BLOCK_TOKENS) * KV_BLOCK_TOKENS
+    return math.ceil(max(per_seq * concurrency, one_in_blocks))
 
 
 def vllm_memory(
