@@ -107,7 +107,7 @@ def state_dict_for_sync(model: torch.nn.Module) -> dict[str, torch.Tensor]:
         if key in seen:
             continue
         seen.add(key)
-        out[name.removeprefix("module.")] = t.detach()
+        out[name.replace("_orig_mod.", "").removeprefix("module.")] = t.detach()  # torch.compile, DDP
     return out
 
 
@@ -160,6 +160,7 @@ class VLLMEngine(RolloutEngine):
         self.last_drift = None
         self._probe_prompts: list[list[int]] = []
         self._sleeping: set[str] = set()
+        self._sync_dir: Path | None = None
         args: dict[str, Any] = {
             "model": str(model_dir), "tokenizer": str(model_dir), "dtype": dtype, "seed": int(seed),
             "logprobs_mode": "processed_logprobs", "worker_extension_cls": WORKER_EXTENSION,
@@ -177,8 +178,6 @@ class VLLMEngine(RolloutEngine):
         args.update(engine_args or {})
         self.engine_args = args
         self._llm = vllm.LLM(**args)
-        self._shm = Path(tempfile.mkdtemp(prefix="mrl-vllm-sync-", dir="/dev/shm" if os.path.isdir("/dev/shm")
-                                          else None))
 
     @classmethod
     def from_model(cls, model: torch.nn.Module, tokenizer, **kwargs: Any) -> VLLMEngine:
@@ -269,18 +268,26 @@ class VLLMEngine(RolloutEngine):
                                           self.drift, pad_id=self.pad_id, version=self.weights_version)
 
     def _write_buckets(self, state: dict[str, torch.Tensor]) -> list[Path]:
+        """Write ``state`` as safetensors files in shared memory (on disk when ``/dev/shm`` lacks room)."""
         from safetensors.torch import save_file
 
+        need = sum(t.numel() * t.element_size() for t in state.values())
+        if self._sync_dir is None:
+            shm = "/dev/shm" if os.path.isdir("/dev/shm") and shutil.disk_usage("/dev/shm").free > 2 * need else None
+            if shm is None:
+                log.warning("vllm engine: /dev/shm cannot hold %.1f GiB of weights; syncing through %s",
+                            need / 2**30, tempfile.gettempdir())
+            self._sync_dir = Path(tempfile.mkdtemp(prefix="mrl-vllm-sync-", dir=shm))
         paths, bucket, size = [], {}, 0
         for name, t in state.items():
             bucket[name] = t.to("cpu").contiguous()
             size += t.numel() * t.element_size()
             if size >= self.sync_bucket_bytes:
-                paths.append(self._shm / f"v{self.weights_version + 1}-{len(paths)}.safetensors")
+                paths.append(self._sync_dir / f"v{self.weights_version + 1}-{len(paths)}.safetensors")
                 save_file(bucket, str(paths[-1]))
                 bucket, size = {}, 0
         if bucket or not paths:
-            paths.append(self._shm / f"v{self.weights_version + 1}-{len(paths)}.safetensors")
+            paths.append(self._sync_dir / f"v{self.weights_version + 1}-{len(paths)}.safetensors")
             save_file(bucket, str(paths[-1]))
         return paths
 
@@ -309,6 +316,6 @@ class VLLMEngine(RolloutEngine):
                 core.shutdown()
             del llm
             gc.collect()
-        for d in (getattr(self, "_shm", None), getattr(self, "_owned_dir", None)):
+        for d in (getattr(self, "_sync_dir", None), getattr(self, "_owned_dir", None)):
             if d is not None:
                 shutil.rmtree(d, ignore_errors=True)
