@@ -118,7 +118,9 @@ class VLLMEngine(RolloutEngine):
     trainer). ``memory`` comes from :func:`mrl_llm.rollout.vllm_memory.vllm_memory` (the MWRA plan);
     without it the engine claims ``gpu_memory_utilization`` of the device and, on CPU, a small KV cache.
     ``drift`` (a :class:`~mrl_llm.rollout.drift.DriftConfig`) checks the engine against the trainer
-    after every sync. ``engine_args`` go to ``vllm.LLM`` as they are (they win over the defaults).
+    after every sync. ``sleep_mode`` (``None``: on where vLLM supports it, i.e. on GPUs, never on CPU)
+    frees the engine's GPU memory between generations — meant for colocated plans; pass ``False`` for
+    dedicated rollout GPUs. ``engine_args`` go to ``vllm.LLM`` as they are (they win over the defaults).
     """
 
     def __init__(
