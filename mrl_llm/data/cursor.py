@@ -1,0 +1,110 @@
+"""A deterministic, resumable cursor over a dataset's prompts: the per-step prompt batches.
+
+Epoch ``e`` visits the problems in the order of a permutation drawn from ``random.Random`` seeded by
+``(seed, e)`` (so epoch orders do not depend on how many batches were drawn before). A batch takes the
+next ``batch_size`` problems; a batch that runs past the end of an epoch continues with the next
+epoch's order (every batch has exactly ``batch_size`` problems; a problem repeats within one batch
+only when ``batch_size`` exceeds the dataset). ``shuffle=False`` keeps file order in every epoch.
+
+The state (:meth:`DataCursor.state_dict`) is a small JSON-able dict: seed, epoch, position and a
+fingerprint of the prompt ids, so a resume against a different dataset fails instead of silently
+drawing other prompts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections.abc import Sequence
+from typing import Any
+
+from mrl_llm.data.problem import Problem
+
+STATE_VERSION = 1
+
+
+def fingerprint(prompt_ids: Sequence[str]) -> str:
+    """A short hash of the ordered prompt ids (identifies the dataset a cursor walks)."""
+    h = hashlib.sha256()
+    for pid in prompt_ids:
+        h.update(pid.encode("utf-8"))
+        h.update(b"\0")
+    return h.hexdigest()[:16]
+
+
+def epoch_order(n: int, seed: int, epoch: int, *, shuffle: bool = True) -> list[int]:
+    """The visiting order of indices ``0..n-1`` in ``epoch`` (a seeded permutation, or ``range(n)``)."""
+    order = list(range(n))
+    if shuffle:
+        random.Random(f"mrl-data-cursor:{seed}:{epoch}").shuffle(order)
+    return order
+
+
+class DataCursor:
+    """Draws per-step prompt batches from ``problems`` deterministically from ``seed``; resumable."""
+
+    def __init__(self, problems: Sequence[Problem], batch_size: int, *, seed: int = 0, shuffle: bool = True):
+        if not problems:
+            raise ValueError("DataCursor needs at least one problem; the dataset is empty")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.problems = tuple(problems)
+        self.batch_size = batch_size
+        self.seed = seed
+        self.shuffle = shuffle
+        self.fingerprint = fingerprint([p.prompt_id for p in self.problems])
+        self.epoch = 0
+        self.position = 0
+        self._order = epoch_order(len(self.problems), seed, 0, shuffle=shuffle)
+
+    def _advance_epoch(self) -> None:
+        self.epoch += 1
+        self.position = 0
+        self._order = epoch_order(len(self.problems), self.seed, self.epoch, shuffle=self.shuffle)
+
+    def next_batch(self) -> list[Problem]:
+        """The next ``batch_size`` problems (continuing into the next epoch at the end of one)."""
+        out: list[Problem] = []
+        while len(out) < self.batch_size:
+            if self.position == len(self._order):
+                self._advance_epoch()
+            take = min(self.batch_size - len(out), len(self._order) - self.position)
+            out.extend(self.problems[i] for i in self._order[self.position : self.position + take])
+            self.position += take
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        """The cursor's position as a JSON-able dict (save it with the checkpoint)."""
+        return {
+            "version": STATE_VERSION,
+            "seed": self.seed,
+            "epoch": self.epoch,
+            "position": self.position,
+            "batch_size": self.batch_size,
+            "shuffle": self.shuffle,
+            "n_problems": len(self.problems),
+            "fingerprint": self.fingerprint,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from :meth:`state_dict`; a different dataset, seed, batch size or order is an error."""
+        if state.get("version") != STATE_VERSION:
+            raise ValueError(f"data cursor state version {state.get('version')!r} is not {STATE_VERSION}")
+        for key, mine in (
+            ("fingerprint", self.fingerprint),
+            ("n_problems", len(self.problems)),
+            ("seed", self.seed),
+            ("batch_size", self.batch_size),
+            ("shuffle", self.shuffle),
+        ):
+            if state.get(key) != mine:
+                raise ValueError(
+                    f"cannot resume the data cursor: saved {key} = {state.get(key)!r} but this run has {mine!r}; "
+                    "resume with the same dataset, seed and batch size as the saved run"
+                )
+        epoch, position = state["epoch"], state["position"]
+        if not (isinstance(epoch, int) and epoch >= 0 and isinstance(position, int) and 0 <= position <= len(self.problems)):
+            raise ValueError(f"data cursor state has invalid epoch/position {epoch!r}/{position!r}")
+        self.epoch = epoch
+        self.position = position
+        self._order = epoch_order(len(self.problems), self.seed, epoch, shuffle=self.shuffle)

@@ -1,0 +1,253 @@
+"""JSONL datasets: the row schema, the field mapping and the loader.
+
+Schema (one JSON object per line, UTF-8; blank lines are allowed and counted)::
+
+    {"id": "p17",                        # optional; default id = "<file stem>:<line number>"
+     "question": "What is 2+3?",         # required, non-empty string
+     "answer": "5",                       # required: a bare answer, or a full solution whose final
+                                          #   answer is the last \\boxed{} (MATH style); a number is
+                                          #   read as its decimal text; for multiple choice a letter
+                                          #   ("B") or the text of the right option
+     "choices": ["3", "5", "6"],          # optional: multiple-choice options, labelled A, B, C, ...
+                                          #   (a list, or an object with keys "A", "B", ... in order)
+     "family": "add",                     # optional: a category (per-family metrics, task splits)
+     ...}                                 # any other key is kept, read-only, in Problem.meta
+
+The names of these fields are configurable (:class:`FieldMap`): a dataset whose rows read
+``{"problem": ..., "solution": ...}`` is loaded with ``fields: {question: problem, answer: solution}``.
+``id``, ``choices`` and ``family`` are optional: used when a row has them, ignored when the mapping
+sets them to ``null``. The verifier (``math``, ``mcq``, ``arithmetic``) is named once per dataset.
+
+Nothing is dropped silently. A malformed row (bad JSON, not an object, missing or empty question or
+answer, bad choices, duplicate id) raises :class:`DataError` naming the file and line; with
+``on_malformed: skip`` it is skipped and listed in :class:`LoadReport`. A row whose gold answer the
+verifier cannot parse (``check_gold``) is skipped with a counted warning, also listed in the report.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from mrl_llm.data.problem import CHOICE_LETTERS, Problem, ProblemError
+
+log = logging.getLogger(__name__)
+
+
+class DataError(ValueError):
+    """A dataset file or row is malformed; the message names the file and line."""
+
+
+@dataclass(frozen=True)
+class FieldMap:
+    """Which row keys hold the question, the answer and the optional id / choices / family."""
+
+    question: str = "question"
+    answer: str = "answer"
+    id: str | None = "id"
+    choices: str | None = "choices"
+    family: str | None = "family"
+
+    def __post_init__(self) -> None:
+        if not self.question or not self.answer:
+            raise DataError("fields.question and fields.answer must name row keys (non-empty strings)")
+        used = [k for k in (self.question, self.answer, self.id, self.choices, self.family) if k is not None]
+        if len(set(used)) != len(used):
+            raise DataError(f"fields map two roles onto one row key: {used}; give each role its own key")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """A JSONL dataset: ``path``, the ``verifier`` that scores it, the field mapping, what to do with a
+    malformed row (``error``: raise, the default; ``skip``: skip it and report it) and an optional
+    ``limit`` on how many problems to keep (the first ``limit`` valid rows, in file order)."""
+
+    path: str
+    verifier: str = "math"
+    fields: FieldMap = field(default_factory=FieldMap)
+    on_malformed: Literal["error", "skip"] = "error"
+    limit: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.path:
+            raise DataError("data.path must name a JSONL file")
+        if self.on_malformed not in ("error", "skip"):
+            raise DataError(f"data.on_malformed must be 'error' or 'skip', got {self.on_malformed!r}")
+        if self.limit is not None and self.limit < 1:
+            raise DataError(f"data.limit must be >= 1 or null, got {self.limit}")
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A row that was not loaded: its line number and why."""
+
+    line: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class LoadReport:
+    """What a load read: the problems, the number of non-blank rows and blank lines, and every skipped
+    row (malformed rows under ``on_malformed: skip``; rows whose gold the verifier cannot parse)."""
+
+    path: str
+    problems: tuple[Problem, ...]
+    n_rows: int
+    n_blank: int
+    skipped: tuple[Skipped, ...]
+
+    def summary(self) -> str:
+        text = f"{self.path}: {len(self.problems)} problems from {self.n_rows} rows"
+        if self.skipped:
+            text += f", {len(self.skipped)} skipped (first: line {self.skipped[0].line}: {self.skipped[0].reason})"
+        return text
+
+
+def _as_text(value: Any) -> str | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (int, float)):
+        return repr(value) if isinstance(value, float) else str(value)
+    return None
+
+
+def _choices(value: Any, where: str) -> tuple[str, ...]:
+    if isinstance(value, Mapping):
+        keys = list(value)
+        expected = list(CHOICE_LETTERS[: len(keys)])
+        if [str(k).strip().upper() for k in keys] != expected:
+            raise DataError(f"{where}: choices object keys {keys} must be the letters {expected} in order")
+        value = list(value.values())
+    if not isinstance(value, list) or not value:
+        raise DataError(f"{where}: choices must be a non-empty list of strings (or an object A, B, ...)")
+    out = []
+    for i, item in enumerate(value):
+        text = _as_text(item)
+        if text is None or not text.strip():
+            raise DataError(f"{where}: choices[{i}] = {item!r} must be a non-empty string")
+        out.append(text)
+    return tuple(out)
+
+
+def row_to_problem(row: Any, *, fields: FieldMap, verifier: str, default_id: str, where: str) -> Problem:
+    """One decoded JSON row as a :class:`Problem`; :class:`DataError` naming ``where`` when malformed."""
+    if not isinstance(row, dict):
+        raise DataError(f"{where}: a row must be a JSON object, got {type(row).__name__}")
+    question = row.get(fields.question)
+    if question is None:
+        raise DataError(
+            f"{where}: no question field {fields.question!r} (row keys: {sorted(row)}); "
+            "set data.fields.question to the key that holds the question"
+        )
+    if not isinstance(question, str) or not question.strip():
+        raise DataError(f"{where}: the question ({fields.question!r}) is empty or not a string: {question!r}")
+    if fields.answer not in row:
+        raise DataError(
+            f"{where}: no answer field {fields.answer!r} (row keys: {sorted(row)}); "
+            "set data.fields.answer to the key that holds the gold answer"
+        )
+    gold = _as_text(row[fields.answer])
+    if gold is None or not gold.strip():
+        raise DataError(f"{where}: the answer ({fields.answer!r}) is empty or not a string/number: {row[fields.answer]!r}")
+    prompt_id = default_id
+    if fields.id is not None and row.get(fields.id) is not None:
+        pid = _as_text(row[fields.id])
+        if pid is None or not pid.strip():
+            raise DataError(f"{where}: id ({fields.id!r}) = {row[fields.id]!r} must be a non-empty string or integer")
+        prompt_id = pid
+    choices: tuple[str, ...] = ()
+    if fields.choices is not None and row.get(fields.choices) is not None:
+        choices = _choices(row[fields.choices], where)
+    family = None
+    if fields.family is not None and row.get(fields.family) is not None:
+        family = row[fields.family]
+        if not isinstance(family, str) or not family.strip():
+            raise DataError(f"{where}: family ({fields.family!r}) = {family!r} must be a non-empty string")
+    mapped = {fields.question, fields.answer, fields.id, fields.choices, fields.family}
+    meta: dict[str, Any] = {}
+    for key, value in row.items():
+        if key in mapped:
+            continue
+        if key == "meta" and isinstance(value, dict):
+            meta.update(value)
+        else:
+            meta[key] = value
+    try:
+        return Problem(prompt_id, question, gold, verifier, choices=choices, family=family, meta=meta)
+    except ProblemError as err:
+        raise DataError(f"{where}: {err}") from err
+
+
+def load_jsonl(
+    config: DataConfig, *, check_gold: Callable[[Problem], str | None] | None = None
+) -> LoadReport:
+    """Read ``config.path`` into problems (file order). ``check_gold(problem)`` returns ``None`` for a
+    usable gold answer or the reason it is not (the verifier's ``check_gold``); such rows are skipped
+    with a counted warning. Raises :class:`DataError` for a missing file, an empty dataset, or (under
+    ``on_malformed: error``) the first malformed row."""
+    path = Path(config.path)
+    if not path.is_file():
+        raise DataError(f"dataset file {path} not found; check data.path in the config")
+    problems: list[Problem] = []
+    skipped: list[Skipped] = []
+    seen: dict[str, int] = {}
+    n_rows = n_blank = 0
+    with open(path, encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, start=1):
+            if config.limit is not None and len(problems) >= config.limit:
+                break
+            if not line.strip():
+                n_blank += 1
+                continue
+            n_rows += 1
+            where = f"{path}:{lineno}"
+            try:
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as err:
+                    raise DataError(f"{where}: not valid JSON ({err.msg} at column {err.colno})") from err
+                problem = row_to_problem(
+                    row, fields=config.fields, verifier=config.verifier, default_id=f"{path.stem}:{lineno}", where=where
+                )
+                if problem.prompt_id in seen:
+                    raise DataError(
+                        f"{where}: duplicate id {problem.prompt_id!r} (first on line {seen[problem.prompt_id]}); "
+                        "ids must be unique within a dataset"
+                    )
+                seen[problem.prompt_id] = lineno
+            except DataError as err:
+                if config.on_malformed == "error":
+                    raise
+                skipped.append(Skipped(lineno, str(err)))
+                log.warning("skipping malformed row: %s", err)
+                continue
+            reason = check_gold(problem) if check_gold is not None else None
+            if reason is not None:
+                skipped.append(Skipped(lineno, f"gold answer unusable by verifier {config.verifier!r}: {reason}"))
+                log.warning("%s: skipping problem %r: gold answer unusable (%s)", where, problem.prompt_id, reason)
+                continue
+            problems.append(problem)
+    if skipped:
+        log.warning("%s: skipped %d of %d rows", path, len(skipped), n_rows)
+    if not problems:
+        raise DataError(
+            f"dataset {path} has no usable problems ({n_rows} rows, {len(skipped)} skipped); "
+            "check the file and data.fields"
+        )
+    return LoadReport(str(path), tuple(problems), n_rows, n_blank, tuple(skipped))
+
+
+def write_jsonl(problems: Iterable[Problem], path: str | Path) -> Path:
+    """Write problems as rows of the default schema (loadable with the default :class:`FieldMap`)."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    with open(p, "w", encoding="utf-8") as fh:
+        for problem in problems:
+            fh.write(json.dumps(problem.to_row(), ensure_ascii=False) + "\n")
+    return p

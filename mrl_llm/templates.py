@@ -1,0 +1,119 @@
+"""A policy's prompt template: the text a policy is prompted with for a problem, with the answer-format
+instruction. The trainer tokenizes the text this returns.
+
+A template is plain text with placeholders, replaced in one pass (so literal braces such as
+``\\boxed{}`` may appear in the text):
+
+* ``{question}`` (required) — the problem's question; for a multiple-choice problem whose template has
+  no ``{choices}``, the question followed by its options, one per line (``A. ...``);
+* ``{choices}`` — the options, one per line (empty for other problems);
+* ``{instruction}`` — the answer-format instruction (default :data:`BOXED_INSTRUCTION`).
+
+``chat`` says whether to wrap that text as the user turn of the tokenizer's chat template
+(``apply_chat_template(..., add_generation_prompt=True)``; the text stripped; ``system`` as a system
+turn):
+``never`` (default: plain text, what base models and tiny models want), ``auto`` (when the tokenizer
+has a chat template) or ``require`` (an error if it has none). In plain mode ``system``, if set, is
+put before the text, followed by a blank line.
+
+Tokenize a plain prompt with the tokenizer's special tokens (``add_special_tokens=True``: BOS where
+the tokenizer adds one) and a chat prompt without them (the chat template holds them);
+:attr:`PromptTemplate.add_special_tokens` says which.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from mrl_llm.data.problem import Problem, format_choices
+
+BOXED_INSTRUCTION = "Put the final answer in \\boxed{}."
+MCQ_INSTRUCTION = "Answer with the letter of the correct option, in \\boxed{}."
+#: The default plain template: question, then the instruction on its own line.
+DEFAULT_TEXT = "{question}\n{instruction}\n"
+#: For tiny models trained from scratch on the arithmetic task: just the question and a newline.
+TINY_TEXT = "{question}\n"
+
+ChatMode = Literal["never", "auto", "require"]
+_PLACEHOLDER = re.compile(r"\{(question|choices|instruction)\}")
+
+
+class TemplateError(ValueError):
+    """A template config is unusable with this tokenizer; the message says what to change."""
+
+
+@dataclass(frozen=True)
+class TemplateConfig:
+    """A policy's prompt template (module docstring): ``text`` with ``{question}``, optional
+    ``{choices}`` and ``{instruction}``; the ``instruction``; ``chat`` mode; optional ``system``."""
+
+    text: str = DEFAULT_TEXT
+    instruction: str = BOXED_INSTRUCTION
+    chat: ChatMode = "never"
+    system: str | None = None
+
+    def __post_init__(self) -> None:
+        if "{question}" not in self.text:
+            raise TemplateError(f"template text {self.text!r} has no {{question}} placeholder; add one")
+        if self.chat not in ("never", "auto", "require"):
+            raise TemplateError(f"template chat must be 'never', 'auto' or 'require', got {self.chat!r}")
+
+
+def has_chat_template(tokenizer: Any) -> bool:
+    """Whether ``tokenizer`` (a transformers tokenizer) carries a chat template."""
+    return bool(getattr(tokenizer, "chat_template", None))
+
+
+class PromptTemplate:
+    """A :class:`TemplateConfig` bound to a tokenizer (needed only for chat templates)."""
+
+    def __init__(self, config: TemplateConfig, tokenizer: Any = None, *, policy: str = "policy"):
+        self.config = config
+        self.tokenizer = tokenizer
+        if config.chat == "never":
+            self.uses_chat = False
+        elif has_chat_template(tokenizer):
+            self.uses_chat = True
+        elif config.chat == "require":
+            raise TemplateError(
+                f"{policy}: template.chat is 'require' but its tokenizer has no chat template; "
+                "set template.chat to 'auto' or 'never', or use a tokenizer that has one"
+            )
+        else:
+            self.uses_chat = False
+
+    @property
+    def add_special_tokens(self) -> bool:
+        """Tokenize the rendered prompt with special tokens (plain) or without (chat)."""
+        return not self.uses_chat
+
+    def user_text(self, question: str, choices: tuple[str, ...] = ()) -> str:
+        """The template text with the placeholders filled (the user turn, in chat mode)."""
+        problem_choices = format_choices(tuple(choices))
+        q = question
+        if choices and "{choices}" not in self.config.text:
+            q = question.rstrip() + "\n" + problem_choices
+        values = {"question": q, "choices": problem_choices, "instruction": self.config.instruction}
+        return _PLACEHOLDER.sub(lambda m: values[m.group(1)], self.config.text)
+
+    def render(self, problem: Problem | str) -> str:
+        """The full prompt text for ``problem`` (a :class:`Problem`, or a bare question string)."""
+        if isinstance(problem, Problem):
+            user = self.user_text(problem.question, problem.choices)
+        else:
+            user = self.user_text(problem)
+        if not self.uses_chat:
+            return user if self.config.system is None else f"{self.config.system}\n\n{user}"
+        messages = [] if self.config.system is None else [{"role": "system", "content": self.config.system}]
+        messages.append({"role": "user", "content": user.strip()})
+        text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        if not isinstance(text, str):
+            raise TemplateError(f"the tokenizer's chat template returned {type(text).__name__}, not text")
+        return text
+
+
+def render_prompt(config: TemplateConfig, problem: Problem | str, tokenizer: Any = None) -> str:
+    """The prompt text for ``problem`` under ``config`` (see :class:`PromptTemplate`)."""
+    return PromptTemplate(config, tokenizer).render(problem)

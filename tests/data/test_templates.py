@@ -1,0 +1,70 @@
+"""Prompt templates: plain text with the answer-format instruction, multiple-choice options, chat templates."""
+
+from __future__ import annotations
+
+import pytest
+
+from mrl_llm.data import Problem
+from mrl_llm.templates import (
+    BOXED_INSTRUCTION,
+    MCQ_INSTRUCTION,
+    TINY_TEXT,
+    PromptTemplate,
+    TemplateConfig,
+    TemplateError,
+    render_prompt,
+)
+
+MCQ = Problem("q", "Capital of France?", "B", "mcq", choices=("London", "Paris"))
+
+
+def test_default_plain_template_has_the_boxed_instruction():
+    text = render_prompt(TemplateConfig(), Problem("p", "What is 2+3?", "5", "arithmetic"))
+    assert text == "What is 2+3?\nPut the final answer in \\boxed{}.\n"
+    assert BOXED_INSTRUCTION in text
+
+
+def test_tiny_template_and_bare_question():
+    assert render_prompt(TemplateConfig(text=TINY_TEXT), "What is 2+3?") == "What is 2+3?\n"
+
+
+def test_literal_braces_and_system_in_plain_mode():
+    cfg = TemplateConfig(text="Q: {question}\nWrite \\boxed{answer}.\nA:", system="Be brief.")
+    assert render_prompt(cfg, "1+1?") == "Be brief.\n\nQ: 1+1?\nWrite \\boxed{answer}.\nA:"
+
+
+def test_question_text_is_not_re_substituted():
+    assert render_prompt(TemplateConfig(text="{question}|{instruction}", instruction="I"), "say {instruction}") == "say {instruction}|I"
+
+
+def test_multiple_choice_options():
+    auto = render_prompt(TemplateConfig(instruction=MCQ_INSTRUCTION), MCQ)
+    assert auto == "Capital of France?\nA. London\nB. Paris\n" + MCQ_INSTRUCTION + "\n"
+    explicit = render_prompt(TemplateConfig(text="{question}\nOptions:\n{choices}\n{instruction}", instruction="Pick."), MCQ)
+    assert explicit == "Capital of France?\nOptions:\nA. London\nB. Paris\nPick."
+
+
+def test_config_errors():
+    with pytest.raises(TemplateError, match="no \\{question\\}"):
+        TemplateConfig(text="Answer:")
+    with pytest.raises(TemplateError, match="chat"):
+        TemplateConfig(chat="sometimes")
+
+
+def test_chat_modes_with_real_tokenizers(shared_dir):
+    from transformers import AutoTokenizer
+
+    qwen = AutoTokenizer.from_pretrained(shared_dir / "tokenizers" / "qwen1.5")
+    llama = AutoTokenizer.from_pretrained(shared_dir / "tokenizers" / "llama2")
+    chat = PromptTemplate(TemplateConfig(chat="auto", system="You are a careful solver."), qwen)
+    text = chat.render(Problem("p", "What is 2+3?", "5", "math"))
+    assert chat.uses_chat and not chat.add_special_tokens
+    assert text.startswith("<|im_start|>system\nYou are a careful solver.<|im_end|>")
+    assert "<|im_start|>user\nWhat is 2+3?\nPut the final answer in \\boxed{}.<|im_end|>" in text
+    assert text.endswith("<|im_start|>assistant\n")
+    fallback = PromptTemplate(TemplateConfig(chat="auto"), llama)
+    assert not fallback.uses_chat and fallback.add_special_tokens
+    assert fallback.render("1+1?") == "1+1?\n" + BOXED_INSTRUCTION + "\n"
+    with pytest.raises(TemplateError, match="policy B: template.chat is 'require'"):
+        PromptTemplate(TemplateConfig(chat="require"), llama, policy="policy B")
+    assert not PromptTemplate(TemplateConfig(chat="never"), qwen).uses_chat
