@@ -5,9 +5,9 @@ row a ``prompt + response`` in the *learner's* tokenizer:
 
 * an own row: the learner's prompt ids (as sampled) and the record's token ids; ``mu`` = its
   recorded behaviour log-probs (used only for the engine/trainer drift metric: its correction is 1);
-* a peer row (PRP ``snapshot`` / ``thl``, or an SGT-only target): the learner's prompt ids and the
-  peer trace aligned by THL (``align(record)``: re-encoded ids under the learner's template, and
-  the aligned log-probs, which are ``mu`` for ``thl`` rows).
+* a peer row (PRP ``snapshot`` / ``thl``, or an SGT-only target): the peer trace aligned by THL
+  (``align(record)``: the learner's prompt ids and the response re-encoded after them, and the
+  aligned log-probs, which are ``mu`` for ``thl`` rows).
 
 A response longer than the model's context (``max_len - prompt length``) is cut to fit and counted in
 ``truncated_rows``. Nothing here decides a weight: advantages, weights, roles and caps are the rows'.
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -45,7 +46,7 @@ class TrainBatch:
     own: torch.Tensor  # [N] bool
     sgt_weight: float
     ratio_cap: float
-    residuals: list[float] = field(default_factory=list)
+    residuals: list[Any] = field(default_factory=list)  # THL residuals of the peer rows
     truncated_rows: int = 0
 
     def __len__(self) -> int:
@@ -68,22 +69,23 @@ def build_batch(
     *,
     learner: str,
     prompt_ids: Callable[[str], list[int]],
-    align: Callable[[ExperienceRecord], tuple[list[int], list[float], float]],
+    align: Callable[[ExperienceRecord], tuple[list[int], list[int], list[float], Any]],
     max_len: int,
 ) -> TrainBatch:
     """Token sequences for ``rows`` (module docstring). ``prompt_ids(prompt_id)`` gives the learner's
-    prompt; ``align(record)`` a peer record's ``(ids, logprobs, residual)`` in the learner's tokenizer."""
+    prompt; ``align(record)`` a peer record's ``(prompt ids, response ids, logprobs, residual)`` in the
+    learner's tokenizer."""
     prompts, responses, mus, residuals = [], [], [], []
     truncated = 0
     for row in rows:
         rec = row.record
-        p = list(prompt_ids(rec.prompt_id))
         if rec.policy_id == learner:
+            p = list(prompt_ids(rec.prompt_id))
             ids, lps = list(rec.token_ids), list(rec.token_logprobs)
         else:
-            ids, lps, residual = align(rec)
-            ids, lps = list(ids), list(lps)
-            residuals.append(float(residual))
+            p, ids, lps, residual = align(rec)
+            p, ids, lps = list(p), list(ids), list(lps)
+            residuals.append(residual)
         room = max(0, max_len - len(p))
         if len(ids) > room:
             ids, lps = ids[:room], lps[:room]

@@ -58,7 +58,7 @@ def _eval(args: argparse.Namespace) -> int:
 
     res = evaluate_saved_policy(args.policy, args.data, verifier=args.verifier, k=args.k, temperature=args.temperature,
                                 max_new_tokens=args.max_new_tokens, max_prompts=args.max_prompts,
-                                template=args.template, question_field=args.question_field,
+                                question_field=args.question_field,
                                 answer_field=args.answer_field)
     print(json.dumps(clean(res["summary"]), indent=1))
     if args.out:
@@ -93,7 +93,6 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--temperature", type=float, default=1.0)
     e.add_argument("--max-new-tokens", type=int)
     e.add_argument("--max-prompts", type=int)
-    e.add_argument("--template", help="override the saved policy's prompt template")
     e.add_argument("--question-field", default="question")
     e.add_argument("--answer-field", default="answer")
     e.add_argument("--out", help="write the summary and per-prompt rows to this JSON file")

@@ -14,8 +14,8 @@ Layout (every key optional unless marked; unknown keys are errors naming the key
       - name: qwen                 # required, unique
         model_dir: models/Qwen2.5-Math-1.5B    # an HF model directory ...
         model_config: {model_type: llama, hidden_size: 64, ...}  # ... or a config for a fresh tiny model
-        tokenizer_dir: ...         # default: model_dir
-        template: plain            # prompt template name (mrl_llm.templates)
+        tokenizer_dir: ...         # default: model_dir; "utf8-bytes": the built-in byte tokenizer
+        template: {text: "{question}\n{instruction}\n", instruction: ..., chat: never}  # mrl_llm.templates
         dtype: bf16                # fp32 | bf16 (float32 / bfloat16 accepted)
         group_size: 8              # G
         max_prompt_len: 1024       # longer prompts are an error naming the prompt
@@ -40,7 +40,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from mrl_llm.byte_tokenizer import BYTE_TOKENIZER_ID
 from mrl_llm.data import DataConfig
+from mrl_llm.templates import TemplateConfig
 from shared_interfaces.config_io import ConfigError, from_mapping, load_yaml, to_mapping
 from shared_interfaces.regimes.config import LossConfig, RegimeSpec, parse_regime, parse_regime_config
 
@@ -103,13 +105,14 @@ class TrainSection:
 
 @dataclass(frozen=True)
 class PolicyConfig:
-    """One policy: its weights (``model_dir`` or ``model_config``), tokenizer, template and training."""
+    """One policy: its weights (``model_dir`` or ``model_config``), tokenizer, prompt template
+    (:class:`mrl_llm.templates.TemplateConfig`: the text with the answer-format instruction) and training."""
 
     name: str
     model_dir: str | None = None
     model_config: dict[str, Any] | None = None
     tokenizer_dir: str | None = None
-    template: str = "plain"
+    template: TemplateConfig = field(default_factory=TemplateConfig)
     dtype: Literal["fp32", "bf16", "float32", "bfloat16"] = "fp32"
     group_size: int = 8
     max_prompt_len: int = 1024
@@ -269,7 +272,8 @@ def _resolve_paths(cfg: RunConfig, base: Path) -> RunConfig:
         replace(
             p,
             model_dir=None if p.model_dir is None else expand_path(p.model_dir, base),
-            tokenizer_dir=None if p.tokenizer_dir is None else expand_path(p.tokenizer_dir, base),
+            tokenizer_dir=(p.tokenizer_dir if p.tokenizer_dir in (None, BYTE_TOKENIZER_ID)
+                           else expand_path(p.tokenizer_dir, base)),
         )
         for p in cfg.policies
     )

@@ -82,14 +82,16 @@ def evaluate_workers(workers: Mapping[str, Any], problems: Sequence[Any], *, ste
 
 def evaluate_saved_policy(policy_dir: str | Path, data_path: str | Path, *, verifier: str = "math", k: int = 4,
                           temperature: float = 1.0, top_p: float = 1.0, max_new_tokens: int | None = None,
-                          max_prompts: int | None = None, template: str | None = None, seed: int = 0,
+                          max_prompts: int | None = None, seed: int = 0,
                           question_field: str = "question", answer_field: str = "answer") -> dict[str, Any]:
     """Evaluate a saved policy directory on a JSONL file: ``{"summary": ..., "rows": [...]}``."""
+    from mrl_llm import rewards
     from mrl_llm.config import PolicyConfig, SamplingSection
     from mrl_llm.data import DataConfig, FieldMap, load_jsonl
     from mrl_llm.models import POLICY_META
-    from mrl_llm.rewards import get_verifier
+    from mrl_llm.templates import TemplateConfig
     from mrl_llm.worker import LLMPolicyWorker, WorkerConfig
+    from shared_interfaces.config_io import from_mapping
 
     d = Path(policy_dir)
     meta_path = d / POLICY_META
@@ -98,15 +100,19 @@ def evaluate_saved_policy(policy_dir: str | Path, data_path: str | Path, *, veri
     sampling = dict(meta.get("sampling") or {})
     if max_new_tokens is not None:
         sampling["max_new_tokens"] = max_new_tokens
-    pol = PolicyConfig(name=name, model_dir=str(d), template=template or meta.get("template", "plain"),
-                       dtype=meta.get("dtype", "fp32"), sampling=SamplingSection(**sampling))
+    template = from_mapping(TemplateConfig, meta.get("template") or {}, where=f"{meta_path}: template")
+    pol = PolicyConfig(name=name, model_dir=str(d), template=template, dtype=meta.get("dtype", "fp32"),
+                       sampling=SamplingSection(**sampling))
     worker = LLMPolicyWorker(name, WorkerConfig(policy=pol, track_ref_kl=False), seed=seed)
-    worker.model.eval()
-    v = get_verifier(verifier)
     cfg = DataConfig(path=str(data_path), verifier=verifier, limit=max_prompts,
                      fields=FieldMap(question=question_field, answer=answer_field))
-    report = load_jsonl(cfg, check_gold=lambda p: v.check_gold(p.gold, choices=tuple(p.choices)))
-    rows = evaluate_workers({name: worker}, list(report.problems), step=int(meta.get("version", 0)), k=k,
-                            temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens)
+    v = rewards.get_verifier(verifier)
+    try:
+        report = load_jsonl(cfg, check_gold=rewards.gold_checker(v))
+        rows = evaluate_workers({name: worker}, list(report.problems), step=int(meta.get("version", 0)), k=k,
+                                temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens)
+    finally:
+        rewards.close_verifier(v)
+        worker.close()
     return {"policy": name, "data": str(data_path), "skipped_rows": len(report.skipped),
             "summary": summarize(rows)[name], "rows": rows}

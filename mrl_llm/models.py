@@ -5,8 +5,8 @@
 * :func:`build_model` — ``AutoModelForCausalLM.from_pretrained(model_dir)`` in the policy's dtype, or
   a fresh ``from_config`` model from ``model_config`` (vocabulary size and special ids default to the
   tokenizer's; initialised from ``seed`` without touching the global RNG).
-* :func:`tokenizer_id` — the id records carry: the tokenizer folder's name plus a hash of its
-  vocabulary, so two policies with the same vocabulary share it and THL passes their traces through.
+* :func:`tokenizer_id` — the id records carry: a hash of the vocabulary, so two policies with the same
+  vocabulary share it (and THL passes their traces through).
 * :func:`save_policy` / :func:`load_policy` — a model + tokenizer directory that
   ``AutoModelForCausalLM.from_pretrained`` loads, plus ``mrl_policy.json`` (template, sampling, name).
 
@@ -66,14 +66,15 @@ def load_tokenizer_dir(path: str | Path, *, who: str = "policy"):
 
 
 def tokenizer_id(tokenizer) -> str:
-    """``<folder name>-<12 hex of sha256(vocabulary, added tokens)>``; ``utf8-bytes`` for the byte tokenizer."""
+    """``vocab<size>-<16 hex of sha256 of the id -> token map>`` (the same vocabulary loaded from any
+    folder gets the same id); ``utf8-bytes`` for the byte tokenizer."""
     if getattr(tokenizer, "name_or_path", None) == BYTE_TOKENIZER_ID:
         return BYTE_TOKENIZER_ID
     h = hashlib.sha256()
-    for tok, i in sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1]):
+    vocab = tokenizer.get_vocab()
+    for tok, i in sorted(vocab.items(), key=lambda kv: kv[1]):
         h.update(f"{i}\t{tok}\n".encode("utf-8", "surrogatepass"))
-    name = Path(str(getattr(tokenizer, "name_or_path", "") or "tok")).name or "tok"
-    return f"{name}-{h.hexdigest()[:12]}"
+    return f"vocab{len(vocab)}-{h.hexdigest()[:16]}"
 
 
 def _fresh_config(policy: PolicyConfig, tokenizer) -> Any:

@@ -53,13 +53,26 @@ TIMES = ("generation_s", "scoring_s", "exchange_thl_s", "update_s")
 
 def load_problems(data: DataConfig) -> list[Problem]:
     """A dataset's problems; rows whose gold answer the verifier cannot use are skipped (counted, warned)."""
-    from mrl_llm.rewards import get_verifier
+    from mrl_llm import rewards
 
-    v = get_verifier(data.verifier)
-    report = load_jsonl(data, check_gold=lambda p: v.check_gold(p.gold, choices=tuple(p.choices)))
+    v = rewards.get_verifier(data.verifier)
+    try:
+        report = load_jsonl(data, check_gold=rewards.gold_checker(v))
+    finally:
+        rewards.close_verifier(v)
     if report.skipped:
         log.warning("%s", report.summary())
     return list(report.problems)
+
+
+def unique_prompts(batch: Sequence[Problem]) -> list[Problem]:
+    """The batch without repeated prompt ids (a batch that spans two epochs can draw a prompt twice; a
+    prompt is one group of the exchange, so its second draw is dropped, with a log line)."""
+    seen: set[str] = set()
+    out = [p for p in batch if not (str(p.prompt_id) in seen or seen.add(str(p.prompt_id)))]
+    if len(out) < len(batch):
+        log.info("dropped %d repeated prompt(s) from a batch spanning an epoch boundary", len(batch) - len(out))
+    return out
 
 
 def _comparable(cfg: RunConfig) -> dict[str, Any]:
@@ -160,7 +173,7 @@ class Run:
                           for n in self.actors])
 
     def step(self, s: int) -> list[dict[str, Any]]:
-        problems = self.cursor.next_batch()
+        problems = unique_prompts(self.cursor.next_batch())
         pids = [str(p.prompt_id) for p in problems]
         names = list(self.actors)
         rows: dict[str, dict[str, Any]] = {}
@@ -227,6 +240,8 @@ class Run:
             bar.close()
             self.log.close()
             self.exchange.close()
+            for a in self.actors.values():
+                a.worker.close()
         (self.out / "summary.json").write_text(json.dumps(clean(summary), indent=1, allow_nan=False))
         return summary
 

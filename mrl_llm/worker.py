@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from mrl_llm import rewards
 from mrl_llm.batch import build_batch
 from mrl_llm.byte_tokenizer import BYTE_TOKENIZER_ID, byte_tokenizer
 from mrl_llm.config import PolicyConfig
@@ -45,6 +46,8 @@ from mrl_llm.models import (
     tokenizer_id,
 )
 from mrl_llm.rollout import HFEngine, SamplingConfig
+from mrl_llm.templates import PromptTemplate
+from mrl_llm.thl import align_trace
 from mrl_llm.update import run_update
 from shared_interfaces.config_io import ConfigError, from_mapping, to_mapping
 from shared_interfaces.records import ExperienceRecord, TraceCache, make_record_id
@@ -76,13 +79,6 @@ class WorkerConfig:
     track_ref_kl: bool = True
     max_nan_steps: int = 3
     init_seed: int | None = None
-
-
-def _score(problem: Any, text: str, finish_reason: str) -> Any:
-    from mrl_llm.rewards import get_verifier
-
-    return get_verifier(problem.verifier).score(text, problem.gold, finish_reason=finish_reason,
-                                                choices=tuple(problem.choices))
 
 
 class LLMPolicyWorker:
@@ -117,6 +113,8 @@ class LLMPolicyWorker:
                 continue
             tok = self.tokenizer if d == pol.tokenizer_path else load_tokenizer_dir(d, who=f"a peer of {name!r}")
             self.peer_tokenizers.setdefault(tokenizer_id(tok), tok)
+        self.template = PromptTemplate(pol.template, self.tokenizer, policy=f"policy {name!r}")
+        self.verifiers: dict[str, Any] = {}
         self.trace_cache = TraceCache(max_entries=50_000)
         self._prompts: OrderedDict[str, tuple[str, list[int]]] = OrderedDict()
         self.last_generate: dict[str, float] = {}
@@ -143,13 +141,25 @@ class LLMPolicyWorker:
             ) from err
         return make_engine(pol.engine, model=self.model, tokenizer=self.tokenizer, policy=pol)
 
+    # -- verifiers ---------------------------------------------------------------------------
+    def score(self, problem: Any, text: str, finish_reason: str) -> Any:
+        """The problem's verifier's :class:`~mrl_llm.rewards.Verdict` on ``text`` (verifiers built once)."""
+        v = self.verifiers.get(problem.verifier)
+        if v is None:
+            v = self.verifiers[problem.verifier] = rewards.get_verifier(problem.verifier)
+        return rewards.score_problem(v, problem, text, finish_reason=finish_reason)
+
+    def close(self) -> None:
+        """Release the verifiers' resources (the MATH verifier's checker processes)."""
+        for v in self.verifiers.values():
+            rewards.close_verifier(v)
+        self.verifiers.clear()
+
     # -- prompts -----------------------------------------------------------------------------
     def render(self, problem: Any) -> tuple[str, list[int]]:
         """The policy's prompt for ``problem`` (template applied) and its ids; cached by prompt id."""
-        from mrl_llm.templates import render_prompt
-
         pid = str(problem.prompt_id)
-        text = render_prompt(self.policy.template, problem, self.tokenizer)
+        text = self.template.render(problem)
         hit = self._prompts.get(pid)
         if hit is not None and hit[0] == text:
             self._prompts.move_to_end(pid)
@@ -158,7 +168,7 @@ class LLMPolicyWorker:
 
     def set_prompt(self, pid: str, text: str) -> tuple[str, list[int]]:
         """Encode and cache the prompt text of prompt ``pid`` (what :meth:`render` stores)."""
-        ids = list(self.tokenizer(text, add_special_tokens=True).input_ids)
+        ids = list(self.tokenizer(text, add_special_tokens=self.template.add_special_tokens).input_ids)
         if not ids:
             raise ValueError(f"policy {self.name!r}: prompt {pid!r} encodes to no tokens; check the template")
         if len(ids) > self.policy.max_prompt_len:
@@ -196,7 +206,7 @@ class LLMPolicyWorker:
                 gen_tokens += len(s.token_ids)
                 empty += int(not s.text.strip())
                 truncated += int(s.finish_reason == "length")
-                verdict = _score(prob, s.text, s.finish_reason)
+                verdict = self.score(prob, s.text, s.finish_reason)
                 if verdict.skip:
                     skipped += 1
                     continue
@@ -220,8 +230,13 @@ class LLMPolicyWorker:
         return records
 
     # -- THL ---------------------------------------------------------------------------------
-    def _align(self, rec: ExperienceRecord) -> tuple[list[int], list[float], float]:
-        from mrl_llm.thl import align_trace
+    def _align(self, rec: ExperienceRecord) -> tuple[list[int], list[int], list[float], Any]:
+        """``(prompt ids, response ids, aligned log-probs, residual)`` of a peer record in this policy's
+        tokens. With a plain template the prompt ids are THL's (the learner's joint encoding of prompt +
+        response, so a token spanning the boundary is not duplicated); with a chat template (encoded
+        without special tokens) this policy's own prompt ids."""
+
+        mine = self._prompt_ids(rec.prompt_id)
 
         def compute() -> Any:
             src = self.peer_tokenizers.get(rec.tokenizer_id)
@@ -230,12 +245,14 @@ class LLMPolicyWorker:
                     f"policy {self.name!r} cannot read record {rec.record_id!r}: tokenizer {rec.tokenizer_id!r} is "
                     f"not one of the run's tokenizers {sorted(self.peer_tokenizers)}"
                 )
-            prompt_text = self._prompts[rec.prompt_id][0] if rec.prompt_id in self._prompts else None
             return align_trace(src, self.tokenizer, list(rec.token_ids), list(rec.token_logprobs),
-                               prompt_text=prompt_text)
+                               prompt_text=self._prompts[rec.prompt_id][0])
 
         tr = self.trace_cache.get_or_compute(rec.record_id, self.tok_id, compute)
-        return list(tr.target_ids), list(tr.target_logprobs), _residual(tr.residual)
+        prompt = mine
+        if self.template.add_special_tokens and len(tr.prompt_ids):
+            prompt = [int(i) for i in tr.prompt_ids]
+        return prompt, [int(i) for i in tr.target_ids], [float(x) for x in tr.target_logprobs], tr.residual
 
     # -- training ----------------------------------------------------------------------------
     def build_batch(self, plans: Sequence[LearnerPromptPlan]):
@@ -281,7 +298,7 @@ class LLMPolicyWorker:
             "peer_rows": float(int((~batch.own & batch.in_pg).sum())),
             "sgt_rows": float(int(batch.sgt.sum())),
             "sgt_activations": float(sum(p.sgt_gate for p in plans)),
-            "thl_residual": float(np.mean(batch.residuals)) if batch.residuals else 0.0,
+            **thl_metrics(batch.residuals),
             "truncated_rows": float(batch.truncated_rows),
             "train_tokens": float(res.tokens),
             "train_flops": flops,
@@ -305,8 +322,8 @@ class LLMPolicyWorker:
             _, sampled, _ = self._sample(problems, k, sp)
         rows = []
         for prob, g, ss in zip(problems, greedy, sampled, strict=True):
-            gv = _score(prob, g[0].text, g[0].finish_reason)
-            verdicts = [_score(prob, s.text, s.finish_reason) for s in ss]
+            gv = self.score(prob, g[0].text, g[0].finish_reason)
+            verdicts = [self.score(prob, s.text, s.finish_reason) for s in ss]
             rows.append({"prompt_id": str(prob.prompt_id), "family": getattr(prob, "family", None),
                          "skipped": bool(gv.skip), "greedy_correct": int(gv.reward >= 0.5 and not gv.skip),
                          "greedy_response": g[0].text[:500], "samples": len(verdicts),
@@ -316,7 +333,7 @@ class LLMPolicyWorker:
     # -- checkpoints ---------------------------------------------------------------------------
     def export(self, out_dir: str | Path) -> Path:
         """Save the policy as an HF model directory (model + tokenizer + ``mrl_policy.json``)."""
-        meta = {"name": self.name, "template": self.policy.template, "dtype": self.policy.dtype,
+        meta = {"name": self.name, "template": to_mapping(self.policy.template), "dtype": self.policy.dtype,
                 "sampling": to_mapping(self.policy.sampling), "version": self.version, "tokenizer_id": self.tok_id}
         return save_policy(self.model, self.tokenizer, out_dir, meta)
 
@@ -359,12 +376,20 @@ class LLMPolicyWorker:
         return {"version": self.version, "weights_sha256": h.hexdigest(), "counters": dict(self.counters)}
 
 
-def _residual(value: Any) -> float:
-    """A THL residual as one number (a float, or an object with a ``total`` / ``moved`` mass)."""
-    for attr in ("total", "moved", "mass"):
-        if hasattr(value, attr):
-            return float(getattr(value, attr))
-    return float(value)
+def thl_metrics(residuals: Sequence[Any]) -> dict[str, float]:
+    """The step's THL residual over the peer records aligned into this policy's tokens
+    (:class:`mrl_llm.thl.Residual`): ``thl_residual`` = mean mass moved between words per record,
+    ``thl_unaligned_mass`` = mean ``|unaligned mass|``, ``thl_word_mass_error`` = the largest word's
+    error, ``thl_boundary_conflicts`` = their count (0 / absent when no peer record was aligned)."""
+    if not residuals:
+        return {"thl_residual": 0.0, "thl_records": 0.0}
+    return {
+        "thl_records": float(len(residuals)),
+        "thl_residual": float(np.mean([r.moved_mass for r in residuals])),
+        "thl_unaligned_mass": float(np.mean([abs(r.unaligned_mass) for r in residuals])),
+        "thl_word_mass_error": float(max(r.word_mass_error for r in residuals)),
+        "thl_boundary_conflicts": float(sum(r.n_boundary_conflicts for r in residuals)),
+    }
 
 
 def build(name: str, config: Mapping[str, Any], seed: int) -> LLMPolicyWorker:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 from typing import Any
 
 from mrl_llm.data import Problem
+from mrl_llm.rewards import Verdict, VerifierStats
+from mrl_llm.rewards.verdict import CORRECT, GOLD_UNPARSABLE, WRONG
 
 
 def tiny(model_type: str, **kw: Any) -> dict[str, Any]:
@@ -25,25 +26,23 @@ class ShortAnswerVerifier:
 
     def __init__(self, max_chars: int = 30) -> None:
         self.max_chars = max_chars
-        self.calls = 0
+        self.stats = VerifierStats(self.name)
 
     def check_gold(self, gold: str, *, choices: tuple[str, ...] = ()) -> str | None:
         return None if gold != "UNPARSABLE" else "unparsable test gold"
 
     def score(self, response: str, gold: str, *, finish_reason: str = "stop", choices: tuple[str, ...] = ()):
-        self.calls += 1
         if gold == "UNPARSABLE":
-            return SimpleNamespace(reward=0.0, verified=False, skip=True)
+            return self.stats.record(Verdict(0.0, GOLD_UNPARSABLE), gold)
         ok = 0 < len(response.strip()) <= self.max_chars
-        return SimpleNamespace(reward=1.0 if ok else 0.0, verified=True, skip=False)
+        return self.stats.record(Verdict(1.0, CORRECT) if ok else Verdict(0.0, WRONG), gold)
 
 
 def install_verifier(monkeypatch, verifier: Any) -> None:
-    """Route ``get_verifier(verifier.name)`` to ``verifier`` (other names to the real registry)."""
-    import mrl_llm.rewards as rewards
+    """Register ``verifier`` under its name in the verifier registry for this test."""
+    from mrl_llm.rewards import VERIFIERS
 
-    real = rewards.get_verifier
-    monkeypatch.setattr(rewards, "get_verifier", lambda name: verifier if name == verifier.name else real(name))
+    monkeypatch.setitem(VERIFIERS, verifier.name, lambda **_: verifier)
 
 
 def problems(n: int, verifier: str = "short", prefix: str = "p") -> list[Problem]:
