@@ -11,6 +11,16 @@ A train row's ``step`` s is the step index (the policy has then taken s + 1 trai
 row's ``step`` t is the number of training steps taken (t = 0: before training). Non-finite numbers are
 written as ``null`` (JSON has no NaN).
 
+Train-row diagnostics (as verl logs them) are measured on the step's batch during its update, at the
+weights that sampled it (before the step's optimizer update): ``entropy`` = mean token entropy of the
+policy on its own sampled response tokens; ``kl_to_ref`` = mean per-token k3 estimate of
+KL(pi || pi_ref) on the same tokens (pi_ref = the frozen initial weights; null when no reference is
+kept); ``clip_fraction`` over the policy-gradient tokens; ``prp_ratio_var`` = Var[pi_old / mu] over
+the PRP peer tokens (mu = the peer's THL-aligned trace, before truncation); ``prp_coef`` = the mean
+truncated correction on ``thl`` rows; ``sgt_activations`` = prompts whose SGT gate opened;
+``thl_*`` = the THL residual of the aligned peer records (:func:`mrl_llm.worker.thl_metrics`);
+``logprob_drift_max`` = max |engine log-prob - trainer log-prob| on own tokens.
+
 FLOPs are estimated with the usual dense-transformer rule: ``2 N`` per token for a forward pass and
 ``6 N`` for forward + backward, N = the parameters doing multiply-adds (all but the input embedding
 table; attention's sequence-length term is left out): generation ``2 N (prompt + generated tokens)``,

@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -49,17 +50,28 @@ def load_tokenizer(policy: PolicyConfig):
 
 
 def load_tokenizer_dir(path: str | Path, *, who: str = "policy"):
-    from transformers import AutoTokenizer
-
-    p = Path(path)
+    """``AutoTokenizer.from_pretrained(path)``, loaded once per process and folder (a slow-to-fast conversion
+    takes seconds; the policies of a run and their peers share the object: treat it as read-only)."""
+    p = Path(path).resolve()
     if not p.is_dir():
         raise ModelLoadError(f"tokenizer directory {p} for {who} not found; set tokenizer_dir (or model_dir)")
     try:
+        return _load_tokenizer_cached(str(p))
+    except ModelLoadError as err:
+        raise ModelLoadError(f"{who}: {err}") from err
+
+
+@lru_cache(maxsize=16)
+def _load_tokenizer_cached(path: str):
+    from transformers import AutoTokenizer
+
+    p = Path(path)
+    try:
         tok = AutoTokenizer.from_pretrained(str(p))
     except Exception as err:  # noqa: BLE001 - re-raised with the path and a hint
-        raise ModelLoadError(f"cannot load the tokenizer of {who} from {p}: {err}") from err
+        raise ModelLoadError(f"cannot load the tokenizer from {p}: {err}") from err
     if tok.eos_token_id is None:
-        raise ModelLoadError(f"the tokenizer of {who} at {p} has no eos_token; set one in its tokenizer_config.json")
+        raise ModelLoadError(f"the tokenizer at {p} has no eos_token; set one in its tokenizer_config.json")
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return tok
@@ -70,11 +82,16 @@ def tokenizer_id(tokenizer) -> str:
     folder gets the same id); ``utf8-bytes`` for the byte tokenizer."""
     if getattr(tokenizer, "name_or_path", None) == BYTE_TOKENIZER_ID:
         return BYTE_TOKENIZER_ID
+    cached = getattr(tokenizer, "_mrl_tokenizer_id", None)
+    if cached is not None:
+        return cached
     h = hashlib.sha256()
     vocab = tokenizer.get_vocab()
     for tok, i in sorted(vocab.items(), key=lambda kv: kv[1]):
         h.update(f"{i}\t{tok}\n".encode("utf-8", "surrogatepass"))
-    return f"vocab{len(vocab)}-{h.hexdigest()[:16]}"
+    tid = f"vocab{len(vocab)}-{h.hexdigest()[:16]}"
+    tokenizer._mrl_tokenizer_id = tid
+    return tid
 
 
 def _fresh_config(policy: PolicyConfig, tokenizer) -> Any:
