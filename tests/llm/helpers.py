@@ -48,3 +48,16 @@ def install_verifier(monkeypatch, verifier: Any) -> None:
 def problems(n: int, verifier: str = "short", prefix: str = "p") -> list[Problem]:
     return [Problem(prompt_id=f"{prefix}{i}", question=f"What is {i}+{i}?", gold=str(2 * i), verifier=verifier)
             for i in range(n)]
+
+
+def build_with_short_verifier(name: str, config: Any, seed: int):
+    """A worker factory for processes the test cannot monkeypatch (Ray actors): registers a
+    ``ShortAnswerVerifier(max_chars=8)`` as verifier ``short8``, then builds the LLM worker."""
+    from mrl_llm.rewards import VERIFIERS
+    from mrl_llm.worker import build
+
+    class Short8(ShortAnswerVerifier):
+        name = "short8"
+
+    VERIFIERS.setdefault("short8", lambda **_: Short8(max_chars=8))
+    return build(name, config, seed)
