@@ -115,7 +115,7 @@ class LLMPolicyWorker:
             self.peer_tokenizers.setdefault(tokenizer_id(tok), tok)
         self.template = PromptTemplate(pol.template, self.tokenizer, policy=f"policy {name!r}")
         self.verifiers: dict[str, Any] = {}
-        self.trace_cache = TraceCache(max_entries=50_000)
+        self.trace_cache = TraceCache(max_entries=4096)  # a few steps of peer records (sync uses one)
         self._prompts: OrderedDict[str, tuple[str, list[int]]] = OrderedDict()
         self.last_generate: dict[str, float] = {}
 
@@ -133,13 +133,18 @@ class LLMPolicyWorker:
         if pol.engine == "hf":
             return HFEngine(self.model, self.tokenizer, max_batch_size=pol.sampling.max_batch_size)
         try:
-            from mrl_llm.rollout import make_engine  # the vLLM engine, when installed
+            from mrl_llm.rollout import make_engine  # the vLLM engine, when this install has it
         except ImportError as err:
             raise ConfigError(
                 f"policy {self.name!r}: engine 'vllm' needs mrl_llm.rollout.make_engine and vLLM, which this "
                 f"install lacks ({err}); install the vllm extra or set engine: hf"
             ) from err
-        return make_engine(pol.engine, model=self.model, tokenizer=self.tokenizer, policy=pol)
+        options = {"dtype": {"bf16": "bfloat16", "fp32": "float32"}[pol.dtype],
+                   "seed": derive_seed(self.seed, self.name, "engine") % 2**31,
+                   "max_model_len": pol.max_prompt_len + pol.sampling.max_new_tokens}
+        if pol.model_dir is not None:  # vLLM loads the initial weights itself; updates arrive by sync_weights
+            return make_engine("vllm", model_dir=pol.model_dir, **options)
+        return make_engine("vllm", model=self.model, tokenizer=self.tokenizer, **options)
 
     # -- verifiers ---------------------------------------------------------------------------
     def score(self, problem: Any, text: str, finish_reason: str) -> Any:
@@ -150,10 +155,11 @@ class LLMPolicyWorker:
         return rewards.score_problem(v, problem, text, finish_reason=finish_reason)
 
     def close(self) -> None:
-        """Release the verifiers' resources (the MATH verifier's checker processes)."""
+        """Release the verifiers' resources (the MATH verifier's checker processes) and the engine's."""
         for v in self.verifiers.values():
             rewards.close_verifier(v)
         self.verifiers.clear()
+        self.engine.close()
 
     # -- prompts -----------------------------------------------------------------------------
     def render(self, problem: Any) -> tuple[str, list[int]]:
