@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from mrl_llm.logprobs import PackedBatch
@@ -133,3 +134,19 @@ def pad_rows(values: Sequence[Sequence[float]], T: int, dtype: torch.dtype = tor
         if n:
             out[i, :n] = torch.tensor(list(v[:n]), dtype=dtype)
     return out
+
+
+def thl_metrics(residuals: Sequence[Any]) -> dict[str, float]:
+    """The step's THL residual over the peer records aligned into this policy's tokens
+    (:class:`mrl_llm.thl.Residual`): ``thl_residual`` = mean mass moved between words per record,
+    ``thl_unaligned_mass`` = mean ``|unaligned mass|``, ``thl_word_mass_error`` = the largest word's
+    error, ``thl_boundary_conflicts`` = their count (0 / absent when no peer record was aligned)."""
+    if not residuals:
+        return {"thl_residual": 0.0, "thl_records": 0.0}
+    return {
+        "thl_records": float(len(residuals)),
+        "thl_residual": float(np.mean([r.moved_mass for r in residuals])),
+        "thl_unaligned_mass": float(np.mean([abs(r.unaligned_mass) for r in residuals])),
+        "thl_word_mass_error": float(max(r.word_mass_error for r in residuals)),
+        "thl_boundary_conflicts": float(sum(r.n_boundary_conflicts for r in residuals)),
+    }

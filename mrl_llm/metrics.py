@@ -18,7 +18,7 @@ KL(pi || pi_ref) on the same tokens (pi_ref = the frozen initial weights; null w
 kept); ``clip_fraction`` over the policy-gradient tokens; ``prp_ratio_var`` = Var[pi_old / mu] over
 the PRP peer tokens (mu = the peer's THL-aligned trace, before truncation); ``prp_coef`` = the mean
 truncated correction on ``thl`` rows; ``sgt_activations`` = prompts whose SGT gate opened;
-``thl_*`` = the THL residual of the aligned peer records (:func:`mrl_llm.worker.thl_metrics`);
+``thl_*`` = the THL residual of the aligned peer records (:func:`mrl_llm.batch.thl_metrics`);
 ``logprob_drift_max`` = max |engine log-prob - trainer log-prob| on own tokens.
 
 FLOPs are estimated with the usual dense-transformer rule: ``2 N`` per token for a forward pass and

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from mrl_llm import rewards
-from mrl_llm.batch import build_batch
+from mrl_llm.batch import build_batch, thl_metrics
 from mrl_llm.byte_tokenizer import BYTE_TOKENIZER_ID, byte_tokenizer
 from mrl_llm.config import PolicyConfig
 from mrl_llm.models import (
@@ -380,22 +380,6 @@ class LLMPolicyWorker:
             h.update(name.encode())
             h.update(p.detach().float().cpu().numpy().tobytes())
         return {"version": self.version, "weights_sha256": h.hexdigest(), "counters": dict(self.counters)}
-
-
-def thl_metrics(residuals: Sequence[Any]) -> dict[str, float]:
-    """The step's THL residual over the peer records aligned into this policy's tokens
-    (:class:`mrl_llm.thl.Residual`): ``thl_residual`` = mean mass moved between words per record,
-    ``thl_unaligned_mass`` = mean ``|unaligned mass|``, ``thl_word_mass_error`` = the largest word's
-    error, ``thl_boundary_conflicts`` = their count (0 / absent when no peer record was aligned)."""
-    if not residuals:
-        return {"thl_residual": 0.0, "thl_records": 0.0}
-    return {
-        "thl_records": float(len(residuals)),
-        "thl_residual": float(np.mean([r.moved_mass for r in residuals])),
-        "thl_unaligned_mass": float(np.mean([abs(r.unaligned_mass) for r in residuals])),
-        "thl_word_mass_error": float(max(r.word_mass_error for r in residuals)),
-        "thl_boundary_conflicts": float(sum(r.n_boundary_conflicts for r in residuals)),
-    }
 
 
 def build(name: str, config: Mapping[str, Any], seed: int) -> LLMPolicyWorker:
