@@ -3,12 +3,12 @@ ends with bit-identical weights and the same step metrics as the in-process loop
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from mrl_llm.config import config_from_mapping
 from mrl_llm.contract import learner_tokenizer_dir
-from dataclasses import replace
-
 from mrl_llm.distributed.driver import RayDriver, run_local
 from mrl_llm.trainer import actor_specs
 from tests.distributed.conftest import ray_local  # noqa: F401 - the local Ray cluster fixture
