@@ -66,14 +66,26 @@ def pack(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], p
 def forward_logprobs(
     model: torch.nn.Module, batch: PackedBatch, temperature: float = 1.0, *, with_entropy: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``(logp [B, L - 1], entropy [B, L - 1] or None)`` of the packed batch (differentiable)."""
+    """``(logp [B, L - 1], entropy [B, L - 1] or None)`` of the packed batch (differentiable).
+
+    Only the positions from the shortest prompt's last token on can hold response tokens, so the LM
+    head and the log-softmax run on that window alone (``logits_to_keep``); positions before it are 0.
+    With a large vocabulary this is most of the cost of a step.
+    """
     device = next(model.parameters()).device
-    out = model(
-        input_ids=batch.input_ids.to(device), attention_mask=batch.attention_mask.to(device), use_cache=False
-    )
-    logits = out.logits[:, :-1]
-    logp = token_logprobs(logits, batch.targets.to(device), temperature)
+    B, L = batch.input_ids.shape
+    start = max(0, min(batch.prompt_lens, default=1) - 1)
+    kwargs = dict(input_ids=batch.input_ids.to(device), attention_mask=batch.attention_mask.to(device), use_cache=False)
+    try:
+        logits = model(**kwargs, logits_to_keep=torch.arange(start, L - 1, device=device)).logits
+    except TypeError:  # an architecture without logits_to_keep: compute every position
+        logits = model(**kwargs).logits[:, start:-1]
+    targets = batch.targets[:, start:].to(device)
+    logp = token_logprobs(logits, targets, temperature)
     ent = entropy_from_logits(logits.detach() / temperature) if with_entropy else None
+    if start > 0:
+        logp = torch.cat([logp.new_zeros(B, start), logp], dim=1)
+        ent = None if ent is None else torch.cat([ent.new_zeros(B, start), ent], dim=1)
     return logp, ent
 
 

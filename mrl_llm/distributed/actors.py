@@ -29,7 +29,7 @@ import importlib
 import json
 import os
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,8 +37,8 @@ from typing import Any
 import numpy as np
 
 from shared_interfaces.exchange import ExperienceExchange
-from shared_interfaces.regimes.config import parse_regime_config
-from shared_interfaces.regimes.plan import plan_prompt_group
+from shared_interfaces.regimes.config import RegimeSpec, parse_regime_config
+from shared_interfaces.regimes.plan import LearnerPromptPlan, plan_prompt_group
 
 
 @dataclass(frozen=True)
@@ -83,6 +83,36 @@ def problem_id(problem: Any) -> str:
 def plan_rng(seed: int, step: int, policy: str) -> np.random.Generator:
     """SGT ``random`` selection's generator: a function of (seed, step, learner), not of scheduling."""
     return np.random.default_rng([seed, step, sum(policy.encode())])
+
+
+def learner_plans(exchange: ExperienceExchange, learner: str, regime: RegimeSpec, prompt_ids: Sequence[str],
+                  step: int, *, present: Iterable[str], baselines: Mapping[str, int] | None = None,
+                  max_staleness: int = 0, seed: int = 0) -> tuple[list[LearnerPromptPlan], int]:
+    """One learner's step decisions: fetch each prompt's group from the exchange, keep the records of the
+    ``present`` policies (a peer record staler than ``max_staleness`` is dropped and counted; the
+    learner's own records always stay), and plan with the core. Returns ``(plans, stale_dropped)``,
+    one plan per prompt in ``prompt_ids`` order. The Ray actors, the single-process trainer and the
+    contract backend all call this one function."""
+    present = set(present)
+    baselines = baselines or {}
+    learners = sorted(present)
+    groups = (exchange.fetch_groups(list(prompt_ids), step)
+              if hasattr(exchange, "fetch_groups")
+              else {p: exchange.fetch_group(p, step) for p in prompt_ids})
+    plans, stale = [], 0
+    for pid in prompt_ids:
+        g = groups[pid]
+        keep = []
+        for r in g.records:
+            if r.policy_id not in present:
+                continue
+            if r.policy_id != learner and (r.step - r.policy_version) - baselines.get(r.policy_id, 0) > max_staleness:
+                stale += 1
+                continue
+            keep.append(r)
+        group = type(g)(g.prompt_id, g.step, tuple(keep))
+        plans.append(plan_prompt_group(group, learners, regime, rng=plan_rng(seed, step, learner))[learner])
+    return plans, stale
 
 
 class PolicyActor:
@@ -149,24 +179,10 @@ class PolicyActor:
                 except Exception:  # the peer died in this step: it simply has no records here
                     continue
             present.add(self.spec.name)
+        plans, stale = learner_plans(self.exchange, self.spec.name, self.regime, prompt_ids, step,
+                                     present=present, baselines=baselines, max_staleness=max_staleness,
+                                     seed=self.spec.seed)
         learners = sorted(present)
-        groups = (self.exchange.fetch_groups(list(prompt_ids), step)
-                  if hasattr(self.exchange, "fetch_groups")
-                  else {p: self.exchange.fetch_group(p, step) for p in prompt_ids})
-        plans, stale = [], 0
-        for pid in prompt_ids:
-            g = groups[pid]
-            keep = []
-            for r in g.records:
-                if r.policy_id not in present:
-                    continue
-                if r.policy_id != self.spec.name and (r.step - r.policy_version) - baselines.get(r.policy_id, 0) > max_staleness:
-                    stale += 1
-                    continue
-                keep.append(r)
-            group = type(g)(g.prompt_id, g.step, tuple(keep))
-            plan = plan_prompt_group(group, learners, self.regime, rng=plan_rng(self.spec.seed, step, self.spec.name))
-            plans.append(plan[self.spec.name])
         self._maybe_crash("train", step)
         metrics = dict(self.worker.train_step(plans))
         if self.spec.checkpoint_every > 0 and (step + 1) % self.spec.checkpoint_every == 0:

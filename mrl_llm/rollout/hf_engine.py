@@ -48,6 +48,16 @@ def top_p_filter(logp: torch.Tensor, top_p: float) -> torch.Tensor:
     return logp.masked_fill(drop, float("-inf"))
 
 
+def sample_from(logp: torch.Tensor, gen: torch.Generator | None) -> torch.Tensor:
+    """One token per row from ``softmax(logp)`` by inverse CDF: the first index whose cumulative mass
+    exceeds ``u * total`` with ``u ~ U[0, 1)`` from ``gen`` (one uniform per row; a token of probability
+    0 is never drawn). An order of magnitude faster than ``torch.multinomial`` on a 150k vocabulary."""
+    cdf = logp.detach().double().cpu().exp().cumsum(-1)
+    u = torch.rand((cdf.shape[0], 1), generator=gen, dtype=torch.float64)
+    idx = torch.searchsorted(cdf, u * cdf[:, -1:], right=True)
+    return idx.clamp(max=cdf.shape[-1] - 1).squeeze(-1)
+
+
 class HFEngine(RolloutEngine):
     """Samples from ``model`` (a transformers causal LM) with ``tokenizer``'s EOS/pad ids.
 
@@ -111,8 +121,7 @@ class HFEngine(RolloutEngine):
             if sp.greedy:
                 tok = logp.argmax(-1)
             else:
-                probs = top_p_filter(logp, sp.top_p).exp()
-                tok = torch.multinomial(probs.cpu(), 1, generator=gen).squeeze(-1).to(device)
+                tok = sample_from(top_p_filter(logp, sp.top_p), gen).to(device)
             toks.append(torch.where(done, self.pad_id, tok))
             lps.append(logp.gather(-1, tok[:, None]).squeeze(-1))
             done = done | torch.isin(tok, eos)

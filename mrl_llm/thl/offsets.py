@@ -1,20 +1,22 @@
-"""Character offsets of tokens: the byte view (exact, vectorised) and a computed fallback.
+"""Character spans of tokens: the byte view (exact, vectorised) and a computed fallback.
 
-THL places every token on a character span ``[start, end)`` of the text. Three sources, best first:
+THL places every token on a character span ``[start, end)`` of its text. Three sources:
 
-1. **Byte view** (:func:`byte_spans_to_chars`): when the concatenated token bytes of a sequence
-   (:meth:`mrl_llm.thl.vocab.VocabInfo.gather_bytes`) equal the UTF-8 bytes of its text, a token
-   covering bytes ``[b0, b1)`` covers the characters those bytes belong to. A token that holds only
-   part of a multi-byte character (a byte-fallback ``<0xF0>`` or a byte-level BPE piece) therefore
-   covers that whole character; neighbours sharing a character overlap by one character (counted as
-   ``n_split_chars`` in the residual). This is exact for sampled, non-canonical token sequences too.
-2. **Offset mapping** of a fast tokenizer (learner side only, where the learner's normaliser changes
-   the text, e.g. Qwen's NFC): the spans the tokenizer reports, in the original text's characters.
-3. **Computed fallback** (:func:`computed_char_spans`), for any tokenizer: decode every prefix
+1. **Byte view** (:func:`byte_spans_to_chars`), for the peer's tokens: when the concatenated token
+   bytes of a sequence (:meth:`mrl_llm.thl.vocab.VocabInfo.gather_bytes`) equal the UTF-8 bytes of
+   the peer's decoded text (up to the leading spaces a SentencePiece decode drops), a token covering
+   bytes ``[b0, b1)`` covers the characters those bytes belong to. A token holding only part of a
+   multi-byte character (a byte-fallback ``<0xF0>``, a byte-level BPE piece) covers that whole
+   character, so neighbours sharing a character overlap by one character. Exact for sampled,
+   non-canonical token sequences too.
+2. **Offset mapping** of a fast tokenizer, for the learner's encoding (in the original text's
+   characters even where the learner's normaliser changes the text, e.g. Qwen's NFC).
+3. **Computed spans** (:func:`computed_char_spans`), for any tokenizer: decode every prefix
    ``ids[:k]`` as a whole sequence; token ``k`` covers the characters between the longest common
-   prefixes of the text with prefix ``k - 1`` and with prefix ``k``. A token that completes no
+   prefixes of the text with the decodes of ``ids[:k-1]`` and ``ids[:k]``. A token that completes no
    character (a partial byte) covers the character it contributes to. Quadratic in the length, so
-   it is used only for sequences the byte view cannot explain (invalid UTF-8, unknown families).
+   THL uses it only where 1. and 2. are unavailable (invalid UTF-8, an unknown decoder, a tokenizer
+   without offsets).
 """
 
 from __future__ import annotations
@@ -33,10 +35,10 @@ def char_index_of_bytes(data: bytes) -> np.ndarray:
 def byte_spans_to_chars(
     byte_starts: np.ndarray, byte_ends: np.ndarray, char_of_byte: np.ndarray, n_chars: int
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Character spans of byte spans ``[byte_starts, byte_ends)`` (global positions in the text bytes).
+    """Character spans of byte spans ``[byte_starts, byte_ends)`` (positions in the text's bytes).
 
     A non-empty byte span covers ``[char(b0), char(b1 - 1) + 1)``. An empty one (a token with no
-    bytes) is the empty span at the character where it sits.
+    bytes in the text) is the empty span at the character where it sits.
     """
     n_bytes = char_of_byte.size
     lookup = np.append(char_of_byte, n_chars)  # position n_bytes -> end of the text
@@ -63,15 +65,11 @@ def _common_prefix_len(a: str, b: str) -> int:
 
 
 def computed_char_spans(
-    decode_batch: Callable[[list[list[int]]], list[str]],
-    ids: Sequence[int],
-    text: str,
-    prefix: str = "",
+    decode_batch: Callable[[list[list[int]]], list[str]], ids: Sequence[int], text: str
 ) -> tuple[np.ndarray, np.ndarray]:
     """Spans of ``ids`` in ``text`` from whole-sequence decodes of every prefix (see the module).
 
-    ``decode_batch`` decodes lists of ids as whole sequences; ``prefix`` is prepended to every decode
-    (the SentencePiece leading space THL restores). Spans are clipped to the text.
+    ``decode_batch`` decodes lists of ids as whole sequences. Spans are clipped to the text.
     """
     ids = [int(i) for i in ids]
     n = len(ids)
@@ -82,7 +80,7 @@ def computed_char_spans(
     decoded = decode_batch([ids[: k + 1] for k in range(n)])
     prev = 0
     for k, d in enumerate(decoded):
-        cur = max(prev, min(_common_prefix_len(prefix + d, text), len(text)))
+        cur = max(prev, min(_common_prefix_len(d, text), len(text)))
         if cur > prev:
             starts[k], ends[k] = prev, cur
         else:  # completes no character: it belongs to the character being built

@@ -39,7 +39,7 @@ PROMPTS = [[1, 5, 6, 7], [1, 9], [1, 11, 12]]
 
 def test_recorded_logprobs_equal_the_trainer_recomputation(model):
     eng = HFEngine(model, _Tok(), max_batch_size=4)
-    sp = SamplingConfig(temperature=0.7, top_p=0.9, max_new_tokens=12, seed=1)
+    sp = SamplingConfig(temperature=0.7, top_p=0.9, max_new_tokens=12, seed=3)  # a seed whose samples both stop and run out
     out = eng.generate(PROMPTS, 3, sp)
     assert [len(o) for o in out] == [3, 3, 3]
     prompts = [p for p in PROMPTS for _ in range(3)]
@@ -81,3 +81,14 @@ def test_bad_input_is_refused(model):
         eng.generate([[]], 1, SamplingConfig())
     with pytest.raises(ValueError, match="n "):
         eng.generate(PROMPTS, 0, SamplingConfig())
+
+
+def test_inverse_cdf_sampler_follows_the_distribution_and_never_draws_zero_mass():
+    from mrl_llm.rollout.hf_engine import sample_from
+
+    probs = torch.tensor([0.0, 0.5, 0.3, 0.0, 0.2])
+    logp = torch.log(probs).expand(20000, 5)
+    g = torch.Generator().manual_seed(0)
+    counts = torch.bincount(sample_from(logp, g), minlength=5).double() / 20000
+    assert counts[0] == 0 and counts[3] == 0
+    torch.testing.assert_close(counts, probs.double(), atol=0.015, rtol=0)

@@ -1,0 +1,123 @@
+"""The command line: ``python -m mrl_llm {train,eval,report,plan}`` (console script ``mrl``).
+
+* ``train --config FILE --out DIR [--regime NAME] [--seed N] [--steps N] [--resume DIR]`` — one
+  regime per run directory; ``--resume DIR`` continues the run in DIR from its last checkpoint
+  (``--out`` may then be left out).
+* ``eval --policy DIR --data FILE [--verifier math] [--k 4] [--max-prompts N]`` — evaluate a saved
+  policy (an HF model directory written by ``train``) on a JSONL dataset; prints the summary and
+  writes ``--out FILE`` (JSON) when given.
+* ``report --runs DIR`` — learning curves per policy and regime (``DIR/report.png``) and a table.
+* ``plan --config FILE [--cluster FILE]`` — the MWRA placement plan (:mod:`mrl_llm.distributed.plan_cli`).
+
+Bad input exits with status 2 and a one-line message that says what to change.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from shared_interfaces.config_io import ConfigError
+
+USER_ERRORS = (ConfigError, FileNotFoundError, FileExistsError, KeyError, ValueError)
+
+
+def _train(args: argparse.Namespace) -> int:
+    from mrl_llm.config import load_config
+    from mrl_llm.trainer import train
+
+    if args.resume and args.out and Path(args.out).resolve() != Path(args.resume).resolve():
+        raise ValueError(f"--resume {args.resume} continues that run in place; drop --out or give the same directory")
+    out = args.resume or args.out
+    if not out:
+        raise ValueError("give --out DIR (a new run directory) or --resume DIR")
+    cfg = load_config(args.config)
+    if args.regime:
+        cfg = cfg.with_regime(args.regime)
+    if args.seed is not None:
+        cfg = cfg.with_seed(args.seed)
+    if args.steps is not None:
+        from dataclasses import replace
+
+        cfg = replace(cfg, steps=args.steps)
+    summary = train(cfg, out, resume=bool(args.resume))
+    for p in summary["policies"]:
+        print(f"{p['name']}: eval_accuracy={p['eval_accuracy']} peer_exclusive_accuracy={p['peer_exclusive_accuracy']} "
+              f"kl_to_ref={p['kl_to_ref']} entropy={p['entropy']}")
+    print(f"summary: {Path(out) / 'summary.json'}")
+    return 0
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from mrl_llm.evaluate import evaluate_saved_policy
+    from mrl_llm.metrics import clean
+
+    res = evaluate_saved_policy(args.policy, args.data, verifier=args.verifier, k=args.k, temperature=args.temperature,
+                                max_new_tokens=args.max_new_tokens, max_prompts=args.max_prompts,
+                                question_field=args.question_field,
+                                answer_field=args.answer_field)
+    print(json.dumps(clean(res["summary"]), indent=1))
+    if args.out:
+        Path(args.out).write_text(json.dumps(clean(res), indent=1))
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    from mrl_llm.report import make_report
+
+    rep = make_report(args.runs, args.out)
+    print(rep["table"])
+    print(f"figure: {rep['png']}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="mrl_llm", description="Mutual RL for heterogeneous LLM policies.")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    t = sub.add_parser("train", help="train the policies of a config under one regime")
+    t.add_argument("--config", required=True, help="experiment YAML (experiments/configs/*.yaml)")
+    t.add_argument("--out", help="new run directory")
+    t.add_argument("--regime", help="override the config's regime name, e.g. sgt or sgt+xgrpo")
+    t.add_argument("--seed", type=int, help="override the config's seed")
+    t.add_argument("--steps", type=int, help="override the number of training steps")
+    t.add_argument("--resume", help="continue the run in this directory from its last checkpoint")
+    e = sub.add_parser("eval", help="evaluate a saved policy directory on a JSONL dataset")
+    e.add_argument("--policy", required=True, help="a policy directory (DIR/policies/<name> of a run)")
+    e.add_argument("--data", required=True, help="JSONL with question/answer rows")
+    e.add_argument("--verifier", default="math", help="math | mcq | arithmetic")
+    e.add_argument("--k", type=int, default=4, help="samples per prompt for pass@k (0: greedy only)")
+    e.add_argument("--temperature", type=float, default=1.0)
+    e.add_argument("--max-new-tokens", type=int)
+    e.add_argument("--max-prompts", type=int)
+    e.add_argument("--question-field", default="question")
+    e.add_argument("--answer-field", default="answer")
+    e.add_argument("--out", help="write the summary and per-prompt rows to this JSON file")
+    r = sub.add_parser("report", help="learning curves and a table for the runs under a directory")
+    r.add_argument("--runs", required=True)
+    r.add_argument("--out", help="figure path (default DIR/report.png)")
+    sub.add_parser("plan", help="print the MWRA placement plan of a config", add_help=False)
+    return ap
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "plan":
+        from mrl_llm.distributed.plan_cli import main as plan_main
+
+        return plan_main(argv[1:])
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return {"train": _train, "eval": _eval, "report": _report}[args.cmd](args)
+    except USER_ERRORS as err:
+        msg = err.args[0] if isinstance(err, KeyError) and err.args else err
+        print(f"mrl_llm {args.cmd}: {msg}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,309 @@
+"""The trainer's typed config: one YAML file per experiment, mapped onto frozen dataclasses.
+
+Layout (every key optional unless marked; unknown keys are errors naming the key)::
+
+    name: math-qwen-pair           # free label, copied into summary.json
+    seed: 0
+    steps: 100                     # training steps (one prompt batch each)
+    prompts_per_step: 8            # B: the same B prompts go to every policy each step
+    regime: {name: sgt, sgt: {weight: 1.0}, prp: {...}, advantage: {...}}   # shared_interfaces regimes
+    loss: {clip_low: 0.2, clip_high: 0.28, agg: token-mean, kl_coef: 0.001}  # shared_interfaces LossConfig
+    data: {path: train.jsonl, verifier: math, fields: {question: problem, answer: solution}}  # mrl_llm.data
+    eval: {data: {...}, every: 10, k: 4, max_prompts: 64}
+    policies:                      # required, at least one
+      - name: qwen                 # required, unique
+        model_dir: models/Qwen2.5-Math-1.5B    # an HF model directory ...
+        model_config: {model_type: llama, hidden_size: 64, ...}  # ... or a config for a fresh tiny model
+        tokenizer_dir: ...         # default: model_dir; "utf8-bytes": the built-in byte tokenizer
+        template: {text: "{question}\n{instruction}\n", instruction: ..., chat: never}  # mrl_llm.templates
+        dtype: bf16                # fp32 | bf16 (float32 / bfloat16 accepted)
+        group_size: 8              # G
+        max_prompt_len: 1024       # longer prompts are an error naming the prompt
+        engine: hf                 # hf | vllm
+        sampling: {temperature: 1.0, top_p: 1.0, max_new_tokens: 1024}
+        train: {optimizer: adamw, lr: 1e-6, micro_batch: 4, grad_accum: null, grad_clip: 1.0,
+                gradient_checkpointing: true}
+    checkpoint_every: 1            # steps between checkpoints (0: only at the end)
+
+Relative paths are relative to the config file's directory; ``${VAR}`` and ``${VAR:-default}`` are
+expanded from the environment, and ``${MRL_SHARED_DIR}`` falls back to the ``shared/`` folder found
+beside the checkout. Model directories are *not* checked here (the planner reads configs whose
+weights are elsewhere); :mod:`mrl_llm.models` checks them when a run starts.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Literal
+
+from mrl_llm.byte_tokenizer import BYTE_TOKENIZER_ID
+from mrl_llm.data import DataConfig
+from mrl_llm.templates import TemplateConfig
+from shared_interfaces.config_io import ConfigError, from_mapping, load_yaml, to_mapping
+from shared_interfaces.regimes.config import LossConfig, RegimeSpec, parse_regime, parse_regime_config
+
+DTYPE_ALIASES = {"fp32": "fp32", "float32": "fp32", "bf16": "bf16", "bfloat16": "bf16"}
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class SamplingSection:
+    """Rollout sampling of one policy. ``max_batch_size``: sequences per engine forward."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 256
+    max_batch_size: int = 64
+
+    def __post_init__(self) -> None:
+        if not self.temperature > 0:
+            raise ConfigError(f"sampling.temperature must be > 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ConfigError(f"sampling.top_p must be in (0, 1], got {self.top_p}")
+        if self.max_new_tokens < 1 or self.max_batch_size < 1:
+            raise ConfigError("sampling.max_new_tokens and sampling.max_batch_size must be >= 1")
+
+
+@dataclass(frozen=True)
+class TrainSection:
+    """One policy's optimisation.
+
+    Each step's rows are cut into micro-batches of ``micro_batch`` rows (one forward/backward each).
+    ``grad_accum = None``: the gradients of all micro-batches accumulate into ONE optimizer update per
+    step; ``grad_accum = k``: an update every ``k`` micro-batches (PPO-style mini-batches, several
+    updates per step). Either way the loss of a mini-batch is normalised over the whole mini-batch
+    (:class:`shared_interfaces.losses.LossNorm`), so the accumulated gradient equals the gradient of
+    the mini-batch loss. ``grad_clip``: max global grad norm (None: no clipping).
+    """
+
+    optimizer: Literal["adamw", "adam", "sgd"] = "adamw"
+    lr: float = 1e-6
+    weight_decay: float = 0.0
+    betas: tuple[float, ...] = (0.9, 0.999)
+    eps: float = 1e-8
+    grad_clip: float | None = 1.0
+    micro_batch: int = 4
+    grad_accum: int | None = None
+    gradient_checkpointing: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.lr > 0:
+            raise ConfigError(f"train.lr must be > 0, got {self.lr}")
+        if self.micro_batch < 1:
+            raise ConfigError(f"train.micro_batch must be >= 1, got {self.micro_batch}")
+        if self.grad_accum is not None and self.grad_accum < 1:
+            raise ConfigError(f"train.grad_accum must be >= 1 or null, got {self.grad_accum}")
+        if self.grad_clip is not None and not self.grad_clip > 0:
+            raise ConfigError(f"train.grad_clip must be > 0 or null, got {self.grad_clip}")
+        if len(self.betas) != 2:
+            raise ConfigError(f"train.betas must be two numbers, got {list(self.betas)}")
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """One policy: its weights (``model_dir`` or ``model_config``), tokenizer, prompt template
+    (:class:`mrl_llm.templates.TemplateConfig`: the text with the answer-format instruction) and training."""
+
+    name: str
+    model_dir: str | None = None
+    model_config: dict[str, Any] | None = None
+    tokenizer_dir: str | None = None
+    template: TemplateConfig = field(default_factory=TemplateConfig)
+    dtype: Literal["fp32", "bf16", "float32", "bfloat16"] = "fp32"
+    group_size: int = 8
+    max_prompt_len: int = 1024
+    engine: Literal["hf", "vllm"] = "hf"
+    sampling: SamplingSection = field(default_factory=SamplingSection)
+    train: TrainSection = field(default_factory=TrainSection)
+    init_seed: int | None = None  # seed of a fresh model_config model (default: derived from run seed)
+
+    def __post_init__(self) -> None:
+        if not self.name or "/" in self.name:
+            raise ConfigError(f"policy name {self.name!r} must be a non-empty string without '/'")
+        if (self.model_dir is None) == (self.model_config is None):
+            raise ConfigError(
+                f"policy {self.name!r}: give exactly one of model_dir (an HF model directory) or "
+                "model_config (a config mapping for a fresh model)"
+            )
+        if self.model_config is not None and "model_type" not in self.model_config:
+            raise ConfigError(f"policy {self.name!r}: model_config needs a model_type (e.g. llama, qwen2)")
+        object.__setattr__(self, "dtype", DTYPE_ALIASES[self.dtype])
+        if self.group_size < 1:
+            raise ConfigError(f"policy {self.name!r}: group_size must be >= 1, got {self.group_size}")
+        if self.max_prompt_len < 1:
+            raise ConfigError(f"policy {self.name!r}: max_prompt_len must be >= 1")
+
+    @property
+    def tokenizer_path(self) -> str | None:
+        return self.tokenizer_dir or self.model_dir
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """The fixed evaluation protocol: on ``data`` (default: the training data's first ``max_prompts``),
+    every policy answers each prompt greedily once and samples ``k`` responses (``temperature``,
+    ``top_p``) for pass@k. Runs before training (step 0), every ``every`` steps (0: never in between)
+    and after the last step. ``max_new_tokens`` defaults to each policy's own."""
+
+    data: DataConfig | None = None
+    every: int = 0
+    k: int = 4
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_prompts: int | None = 64
+    max_new_tokens: int | None = None
+    enabled: bool = True
+
+    def __post_init__(self) -> None:
+        if self.every < 0 or self.k < 0:
+            raise ConfigError("eval.every and eval.k must be >= 0")
+        if self.max_prompts is not None and self.max_prompts < 1:
+            raise ConfigError("eval.max_prompts must be >= 1 or null")
+        if not self.temperature > 0 or not 0 < self.top_p <= 1:
+            raise ConfigError("eval.temperature must be > 0 and eval.top_p in (0, 1]")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """A whole experiment (module docstring). ``regime`` is a regime section; :attr:`regime_spec` parses it."""
+
+    policies: tuple[PolicyConfig, ...]
+    regime: dict[str, Any] = field(default_factory=lambda: {"name": "grpo"})
+    loss: LossConfig = field(default_factory=LossConfig)
+    data: DataConfig | None = None
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    name: str = ""
+    seed: int = 0
+    steps: int = 10
+    prompts_per_step: int = 8
+    threads: int | None = None
+    checkpoint_every: int = 1
+    keep_checkpoints: int = 2
+    max_nan_steps: int = 3
+    track_ref_kl: bool = True
+    tensorboard: bool = True
+    progress: bool = True
+    exchange_fsync: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.policies:
+            raise ConfigError("config: 'policies' must list at least one policy")
+        names = [p.name for p in self.policies]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ConfigError(f"config: policy names must be unique, {dup} repeat")
+        if self.steps < 0 or self.prompts_per_step < 1:
+            raise ConfigError("config: steps must be >= 0 and prompts_per_step >= 1")
+        if self.checkpoint_every < 0 or self.keep_checkpoints < 1 or self.max_nan_steps < 1:
+            raise ConfigError("config: checkpoint_every >= 0, keep_checkpoints >= 1, max_nan_steps >= 1")
+        if self.threads is not None and self.threads < 1:
+            raise ConfigError("config: threads must be >= 1 or null")
+        if not isinstance(self.regime, Mapping):
+            raise ConfigError("config: regime must be a mapping like {name: sgt}")
+        self.regime_spec  # noqa: B018 - validates the section
+
+    @property
+    def regime_spec(self) -> RegimeSpec:
+        return parse_regime_config(self.regime)
+
+    @property
+    def policy_names(self) -> tuple[str, ...]:
+        return tuple(p.name for p in self.policies)
+
+    def policy(self, name: str) -> PolicyConfig:
+        for p in self.policies:
+            if p.name == name:
+                return p
+        raise KeyError(f"no policy {name!r}; policies: {list(self.policy_names)}")
+
+    def with_regime(self, name: str) -> RunConfig:
+        """The same config under regime ``name``, keeping the section's settings (``--regime``)."""
+        rest = {k: v for k, v in self.regime.items() if k != "name"}
+        parse_regime(name, rest)  # validates
+        return replace(self, regime={"name": name, **rest})
+
+    def with_seed(self, seed: int) -> RunConfig:
+        return replace(self, seed=seed)
+
+    def to_dict(self) -> dict[str, Any]:
+        return to_mapping(self)
+
+
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+def find_shared_dir() -> Path | None:
+    """``$MRL_SHARED_DIR``, else ``shared/`` beside or inside the checkout (the one with tokenizers/)."""
+    for cand in (os.environ.get("MRL_SHARED_DIR"), REPO_ROOT.parent / "shared", REPO_ROOT / "shared"):
+        if cand and (Path(cand) / "tokenizers").is_dir():
+            return Path(cand)
+    return None
+
+
+def expand_path(value: str, base: Path) -> str:
+    """Expand ``~`` and ``${VAR}`` / ``${VAR:-default}``; a relative result is taken from ``base``."""
+
+    def sub(m: re.Match[str]) -> str:
+        var, default = m.group(1), m.group(2)
+        got = os.environ.get(var)
+        if got:
+            return got
+        if var == "MRL_SHARED_DIR":
+            found = find_shared_dir()
+            if found is not None:
+                return str(found)
+        if default is not None:
+            return default
+        raise ConfigError(f"path {value!r} uses ${{{var}}}, which is not set; export {var}=...")
+
+    out = Path(os.path.expanduser(_VAR.sub(sub, value)))
+    return str(out if out.is_absolute() else (base / out).resolve())
+
+
+def _resolve_paths(cfg: RunConfig, base: Path) -> RunConfig:
+    def data(d: DataConfig | None) -> DataConfig | None:
+        return None if d is None else replace(d, path=expand_path(d.path, base))
+
+    pols = tuple(
+        replace(
+            p,
+            model_dir=None if p.model_dir is None else expand_path(p.model_dir, base),
+            tokenizer_dir=(p.tokenizer_dir if p.tokenizer_dir in (None, BYTE_TOKENIZER_ID)
+                           else expand_path(p.tokenizer_dir, base)),
+        )
+        for p in cfg.policies
+    )
+    return replace(cfg, policies=pols, data=data(cfg.data), eval=replace(cfg.eval, data=data(cfg.eval.data)))
+
+
+def config_from_mapping(data: Mapping[str, Any], *, base_dir: str | Path = ".", where: str = "config") -> RunConfig:
+    """A :class:`RunConfig` from a plain mapping (YAML), paths resolved against ``base_dir``."""
+    try:
+        cfg = from_mapping(RunConfig, data, where=where)
+    except ConfigError:
+        raise
+    except ValueError as err:  # a section's own validation error (e.g. DataError)
+        raise ConfigError(f"{where}: {err}") from err
+    return _resolve_paths(cfg, Path(base_dir).resolve())
+
+
+def load_config(path: str | Path) -> RunConfig:
+    """Read and validate an experiment YAML (module docstring); errors name the file and the key."""
+    import yaml
+
+    p = Path(path)
+    try:
+        data = load_yaml(p)
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{p} is not valid YAML ({err}); quote values that start with '{{' or '$'") from err
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{p}: the top level must be a mapping of config keys")
+    try:
+        return config_from_mapping(data, base_dir=p.parent, where=str(p))
+    except ConfigError as err:
+        msg = str(err)
+        raise ConfigError(msg if msg.startswith(str(p)) else f"{p}: {msg}") from err

@@ -1,0 +1,118 @@
+"""The evaluation protocol: greedy accuracy, pass@k, and accuracy on each policy's peer-exclusive prompts.
+
+For every (step, policy, prompt) a policy answers once greedily and samples ``k`` responses
+(:meth:`mrl_llm.worker.LLMPolicyWorker.evaluate`); ``eval.jsonl`` gets one row each::
+
+    {"step", "policy", "prompt_id", "family", "skipped", "greedy_correct", "samples", "successes", ...}
+
+* ``eval_accuracy`` = mean ``greedy_correct``; ``pass_at_k`` = fraction of prompts with a success among
+  the ``k`` samples (with n = k samples the unbiased pass@k estimator is exactly this). Skipped
+  prompts (an unusable gold answer) count in neither.
+* A prompt is *solved* by a policy at a step when its greedy answer or any of its samples is correct.
+  Policy i's **peer-exclusive prompts** are those it did not solve at step 0 (before training) while
+  some other policy did. ``peer_exclusive_accuracy`` is policy i's greedy accuracy on that set at a
+  later step (None when the set is empty) — what sharing can transfer.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+
+def solved(row: Mapping[str, Any]) -> bool:
+    return not row["skipped"] and (row["greedy_correct"] > 0 or row["successes"] > 0)
+
+
+def peer_exclusive_sets(step0_rows: Iterable[Mapping[str, Any]]) -> dict[str, set[str]]:
+    """``{policy: prompt ids only some other policy solved at step 0}`` (module docstring)."""
+    by_prompt: dict[str, dict[str, bool]] = defaultdict(dict)
+    for r in step0_rows:
+        by_prompt[r["prompt_id"]][r["policy"]] = solved(r)
+    policies = sorted({p for d in by_prompt.values() for p in d})
+    out: dict[str, set[str]] = {p: set() for p in policies}
+    for pid, d in by_prompt.items():
+        for p in policies:
+            if p in d and not d[p] and any(v for q, v in d.items() if q != p):
+                out[p].add(pid)
+    return out
+
+
+def summarize(rows: Sequence[Mapping[str, Any]], exclusive: Mapping[str, set[str]] | None = None) -> dict[str, dict]:
+    """Per policy: ``eval_accuracy``, ``pass_at_k``, ``peer_exclusive_accuracy``, ``peer_exclusive_n``, ``n``."""
+    by_policy: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+    for r in rows:
+        if not r["skipped"]:
+            by_policy[r["policy"]].append(r)
+    out = {}
+    for p, rs in sorted(by_policy.items()):
+        excl = (exclusive or {}).get(p, set())
+        ex_rows = [r for r in rs if r["prompt_id"] in excl]
+        k_rows = [r for r in rs if r["samples"] > 0]
+        out[p] = {
+            "n": len(rs),
+            "eval_accuracy": sum(r["greedy_correct"] for r in rs) / len(rs),
+            "pass_at_k": sum(r["successes"] > 0 for r in k_rows) / len(k_rows) if k_rows else None,
+            "peer_exclusive_n": len(ex_rows),
+            "peer_exclusive_accuracy": (sum(r["greedy_correct"] for r in ex_rows) / len(ex_rows)) if ex_rows else None,
+        }
+    return out
+
+
+def read_eval_rows(path: str | Path) -> list[dict[str, Any]]:
+    p = Path(path)
+    if not p.is_file():
+        return []
+    return [json.loads(line) for line in p.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def evaluate_workers(workers: Mapping[str, Any], problems: Sequence[Any], *, step: int, k: int, temperature: float,
+                     top_p: float, max_new_tokens: int | None) -> list[dict[str, Any]]:
+    """Every worker's eval rows at ``step`` (policies in the mapping's order)."""
+    rows = []
+    for name, w in workers.items():
+        for r in w.evaluate(problems, step=step, k=k, temperature=temperature, top_p=top_p,
+                            max_new_tokens=max_new_tokens):
+            rows.append({"step": step, "policy": name, **r})
+    return rows
+
+
+def evaluate_saved_policy(policy_dir: str | Path, data_path: str | Path, *, verifier: str = "math", k: int = 4,
+                          temperature: float = 1.0, top_p: float = 1.0, max_new_tokens: int | None = None,
+                          max_prompts: int | None = None, seed: int = 0,
+                          question_field: str = "question", answer_field: str = "answer") -> dict[str, Any]:
+    """Evaluate a saved policy directory on a JSONL file: ``{"summary": ..., "rows": [...]}``."""
+    from mrl_llm import rewards
+    from mrl_llm.config import PolicyConfig, SamplingSection
+    from mrl_llm.data import DataConfig, FieldMap, load_jsonl
+    from mrl_llm.models import POLICY_META
+    from mrl_llm.templates import TemplateConfig
+    from mrl_llm.worker import LLMPolicyWorker, WorkerConfig
+    from shared_interfaces.config_io import from_mapping
+
+    d = Path(policy_dir)
+    meta_path = d / POLICY_META
+    meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+    name = str(meta.get("name") or d.name).replace("/", "_")
+    sampling = dict(meta.get("sampling") or {})
+    if max_new_tokens is not None:
+        sampling["max_new_tokens"] = max_new_tokens
+    template = from_mapping(TemplateConfig, meta.get("template") or {}, where=f"{meta_path}: template")
+    pol = PolicyConfig(name=name, model_dir=str(d), template=template, dtype=meta.get("dtype", "fp32"),
+                       sampling=SamplingSection(**sampling))
+    worker = LLMPolicyWorker(name, WorkerConfig(policy=pol, track_ref_kl=False), seed=seed)
+    cfg = DataConfig(path=str(data_path), verifier=verifier, limit=max_prompts,
+                     fields=FieldMap(question=question_field, answer=answer_field))
+    v = rewards.get_verifier(verifier)
+    try:
+        report = load_jsonl(cfg, check_gold=rewards.gold_checker(v))
+        rows = evaluate_workers({name: worker}, list(report.problems), step=int(meta.get("version", 0)), k=k,
+                                temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens)
+    finally:
+        rewards.close_verifier(v)
+        worker.close()
+    return {"policy": name, "data": str(data_path), "skipped_rows": len(report.skipped),
+            "summary": summarize(rows)[name], "rows": rows}

@@ -1,0 +1,96 @@
+"""Metric logs: ``metrics.jsonl`` / ``eval.jsonl`` rows and TensorBoard scalars (when tensorboard is installed).
+
+``metrics.jsonl`` rows (one per step and policy; ``kind`` says which)::
+
+    {"kind": "train", "step": s, "policy": ..., "regime": ..., <the worker's step metrics>,
+     "generation_s", "scoring_s", "exchange_thl_s", "update_s", "step_s",
+     "cum_samples", "cum_gen_tokens", "cum_train_tokens", "cum_flops"}
+    {"kind": "eval", "step": t, "policy": ..., "eval_accuracy", "pass_at_k", "peer_exclusive_accuracy", ...}
+
+A train row's ``step`` s is the step index (the policy has then taken s + 1 training steps); an eval
+row's ``step`` t is the number of training steps taken (t = 0: before training). Non-finite numbers are
+written as ``null`` (JSON has no NaN).
+
+Train-row diagnostics (as verl logs them) are measured on the step's batch during its update, at the
+weights that sampled it (before the step's optimizer update): ``entropy`` = mean token entropy of the
+policy on its own sampled response tokens; ``kl_to_ref`` = mean per-token k3 estimate of
+KL(pi || pi_ref) on the same tokens (pi_ref = the frozen initial weights; null when no reference is
+kept); ``clip_fraction`` over the policy-gradient tokens; ``prp_ratio_var`` = Var[pi_old / mu] over
+the PRP peer tokens (mu = the peer's THL-aligned trace, before truncation); ``prp_coef`` = the mean
+truncated correction on ``thl`` rows; ``sgt_activations`` = prompts whose SGT gate opened;
+``thl_*`` = the THL residual of the aligned peer records (:func:`mrl_llm.batch.thl_metrics`);
+``logprob_drift_max`` = max |engine log-prob - trainer log-prob| on own tokens.
+
+FLOPs are estimated with the usual dense-transformer rule: ``2 N`` per token for a forward pass and
+``6 N`` for forward + backward, N = the parameters doing multiply-adds (all but the input embedding
+table; attention's sequence-length term is left out): generation ``2 N (prompt + generated tokens)``,
+update ``6 N`` per trained token plus ``2 N`` per token through the reference or snapshot passes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("mrl_llm.metrics")
+
+
+def clean(value: Any) -> Any:
+    """JSON-safe: non-finite floats -> None, recursively."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        return {k: clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [clean(v) for v in value]
+    return value
+
+
+class MetricsLog:
+    """Appends rows to ``DIR/metrics.jsonl`` and ``DIR/eval.jsonl`` and mirrors scalars to TensorBoard."""
+
+    def __init__(self, out_dir: str | Path, *, tensorboard: bool = True) -> None:
+        self.out = Path(out_dir)
+        self.tb = None
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self.tb = SummaryWriter(log_dir=str(self.out / "tensorboard"))
+            except ImportError:
+                log.info("tensorboard is not installed; writing metrics.jsonl only")
+
+    def _append(self, name: str, rows: list[Mapping[str, Any]]) -> None:
+        if not rows:
+            return
+        with open(self.out / name, "a", encoding="utf-8") as fh:
+            for r in rows:
+                fh.write(json.dumps(clean(dict(r)), allow_nan=False) + "\n")
+
+    def metrics(self, rows: list[Mapping[str, Any]]) -> None:
+        self._append("metrics.jsonl", rows)
+        if self.tb is None:
+            return
+        for r in rows:
+            step = int(r["step"]) + (1 if r.get("kind") == "train" else 0)
+            for k, v in r.items():
+                if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step" and math.isfinite(v):
+                    self.tb.add_scalar(f"{r['policy']}/{r.get('kind', 'train')}/{k}", v, step)
+
+    def eval_rows(self, rows: list[Mapping[str, Any]]) -> None:
+        self._append("eval.jsonl", rows)
+
+    def close(self) -> None:
+        if self.tb is not None:
+            self.tb.close()
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    p = Path(path)
+    if not p.is_file():
+        return []
+    return [json.loads(line) for line in p.read_text(encoding="utf-8").splitlines() if line.strip()]

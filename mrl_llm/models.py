@@ -1,0 +1,176 @@
+"""Loading a policy's tokenizer and model, and saving a trained policy as an ordinary HF directory.
+
+* :func:`load_tokenizer` — ``AutoTokenizer.from_pretrained(tokenizer_dir)`` (default ``model_dir``);
+  a tokenizer without a pad token pads with its EOS (pads are masked out everywhere).
+* :func:`build_model` — ``AutoModelForCausalLM.from_pretrained(model_dir)`` in the policy's dtype, or
+  a fresh ``from_config`` model from ``model_config`` (vocabulary size and special ids default to the
+  tokenizer's; initialised from ``seed`` without touching the global RNG).
+* :func:`tokenizer_id` — the id records carry: a hash of the vocabulary, so two policies with the same
+  vocabulary share it (and THL passes their traces through).
+* :func:`save_policy` / :func:`load_policy` — a model + tokenizer directory that
+  ``AutoModelForCausalLM.from_pretrained`` loads, plus ``mrl_policy.json`` (template, sampling, name).
+
+Every failure says which policy, which path, and what to pass instead.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mrl_llm.byte_tokenizer import BYTE_TOKENIZER_ID, byte_tokenizer
+from mrl_llm.config import PolicyConfig
+from shared_interfaces.config_io import ConfigError
+
+TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+POLICY_META = "mrl_policy.json"
+
+
+class ModelLoadError(RuntimeError):
+    """A model or tokenizer could not be loaded; the message names the policy and the path."""
+
+
+def load_tokenizer(policy: PolicyConfig):
+    """The policy's tokenizer (module docstring)."""
+    path = policy.tokenizer_path
+    if path is None:
+        raise ConfigError(
+            f"policy {policy.name!r} has a model_config but no tokenizer_dir; add tokenizer_dir: DIR "
+            "(a folder AutoTokenizer can load)"
+        )
+    if path == BYTE_TOKENIZER_ID:
+        return byte_tokenizer()
+    return load_tokenizer_dir(path, who=f"policy {policy.name!r}")
+
+
+def load_tokenizer_dir(path: str | Path, *, who: str = "policy"):
+    """``AutoTokenizer.from_pretrained(path)``, loaded once per process and folder (a slow-to-fast conversion
+    takes seconds; the policies of a run and their peers share the object: treat it as read-only)."""
+    p = Path(path).resolve()
+    if not p.is_dir():
+        raise ModelLoadError(f"tokenizer directory {p} for {who} not found; set tokenizer_dir (or model_dir)")
+    try:
+        return _load_tokenizer_cached(str(p))
+    except ModelLoadError as err:
+        raise ModelLoadError(f"{who}: {err}") from err
+
+
+@lru_cache(maxsize=16)
+def _load_tokenizer_cached(path: str):
+    from transformers import AutoTokenizer
+
+    p = Path(path)
+    try:
+        tok = AutoTokenizer.from_pretrained(str(p))
+    except Exception as err:  # noqa: BLE001 - re-raised with the path and a hint
+        raise ModelLoadError(f"cannot load the tokenizer from {p}: {err}") from err
+    if tok.eos_token_id is None:
+        raise ModelLoadError(f"the tokenizer at {p} has no eos_token; set one in its tokenizer_config.json")
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def tokenizer_id(tokenizer) -> str:
+    """``vocab<size>-<16 hex of sha256 of the id -> token map>`` (the same vocabulary loaded from any
+    folder gets the same id); ``utf8-bytes`` for the byte tokenizer."""
+    if getattr(tokenizer, "name_or_path", None) == BYTE_TOKENIZER_ID:
+        return BYTE_TOKENIZER_ID
+    cached = getattr(tokenizer, "_mrl_tokenizer_id", None)
+    if cached is not None:
+        return cached
+    h = hashlib.sha256()
+    vocab = tokenizer.get_vocab()
+    for tok, i in sorted(vocab.items(), key=lambda kv: kv[1]):
+        h.update(f"{i}\t{tok}\n".encode("utf-8", "surrogatepass"))
+    tid = f"vocab{len(vocab)}-{h.hexdigest()[:16]}"
+    tokenizer._mrl_tokenizer_id = tid
+    return tid
+
+
+def _fresh_config(policy: PolicyConfig, tokenizer) -> Any:
+    from transformers import AutoConfig
+
+    cfg: dict[str, Any] = dict(policy.model_config or {})
+    model_type = cfg.pop("model_type")
+    cfg.setdefault("vocab_size", len(tokenizer))
+    for key in ("eos_token_id", "bos_token_id", "pad_token_id"):
+        val = getattr(tokenizer, key, None)
+        if val is not None:
+            cfg.setdefault(key, val)
+    try:
+        return AutoConfig.for_model(model_type, **cfg)
+    except (ValueError, KeyError, TypeError) as err:
+        raise ConfigError(f"policy {policy.name!r}: model_config is not a valid {model_type!r} config: {err}") from err
+
+
+def build_model(policy: PolicyConfig, tokenizer, *, seed: int) -> torch.nn.Module:
+    """The policy's causal LM in its dtype, in train mode (module docstring)."""
+    from transformers import AutoModelForCausalLM
+
+    dtype = TORCH_DTYPES[policy.dtype]
+    if policy.model_dir is not None:
+        p = Path(policy.model_dir)
+        if not (p / "config.json").is_file():
+            raise ModelLoadError(
+                f"model directory {p} for policy {policy.name!r} not found (no config.json there); put the "
+                "model's Hugging Face files there or set policies[].model_dir"
+            )
+        try:
+            model = AutoModelForCausalLM.from_pretrained(str(p), dtype=dtype)
+        except Exception as err:  # noqa: BLE001 - re-raised with the path
+            raise ModelLoadError(f"cannot load the model of policy {policy.name!r} from {p}: {err}") from err
+    else:
+        cfg = _fresh_config(policy, tokenizer)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = AutoModelForCausalLM.from_config(cfg)
+        model = model.to(dtype)
+    n_emb = model.get_input_embeddings().weight.shape[0]
+    if n_emb < len(tokenizer):
+        raise ModelLoadError(
+            f"policy {policy.name!r}: the model's vocabulary ({n_emb}) is smaller than its tokenizer's "
+            f"({len(tokenizer)}); pair the model with its own tokenizer"
+        )
+    if policy.train.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    return model
+
+
+def count_params(model: torch.nn.Module) -> dict[str, int]:
+    """``total`` parameters and ``flops`` parameters (total minus the input embedding table, which does
+    no multiply-adds; an output head tied to it still counts once)."""
+    total = sum(p.numel() for p in model.parameters())
+    emb = model.get_input_embeddings().weight
+    out = model.get_output_embeddings()
+    tied = out is not None and out.weight is emb
+    return {"total": total, "flops": total - (0 if tied else emb.numel())}
+
+
+def save_policy(model: torch.nn.Module, tokenizer, out_dir: str | Path, meta: Mapping[str, Any]) -> Path:
+    """Save an HF model directory (safetensors + tokenizer) with ``mrl_policy.json`` = ``meta``."""
+    d = Path(out_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(d), safe_serialization=True)
+    tokenizer.save_pretrained(str(d))
+    (d / POLICY_META).write_text(json.dumps(dict(meta), indent=1, sort_keys=True))
+    return d
+
+
+def load_policy(policy_dir: str | Path, *, dtype: str = "fp32") -> tuple[torch.nn.Module, Any, dict[str, Any]]:
+    """``(model, tokenizer, meta)`` of a directory written by :func:`save_policy` (or any HF model dir
+    with a tokenizer; ``meta`` is then empty)."""
+    p = Path(policy_dir)
+    meta_path = p / POLICY_META
+    meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+    pol = PolicyConfig(name=str(meta.get("name", p.name)).replace("/", "_") or "policy", model_dir=str(p),
+                       dtype=meta.get("dtype", dtype))  # type: ignore[arg-type]
+    tok = load_tokenizer(pol)
+    return build_model(pol, tok, seed=0).eval(), tok, meta

@@ -1,0 +1,250 @@
+"""Word-level trace alignment: the public :func:`align_trace` / :func:`align_traces`.
+
+Given a peer's response ids ``y`` (tokenizer ``T_j``) with behaviour log-probs ``ℓ_k``, THL returns the
+response in the learner's tokens ``ỹ`` (tokenizer ``T_i``) with log-probs ``ℓ'_n``:
+
+1. **Text** (:mod:`mrl_llm.thl.adapt`): the peer's whole-sequence decode with its special tokens taken
+   out, re-encoded by the learner (after ``prompt_text`` when given). Every peer and learner token
+   gets a character span of the text.
+2. **Words** (:mod:`mrl_llm.thl.words`): a word is a run of whitespace followed by a maximal run of
+   non-whitespace (whitespace belongs to the next word; trailing whitespace is a last,
+   whitespace-only word). A token belongs to every word its span touches; an empty span belongs to
+   the word at its position.
+3. **Mass — pooled per word, spread uniformly.** Word ``w``'s peer mass is
+   ``m_w = Σ_k a_kw ℓ_k`` and each learner token ``n`` gets ``ℓ'_n = Σ_w m_w a_nw / Σ_n' a_n'w``,
+   where ``a_tw`` is token ``t``'s share of word ``w``: 1 for a token inside ``w``, 0 for a token
+   outside it. Where no token crosses a word boundary this is exactly the pooling of the paper:
+   ``ℓ'_n = m_w / |{n ∈ w}|`` and ``Σ_{n∈w} ℓ'_n = m_w`` (per-word conservation).
+4. **The boundary rule.** A token whose span crosses word boundaries (Qwen's ``".\n\n"``, a
+   SentencePiece piece ``"▁of▁the"``, a learner token straddling the prompt) has ``a_tw`` = the
+   fraction of its characters inside ``w``. A peer token's mass is thus split between its words; a
+   learner token draws from every word it touches. Total mass is conserved; per-word mass is not
+   where a learner token mixes words: the :class:`~mrl_llm.thl.trace.Residual` measures it
+   (``word_mass_error``, ``moved_mass``), and ``crossing_mass`` is the peer mass split by characters.
+   A character split across byte tokens (a byte-fallback ``<0xF0>``, a byte-level piece) lies in one
+   word, so it moves nothing (``n_split_chars`` counts it). A word no learner token touches (a learner
+   whose encoding skips characters) gives its mass to the previous word of the sequence that has
+   learner tokens (the next one if none) — moved mass, not lost.
+
+**EOS and special tokens (the contract the trainer relies on).** When the peer response ends with
+the peer tokenizer's EOS and ``append_eos=True`` (the default), ``target_ids`` end with the learner
+tokenizer's EOS carrying exactly the peer EOS's log-prob — a 1:1 counterpart, not residual. With
+``append_eos=False``, or a learner without an EOS token, that mass is unaligned. Every other peer
+special token (BOS, template markers, padding, an EOS not at the end) is dropped from the text and its
+mass goes to ``unaligned_mass``. Trailing whitespace of the text is its own last word: its mass goes
+to the learner tokens that spell it, before the EOS.
+
+**Same vocabulary** (:func:`mrl_llm.thl.vocab.same_vocabulary`): ids and log-probs pass through
+unchanged, no decode/re-encode (the text is decoded for information only); with ``append_eos=False``
+a final EOS is dropped and its mass is unaligned.
+
+**Invariant**: ``Σ target_logprobs + unaligned_mass = Σ source_logprobs`` (float64 rounding only).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from mrl_llm.thl.adapt import SourceSide, TargetSide, adapt_source, as_arrays, decode_batch, encode_target
+from mrl_llm.thl.trace import AlignedTrace, Residual
+from mrl_llm.thl.vocab import VocabInfo, same_vocabulary, vocab_info
+from mrl_llm.thl.words import codepoints, segment_starts, word_spans
+
+
+def align_trace(
+    source_tokenizer: Any,
+    target_tokenizer: Any,
+    source_ids: Sequence[int] | Any,
+    source_logprobs: Sequence[float] | Any,
+    *,
+    prompt_text: str | None = None,
+    append_eos: bool = True,
+) -> AlignedTrace:
+    """Align one peer trace into the learner's tokens (see the module for the rule and the contract)."""
+    prompts = None if prompt_text is None else [prompt_text]
+    return align_traces(
+        source_tokenizer, target_tokenizer, [source_ids], [source_logprobs], prompt_texts=prompts, append_eos=append_eos
+    )[0]
+
+
+def align_traces(
+    source_tokenizer: Any,
+    target_tokenizer: Any,
+    batch_ids: Sequence[Any],
+    batch_logprobs: Sequence[Any],
+    *,
+    prompt_texts: Sequence[str] | None = None,
+    append_eos: bool = True,
+) -> list[AlignedTrace]:
+    """:func:`align_trace` for many sequences at once (batched decode and encode, vectorised pooling)."""
+    src, tgt = vocab_info(source_tokenizer), vocab_info(target_tokenizer)
+    ids, lps = as_arrays(src, batch_ids, batch_logprobs)
+    if prompt_texts is not None:
+        if len(prompt_texts) != len(ids):
+            raise ValueError(f"got {len(prompt_texts)} prompt texts for {len(ids)} sequences; pass one prompt per sequence or none")
+        prompt_texts = [str(p) for p in prompt_texts]
+    if same_vocabulary(source_tokenizer, target_tokenizer):
+        return _passthrough(source_tokenizer, target_tokenizer, src, ids, lps, prompt_texts, append_eos)
+    source = adapt_source(source_tokenizer, src, ids, lps, append_eos=append_eos)
+    target = encode_target(target_tokenizer, tgt, source.texts, prompt_texts)
+    return _pool(source, target, tgt.eos_id)
+
+
+def _passthrough(
+    source_tokenizer: Any, target_tokenizer: Any, src: VocabInfo, ids: list[np.ndarray], lps: list[np.ndarray],
+    prompts: list[str] | None, append_eos: bool,
+) -> list[AlignedTrace]:
+    texts = decode_batch(source_tokenizer, [a.tolist() for a in ids])
+    if prompts is None:
+        prompt_ids = [np.zeros(0, np.int64)] * len(ids)
+    else:
+        prompt_ids = [np.asarray(target_tokenizer(p, add_special_tokens=True)["input_ids"], np.int64) for p in prompts]
+    out = []
+    for a, b, text, prm in zip(ids, lps, texts, prompt_ids, strict=True):
+        ends_eos = a.size > 0 and src.eos_id is not None and int(a[-1]) == src.eos_id
+        unaligned = 0.0
+        if ends_eos and not append_eos:
+            a, unaligned, b = a[:-1], float(b[-1]), b[:-1]
+        spans = tuple(word_spans(text))
+        res = Residual(word_mass_error=0.0, moved_mass=0.0, unaligned_mass=unaligned, crossing_mass=0.0,
+                       n_words=len(spans), n_boundary_conflicts=0, n_split_chars=0)
+        out.append(AlignedTrace(text, a.copy(), b.copy(), prm, spans, res, bool(ends_eos and append_eos), True))
+    return out
+
+
+def _word_of(pos: np.ndarray, word_starts: np.ndarray) -> np.ndarray:
+    return np.searchsorted(word_starts, pos, side="right") - 1
+
+
+def _pool(source: SourceSide, target: TargetSide, target_eos: int | None) -> list[AlignedTrace]:
+    texts = source.texts
+    n = len(texts)
+    text_len = np.array([len(t) for t in texts], dtype=np.int64)
+    char0 = np.concatenate([[0], np.cumsum(text_len)]).astype(np.int64)
+    ws = segment_starts(codepoints("".join(texts)), char0[:-1])  # global word starts, sorted
+    word_end = np.append(ws[1:], char0[-1])
+    word_end = np.minimum(word_end, char0[_word_seq(ws, char0) + 1])
+    n_words = np.bincount(_word_seq(ws, char0), minlength=n)
+    word0 = np.concatenate([[0], np.cumsum(n_words)]).astype(np.int64)
+    W = ws.size
+
+    def place(seq: np.ndarray, s: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(first word, last word, placeable, global start, global end) of tokens given local spans."""
+        ok = text_len[seq] > 0
+        gs, ge = s + char0[seq], e + char0[seq]
+        anchor = np.minimum(gs, char0[seq + 1] - 1)
+        first = _word_of(anchor, ws)
+        last = np.where(ge > gs, _word_of(np.maximum(ge - 1, anchor), ws), first)
+        return np.where(ok, first, -1), np.where(ok, last, -1), ok, gs, ge
+
+    s_first, s_last, s_ok, s_gs, s_ge = place(source.seq, source.starts, source.ends)
+    t_first, t_last, t_ok, t_gs, t_ge = place(target.seq, target.starts, target.ends)
+    if not t_ok.all():
+        raise RuntimeError("the learner tokenizer produced tokens for an empty response text; THL cannot place them")
+    s_lp = source.logprobs[s_ok]
+    s_rep, s_word, s_share = _shares(s_first[s_ok], s_last[s_ok], s_gs[s_ok], s_ge[s_ok], ws, word_end)
+    t_rep, t_word, t_share = _shares(t_first, t_last, t_gs, t_ge, ws, word_end)
+
+    # each word's peer mass (crossing peer tokens split by characters), spread over the learner tokens
+    # touching the word in proportion to their characters in it
+    s_w = np.bincount(s_word, s_lp[s_rep] * s_share, minlength=W)
+    cover = np.bincount(t_word, t_share, minlength=W)
+    word_seq = _word_seq(ws, char0)
+    recipient = _recipients(cover > 0, word_seq)
+    placed = recipient >= 0
+    m_w = np.bincount(recipient[placed], s_w[placed], minlength=W)
+    t_lp = np.bincount(t_rep, t_share * m_w[t_word] / cover[t_word], minlength=t_first.size)
+    t_w = np.bincount(t_word, t_share * t_lp[t_rep], minlength=W)
+
+    unaligned = source.special_mass.copy()
+    unaligned += np.bincount(source.seq[~s_ok], source.logprobs[~s_ok], minlength=n)
+    unaligned += np.bincount(word_seq[~placed], s_w[~placed], minlength=n)
+    eos_ok = ~np.isnan(source.eos_logprob)
+    if target_eos is None:
+        unaligned[eos_ok] += source.eos_logprob[eos_ok]
+        eos_ok[:] = False
+
+    err = np.abs(t_w - s_w)
+    max_err = _segment_reduce(np.maximum, err, word0)
+    moved = 0.5 * _segment_reduce(np.add, err, word0)
+    s_cross = s_last[s_ok] > s_first[s_ok]
+    t_cross = t_last > t_first
+    crossing_mass = np.bincount(source.seq[s_ok][s_cross], np.abs(s_lp[s_cross]), minlength=n)
+    conflicts = np.bincount(source.seq[s_ok][s_cross], minlength=n) + np.bincount(target.seq[t_cross], minlength=n) + target.straddle
+    split = _split_chars(source.seq, source.starts, source.ends, n) + _split_chars(target.seq, target.starts, target.ends, n)
+
+    t_bounds = np.concatenate([[0], np.cumsum([a.size for a in target.ids])]).astype(np.int64)
+    out = []
+    for i in range(n):
+        lp = t_lp[t_bounds[i] : t_bounds[i + 1]]
+        tid = target.ids[i]
+        if eos_ok[i]:
+            tid = np.append(tid, np.int64(target_eos))
+            lp = np.append(lp, source.eos_logprob[i])
+        spans = tuple(zip((ws[word0[i] : word0[i + 1]] - char0[i]).tolist(), (word_end[word0[i] : word0[i + 1]] - char0[i]).tolist(), strict=True))
+        res = Residual(
+            word_mass_error=float(max_err[i]),
+            moved_mass=float(moved[i]),
+            unaligned_mass=float(unaligned[i]),
+            n_words=int(n_words[i]),
+            crossing_mass=float(crossing_mass[i]),
+            n_boundary_conflicts=int(conflicts[i]),
+            n_split_chars=int(split[i]),
+        )
+        out.append(AlignedTrace(texts[i], tid.astype(np.int64), lp.astype(np.float64), target.prompt_ids[i].copy(), spans, res, bool(eos_ok[i]), False))
+    return out
+
+
+def _word_seq(ws: np.ndarray, char0: np.ndarray) -> np.ndarray:
+    """The sequence each word (by global start) belongs to."""
+    return np.searchsorted(char0, ws, side="right") - 1
+
+
+def _recipients(has: np.ndarray, word_seq: np.ndarray) -> np.ndarray:
+    """Word whose learner tokens receive each word's mass: itself when learner tokens touch it, else
+    the previous such word of its sequence, else the next one, else -1 (unaligned)."""
+    W = has.size
+    idx = np.arange(W)
+    if W == 0:
+        return idx
+    prev = np.maximum.accumulate(np.where(has, idx, -1))
+    nxt = np.minimum.accumulate(np.where(has, idx, W)[::-1])[::-1]
+    prev_ok = (prev >= 0) & (word_seq[np.maximum(prev, 0)] == word_seq)
+    nxt_ok = (nxt < W) & (word_seq[np.minimum(nxt, W - 1)] == word_seq)
+    return np.where(has, idx, np.where(prev_ok, prev, np.where(nxt_ok, nxt, -1)))
+
+
+def _shares(first: np.ndarray, last: np.ndarray, gs: np.ndarray, ge: np.ndarray, ws: np.ndarray, we: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(token, word, share) triples: each token's share of each word it touches, by characters
+    (1 for a token inside one word, or with an empty span)."""
+    count = last - first + 1
+    rep = np.repeat(np.arange(first.size), count)
+    step = np.arange(rep.size) - np.repeat(np.cumsum(count) - count, count)
+    word = first[rep] + step
+    share = np.ones(rep.size, dtype=np.float64)
+    multi = count[rep] > 1
+    if multi.any():
+        r, w = rep[multi], word[multi]
+        share[multi] = (np.minimum(ge[r], we[w]) - np.maximum(gs[r], ws[w])) / (ge[r] - gs[r])
+    return rep, word, share
+
+
+def _segment_reduce(op: np.ufunc, values: np.ndarray, bounds: np.ndarray) -> np.ndarray:
+    """``op.reduce`` of ``values[bounds[i]:bounds[i+1]]`` for each i (0 for empty segments)."""
+    n = bounds.size - 1
+    out = np.zeros(n, dtype=np.float64)
+    nonempty = bounds[1:] > bounds[:-1]
+    if nonempty.any():
+        out[nonempty] = op.reduceat(values, bounds[:-1][nonempty])
+    return out
+
+
+def _split_chars(seq: np.ndarray, starts: np.ndarray, ends: np.ndarray, n: int) -> np.ndarray:
+    """Per sequence: neighbouring tokens (in order) whose spans overlap."""
+    if seq.size < 2:
+        return np.zeros(n, dtype=np.int64)
+    overlap = (seq[1:] == seq[:-1]) & (starts[1:] < ends[:-1]) & (ends[:-1] > starts[:-1]) & (ends[1:] > starts[1:])
+    return np.bincount(seq[1:][overlap], minlength=n)

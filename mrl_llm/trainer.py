@@ -1,0 +1,282 @@
+"""The single-process mutual-RL loop: N policies, one exchange, the core's regimes, metrics, checkpoints.
+
+Each step (all policies see the same ``prompts_per_step`` prompts)::
+
+    problems = data_cursor.next_batch()
+    for each policy: actor.generate(problems, step)        # sample G, score, publish to the exchange
+    for each policy: actor.train(step, prompt_ids, ...)    # fetch -> plan (core) -> rows -> THL -> update
+
+through :class:`mrl_llm.distributed.actors.PolicyActor` — the same step logic the Ray driver runs —
+with :mod:`mrl_llm.worker` as the policy worker, over a :class:`~shared_interfaces.exchange.DiskLogExchange`
+in ``DIR/exchange.jsonl``. Evaluation (:mod:`mrl_llm.evaluate`) runs before training, every
+``eval.every`` steps and at the end; checkpoints (:mod:`mrl_llm.runstate`) every ``checkpoint_every``
+steps and at the end. Outputs: ``metrics.jsonl``, ``eval.jsonl``, ``summary.json``, ``policies/<name>/``
+(final HF model directories) and TensorBoard events when tensorboard is installed.
+
+From Python::
+
+    from mrl_llm.config import load_config
+    from mrl_llm.trainer import train
+    summary = train(load_config("experiments/configs/tiny_cpu.yaml").with_regime("sgt"), "runs/sgt")
+
+``problems`` / ``eval_problems`` (lists of :class:`mrl_llm.data.Problem`) may be passed instead of the
+config's ``data`` / ``eval.data`` sections (e.g. a synthetic task built in code).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mrl_llm.config import RunConfig
+from mrl_llm.data import DataConfig, DataCursor, Problem, load_jsonl
+from mrl_llm.distributed.actors import PolicyActor, PolicyActorSpec
+from mrl_llm.evaluate import evaluate_workers, peer_exclusive_sets, read_eval_rows, summarize
+from mrl_llm.metrics import MetricsLog, clean, read_metrics
+from mrl_llm.runstate import count_lines, load_run_state, point_latest, prune, save_run_state, truncate_lines
+from mrl_llm.worker import WorkerConfig
+from shared_interfaces.config_io import ConfigError, to_mapping
+from shared_interfaces.exchange import DiskLogExchange
+
+log = logging.getLogger("mrl_llm.trainer")
+
+#: Config keys that may differ between a run and its resumption.
+RESUMABLE_CHANGES = ("steps", "progress", "tensorboard", "threads", "eval")
+TIMES = ("generation_s", "scoring_s", "exchange_thl_s", "update_s")
+
+
+def load_problems(data: DataConfig) -> list[Problem]:
+    """A dataset's problems; rows whose gold answer the verifier cannot use are skipped (counted, warned)."""
+    from mrl_llm import rewards
+
+    v = rewards.get_verifier(data.verifier)
+    try:
+        report = load_jsonl(data, check_gold=rewards.gold_checker(v))
+    finally:
+        rewards.close_verifier(v)
+    if report.skipped:
+        log.warning("%s", report.summary())
+    return list(report.problems)
+
+
+def unique_prompts(batch: Sequence[Problem]) -> list[Problem]:
+    """The batch without repeated prompt ids (a batch that spans two epochs can draw a prompt twice; a
+    prompt is one group of the exchange, so its second draw is dropped, with a log line)."""
+    seen: set[str] = set()
+    out = [p for p in batch if not (str(p.prompt_id) in seen or seen.add(str(p.prompt_id)))]
+    if len(out) < len(batch):
+        log.info("dropped %d repeated prompt(s) from a batch spanning an epoch boundary", len(batch) - len(out))
+    return out
+
+
+def _comparable(cfg: RunConfig) -> dict[str, Any]:
+    d = to_mapping(cfg)
+    for k in RESUMABLE_CHANGES:
+        d.pop(k, None)
+    return json.loads(json.dumps(d))
+
+
+def worker_config(config: RunConfig, name: str) -> dict[str, Any]:
+    """The plain mapping a policy's worker is built from (also what a Ray actor receives)."""
+    pol = config.policy(name)
+    toks = tuple(dict.fromkeys(p.tokenizer_path for p in config.policies if p.tokenizer_path))
+    return to_mapping(WorkerConfig(policy=pol, loss=config.loss, tokenizers=toks, track_ref_kl=config.track_ref_kl,
+                                   max_nan_steps=config.max_nan_steps, init_seed=pol.init_seed))
+
+
+def actor_specs(config: RunConfig, ckpt_root: Path) -> list[PolicyActorSpec]:
+    threads = config.threads or torch.get_num_threads()
+    return [PolicyActorSpec(name=p.name, factory="mrl_llm.worker:build", config=worker_config(config, p.name),
+                            seed=config.seed, regime=dict(config.regime), checkpoint_dir=str(ckpt_root / p.name),
+                            checkpoint_every=0, threads=threads)
+            for p in config.policies]
+
+
+class Run:
+    """One run directory being trained (see :func:`train`)."""
+
+    def __init__(self, config: RunConfig, out_dir: str | Path, *, resume: bool,
+                 problems: Sequence[Problem] | None, eval_problems: Sequence[Problem] | None) -> None:
+        self.cfg = config
+        self.out = Path(out_dir)
+        self.ckpt = self.out / "checkpoints"
+        self.regime = config.regime_spec.name
+        if config.threads:
+            torch.set_num_threads(config.threads)
+        state = load_run_state(self.ckpt)
+        self._check_dir(resume, state)
+        self.out.mkdir(parents=True, exist_ok=True)
+        if problems is None:
+            if config.data is None:
+                raise ConfigError("config has no data section; add data: {path: FILE.jsonl, verifier: math}")
+            problems = load_problems(config.data)
+        if eval_problems is None:
+            eval_problems = load_problems(config.eval.data) if config.eval.data is not None else problems
+        self.eval_problems = list(eval_problems)[: config.eval.max_prompts]
+        self.cursor = DataCursor(list(problems), config.prompts_per_step, seed=config.seed)
+        self.start = 0
+        if state is not None:
+            self._restore(state)
+        else:
+            (self.out / "config.json").write_text(json.dumps(to_mapping(config), indent=1))
+        self.exchange = DiskLogExchange(self.out / "exchange.jsonl", fsync=config.exchange_fsync)
+        self.actors = {s.name: PolicyActor(s, self.exchange) for s in actor_specs(config, self.ckpt)}
+        self.log = MetricsLog(self.out, tensorboard=config.tensorboard)
+        step0 = [r for r in read_eval_rows(self.out / "eval.jsonl") if r["step"] == 0]
+        self.exclusive = peer_exclusive_sets(step0) if step0 else {}
+
+    def _check_dir(self, resume: bool, state: dict | None) -> None:
+        busy = (self.out / "metrics.jsonl").exists() or (self.out / "exchange.jsonl").exists()
+        if resume:
+            if state is None:
+                raise FileNotFoundError(f"--resume {self.out}: no checkpoints/run_state.json there; nothing to resume")
+            saved = json.loads((self.out / "config.json").read_text())
+            mine = _comparable(self.cfg)
+            theirs = {k: v for k, v in saved.items() if k not in RESUMABLE_CHANGES}
+            diff = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
+            if diff:
+                raise ConfigError(f"--resume {self.out}: the config differs from the run's in {diff}; resume with "
+                                  f"the run's own config ({self.out / 'config.json'}); only {list(RESUMABLE_CHANGES)} "
+                                  "may change")
+        elif busy:
+            raise FileExistsError(f"{self.out} already holds a run; pass --resume {self.out} to continue it or choose "
+                                  "a new --out directory")
+
+    def _restore(self, state: dict) -> None:
+        self.start = int(state["step"]) + 1
+        for p in self.cfg.policies:
+            point_latest(self.ckpt / p.name, int(state["step"]))
+        truncate_lines(self.out / "exchange.jsonl", int(state["exchange_lines"]))
+        truncate_lines(self.out / "metrics.jsonl", int(state["metrics_lines"]))
+        truncate_lines(self.out / "eval.jsonl", int(state["eval_lines"]))
+        self.cursor.load_state_dict(state["data_cursor"])
+        log.info("resuming %s after step %d", self.out, state["step"])
+
+    # -- pieces of a step --------------------------------------------------------------------
+    def evaluate(self, t: int) -> None:
+        e = self.cfg.eval
+        if not e.enabled or not self.eval_problems:
+            return
+        rows = evaluate_workers({n: a.worker for n, a in self.actors.items()}, self.eval_problems, step=t, k=e.k,
+                                temperature=e.temperature, top_p=e.top_p, max_new_tokens=e.max_new_tokens)
+        if t == 0:
+            self.exclusive = peer_exclusive_sets(rows)
+        self.log.eval_rows(rows)
+        summ = summarize(rows, self.exclusive)
+        self.log.metrics([{"kind": "eval", "step": t, "policy": n, "regime": self.regime, **summ.get(n, {})}
+                          for n in self.actors])
+
+    def step(self, s: int) -> list[dict[str, Any]]:
+        problems = unique_prompts(self.cursor.next_batch())
+        pids = [str(p.prompt_id) for p in problems]
+        names = list(self.actors)
+        rows: dict[str, dict[str, Any]] = {}
+        for n, a in self.actors.items():
+            t0 = time.perf_counter()
+            a.generate(problems, s)
+            total = time.perf_counter() - t0
+            g = dict(a.worker.last_generate)
+            g["publish_s"] = max(0.0, total - g["generation_s"] - g["scoring_s"])
+            rows[n] = g
+        for n, a in self.actors.items():
+            t0 = time.perf_counter()
+            res = a.train(s, pids, None, names, {}, 0)
+            total = time.perf_counter() - t0
+            m, g = res["metrics"], rows[n]
+            c = a.worker.counters
+            rows[n] = {"kind": "train", "step": s, "policy": n, "regime": self.regime, **m,
+                       "stale_dropped": res["stale_dropped"], "generation_s": g["generation_s"],
+                       "scoring_s": g["scoring_s"], "exchange_thl_s": g["publish_s"] + total - m["update_s"],
+                       "update_s": m["update_s"], "samples": g["samples"], "gen_tokens": g["gen_tokens"],
+                       "skipped_samples": g["skipped_samples"], "empty_responses": g["empty_responses"],
+                       "truncated_responses": g["truncated_responses"],
+                       "cum_samples": c["samples"], "cum_gen_tokens": c["gen_tokens"],
+                       "cum_train_tokens": c["train_tokens"], "cum_flops": c["flops"]}
+            rows[n]["step_s"] = sum(rows[n][k] for k in TIMES)
+        return [rows[n] for n in names]
+
+    def checkpoint(self, s: int) -> None:
+        for a in self.actors.values():
+            a.save(s)
+        save_run_state(self.ckpt, {
+            "step": s, "data_cursor": self.cursor.state_dict(),
+            "exchange_lines": count_lines(self.out / "exchange.jsonl"),
+            "metrics_lines": count_lines(self.out / "metrics.jsonl"),
+            "eval_lines": count_lines(self.out / "eval.jsonl"),
+        })
+        for p in self.cfg.policies:
+            prune(self.ckpt / p.name, self.cfg.keep_checkpoints)
+
+    # -- the loop ------------------------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        from tqdm.auto import tqdm
+
+        cfg = self.cfg
+        t_start = time.perf_counter()
+        if self.start == 0:
+            self.evaluate(0)
+        bar = tqdm(range(self.start, cfg.steps), initial=self.start, total=cfg.steps, disable=not cfg.progress,
+                   desc=f"{cfg.name or 'train'} [{self.regime}]", unit="step")
+        try:
+            for s in bar:
+                rows = self.step(s)
+                self.log.metrics(rows)
+                bar.set_postfix({r["policy"]: f"r={r['reward_mean']:.2f}" for r in rows})
+                last = s + 1 == cfg.steps
+                if last or (cfg.eval.every and (s + 1) % cfg.eval.every == 0):
+                    self.evaluate(s + 1)
+                if last or (cfg.checkpoint_every and (s + 1) % cfg.checkpoint_every == 0):
+                    self.checkpoint(s)
+            for n, a in self.actors.items():
+                a.worker.export(self.out / "policies" / n)
+            summary = self.summary(time.perf_counter() - t_start)
+        finally:
+            bar.close()
+            self.log.close()
+            self.exchange.close()
+            for a in self.actors.values():
+                a.worker.close()
+        (self.out / "summary.json").write_text(json.dumps(clean(summary), indent=1, allow_nan=False))
+        return summary
+
+    def summary(self, wall_s: float) -> dict[str, Any]:
+        rows = read_metrics(self.out / "metrics.jsonl")
+        pols = []
+        for n in self.actors:
+            train_rows = [r for r in rows if r["kind"] == "train" and r["policy"] == n]
+            evals = [r for r in rows if r["kind"] == "eval" and r["policy"] == n]
+            last_t = train_rows[-1] if train_rows else {}
+            last_e = evals[-1] if evals else {}
+            c = self.actors[n].worker.counters
+            pols.append({
+                "name": n,
+                "eval_accuracy": last_e.get("eval_accuracy"), "pass_at_k": last_e.get("pass_at_k"),
+                "peer_exclusive_accuracy": last_e.get("peer_exclusive_accuracy"),
+                "peer_exclusive_n": last_e.get("peer_exclusive_n"),
+                "eval_accuracy_start": evals[0].get("eval_accuracy") if evals else None,
+                "kl_to_ref": last_t.get("kl_to_ref"), "entropy": last_t.get("entropy"),
+                "reward_mean": last_t.get("reward_mean"),
+                "sgt_activations": sum(r.get("sgt_activations") or 0 for r in train_rows),
+                "nan_skipped_steps": c["nan_skipped_steps"],
+                "compute": {"samples": c["samples"], "gen_tokens": c["gen_tokens"], "train_tokens": c["train_tokens"],
+                            "flops": c["flops"], "optimizer_steps": c["optimizer_steps"]},
+                "time_s": {k: sum(r.get(k) or 0.0 for r in train_rows) for k in TIMES},
+                "policy_dir": str(self.out / "policies" / n),
+            })
+        return {"name": self.cfg.name, "regime": self.regime, "seed": self.cfg.seed, "steps": self.cfg.steps,
+                "policies": pols, "wall_s_this_session": wall_s, "out_dir": str(self.out)}
+
+
+def train(config: RunConfig, out_dir: str | Path, *, resume: bool = False, problems: Sequence[Problem] | None = None,
+          eval_problems: Sequence[Problem] | None = None) -> dict[str, Any]:
+    """Train ``config`` into ``out_dir`` (one regime per directory) and return the summary (``summary.json``).
+
+    ``resume=True`` continues the run in ``out_dir`` from its last checkpoint (the config must be the
+    run's own, except ``steps``, ``eval``, ``threads``, ``progress`` and ``tensorboard``)."""
+    return Run(config, out_dir, resume=resume, problems=problems, eval_problems=eval_problems).run()

@@ -1,0 +1,388 @@
+"""The LLM policy worker: one policy's model, tokenizer, engine and optimizer behind the worker contract.
+
+It keeps the contract of :mod:`mrl_llm.distributed.actors` — ``build(name, config, seed) -> worker``
+with ``version``, ``generate(problems, step)``, ``train_step(plans)``, ``save_checkpoint(dir)``,
+``load_checkpoint(dir)`` and ``state()`` — so the same object runs in the single-process trainer and
+under the Ray driver. ``config`` is the plain mapping of :class:`WorkerConfig`.
+
+* ``generate``: render each problem with the policy's template, sample ``group_size`` responses
+  (seed = f(run seed, policy, step)), score each with the problem's verifier (a truncated response
+  fails; an unusable gold answer skips the sample, counted) and return the records.
+* ``train_step``: ``learner_rows(plans)`` -> token sequences (THL for every peer record, cached by
+  ``(record_id, target tokenizer)``) -> :func:`mrl_llm.update.run_update`. The worker decides nothing
+  about regimes. ``version`` counts training steps (a NaN-skipped step counts too, so that a
+  policy's lag stays ``step - version`` for the exchange's staleness rule). After ``max_nan_steps``
+  consecutive skipped steps it raises.
+* ``evaluate``: the fixed eval protocol (greedy + ``k`` samples per prompt), see :mod:`mrl_llm.evaluate`.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import logging
+import random
+import time
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from mrl_llm import rewards
+from mrl_llm.batch import build_batch, thl_metrics
+from mrl_llm.byte_tokenizer import BYTE_TOKENIZER_ID, byte_tokenizer
+from mrl_llm.config import PolicyConfig
+from mrl_llm.models import (
+    build_model,
+    count_params,
+    load_tokenizer,
+    load_tokenizer_dir,
+    save_policy,
+    tokenizer_id,
+)
+from mrl_llm.rollout import HFEngine, SamplingConfig
+from mrl_llm.templates import PromptTemplate
+from mrl_llm.thl import align_trace
+from mrl_llm.update import run_update
+from shared_interfaces.config_io import ConfigError, from_mapping, to_mapping
+from shared_interfaces.records import ExperienceRecord, TraceCache, make_record_id
+from shared_interfaces.regimes.config import LossConfig
+from shared_interfaces.regimes.plan import LearnerPromptPlan
+from shared_interfaces.regimes.rows import learner_rows
+
+log = logging.getLogger("mrl_llm.worker")
+
+
+class NaNLossError(RuntimeError):
+    """Too many consecutive training steps had a non-finite loss or gradient."""
+
+
+def derive_seed(*parts: Any) -> int:
+    """A 63-bit seed from ``parts`` (stable across processes and Python versions)."""
+    h = hashlib.sha256("\x1f".join(str(p) for p in parts).encode()).digest()
+    return int.from_bytes(h[:8], "little") >> 1
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """What a worker is built from (plain data for Ray). ``tokenizers``: every policy's tokenizer
+    directory in the run (to read peer records); ``init_seed``: seed of a fresh ``model_config`` model."""
+
+    policy: PolicyConfig
+    loss: LossConfig = field(default_factory=LossConfig)
+    tokenizers: tuple[str, ...] = ()
+    track_ref_kl: bool = True
+    max_nan_steps: int = 3
+    init_seed: int | None = None
+
+
+class LLMPolicyWorker:
+    """One policy (module docstring)."""
+
+    def __init__(self, name: str, config: WorkerConfig, seed: int) -> None:
+        if config.policy.name != name:
+            raise ConfigError(f"worker {name!r} was given the config of policy {config.policy.name!r}")
+        self.name, self.cfg, self.seed = name, config, int(seed)
+        pol = config.policy
+        self.policy = pol
+        self.tokenizer = load_tokenizer(pol)
+        self.tok_id = tokenizer_id(self.tokenizer)
+        init_seed = config.init_seed if config.init_seed is not None else derive_seed(seed, name, "init")
+        self.model = build_model(pol, self.tokenizer, seed=init_seed)
+        self.ref_model = None
+        if config.loss.kl_coef > 0 or config.track_ref_kl:
+            self.ref_model = copy.deepcopy(self.model).eval()
+            self.ref_model.requires_grad_(False)
+        self.optimizer = self._make_optimizer()
+        self.engine = self._make_engine()
+        self.pad_id = int(self.tokenizer.pad_token_id)
+        self.max_len = int(getattr(self.model.config, "max_position_embeddings", 0) or 10**9)
+        self.params = count_params(self.model)
+        self.version = 0
+        self.nan_streak = 0
+        self.counters: dict[str, float] = {"samples": 0, "gen_tokens": 0, "prompt_tokens": 0, "train_tokens": 0,
+                                           "flops": 0.0, "optimizer_steps": 0, "nan_skipped_steps": 0}
+        self.peer_tokenizers: dict[str, Any] = {self.tok_id: self.tokenizer, BYTE_TOKENIZER_ID: byte_tokenizer()}
+        for d in config.tokenizers:
+            if d == BYTE_TOKENIZER_ID:
+                continue
+            tok = self.tokenizer if d == pol.tokenizer_path else load_tokenizer_dir(d, who=f"a peer of {name!r}")
+            self.peer_tokenizers.setdefault(tokenizer_id(tok), tok)
+        self.template = PromptTemplate(pol.template, self.tokenizer, policy=f"policy {name!r}")
+        self.verifiers: dict[str, Any] = {}
+        self.trace_cache = TraceCache(max_entries=4096)  # a few steps of peer records (sync uses one)
+        self._prompts: OrderedDict[str, tuple[str, list[int]]] = OrderedDict()
+        self.last_generate: dict[str, float] = {}
+
+    # -- construction ------------------------------------------------------------------------
+    def _make_optimizer(self) -> torch.optim.Optimizer:
+        t = self.policy.train
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        if t.optimizer in ("adamw", "adam"):
+            cls = torch.optim.AdamW if t.optimizer == "adamw" else torch.optim.Adam
+            return cls(params, lr=t.lr, betas=tuple(t.betas), eps=t.eps, weight_decay=t.weight_decay)
+        return torch.optim.SGD(params, lr=t.lr, weight_decay=t.weight_decay)
+
+    def _make_engine(self) -> Any:
+        pol = self.policy
+        if pol.engine == "hf":
+            return HFEngine(self.model, self.tokenizer, max_batch_size=pol.sampling.max_batch_size)
+        try:
+            from mrl_llm.rollout import make_engine  # the vLLM engine, when this install has it
+        except ImportError as err:
+            raise ConfigError(
+                f"policy {self.name!r}: engine 'vllm' needs mrl_llm.rollout.make_engine and vLLM, which this "
+                f"install lacks ({err}); install the vllm extra or set engine: hf"
+            ) from err
+        options = {"dtype": {"bf16": "bfloat16", "fp32": "float32"}[pol.dtype],
+                   "seed": derive_seed(self.seed, self.name, "engine") % 2**31,
+                   "max_model_len": pol.max_prompt_len + pol.sampling.max_new_tokens}
+        if pol.model_dir is not None:  # vLLM loads the initial weights itself; updates arrive by sync_weights
+            return make_engine("vllm", model_dir=pol.model_dir, **options)
+        return make_engine("vllm", model=self.model, tokenizer=self.tokenizer, **options)
+
+    # -- verifiers ---------------------------------------------------------------------------
+    def score(self, problem: Any, text: str, finish_reason: str) -> Any:
+        """The problem's verifier's :class:`~mrl_llm.rewards.Verdict` on ``text`` (verifiers built once)."""
+        v = self.verifiers.get(problem.verifier)
+        if v is None:
+            v = self.verifiers[problem.verifier] = rewards.get_verifier(problem.verifier)
+        return rewards.score_problem(v, problem, text, finish_reason=finish_reason)
+
+    def close(self) -> None:
+        """Release the verifiers' resources (the MATH verifier's checker processes) and the engine's."""
+        for v in self.verifiers.values():
+            rewards.close_verifier(v)
+        self.verifiers.clear()
+        self.engine.close()
+
+    # -- prompts -----------------------------------------------------------------------------
+    def render(self, problem: Any) -> tuple[str, list[int]]:
+        """The policy's prompt for ``problem`` (template applied) and its ids; cached by prompt id."""
+        pid = str(problem.prompt_id)
+        text = self.template.render(problem)
+        hit = self._prompts.get(pid)
+        if hit is not None and hit[0] == text:
+            self._prompts.move_to_end(pid)
+            return hit
+        return self.set_prompt(pid, text)
+
+    def set_prompt(self, pid: str, text: str) -> tuple[str, list[int]]:
+        """Encode and cache the prompt text of prompt ``pid`` (what :meth:`render` stores)."""
+        ids = list(self.tokenizer(text, add_special_tokens=self.template.add_special_tokens).input_ids)
+        if not ids:
+            raise ValueError(f"policy {self.name!r}: prompt {pid!r} encodes to no tokens; check the template")
+        if len(ids) > self.policy.max_prompt_len:
+            raise ValueError(
+                f"policy {self.name!r}: prompt {pid!r} has {len(ids)} tokens > max_prompt_len "
+                f"{self.policy.max_prompt_len}; raise policies[].max_prompt_len or shorten the question"
+            )
+        self._prompts[pid] = (text, ids)
+        if len(self._prompts) > 20_000:
+            self._prompts.popitem(last=False)
+        return text, ids
+
+    def _prompt_ids(self, prompt_id: str) -> list[int]:
+        hit = self._prompts.get(prompt_id)
+        if hit is None:
+            raise KeyError(f"policy {self.name!r} has not rendered prompt {prompt_id!r}; generate() comes first")
+        return hit[1]
+
+    # -- rollouts ----------------------------------------------------------------------------
+    def _sample(self, problems: Sequence[Any], n: int, sp: SamplingConfig) -> tuple[list, list, float]:
+        rendered = [self.render(p) for p in problems]
+        t0 = time.perf_counter()
+        out = self.engine.generate([ids for _, ids in rendered], n, sp)
+        return rendered, out, time.perf_counter() - t0
+
+    def generate(self, problems: Sequence[Any], step: int) -> list[ExperienceRecord]:
+        pol = self.policy
+        sp = SamplingConfig(temperature=pol.sampling.temperature, top_p=pol.sampling.top_p,
+                            max_new_tokens=pol.sampling.max_new_tokens, seed=derive_seed(self.seed, self.name, "rollout", step))
+        rendered, out, gen_s = self._sample(problems, pol.group_size, sp)
+        t0 = time.perf_counter()
+        records, skipped, empty, truncated, gen_tokens = [], 0, 0, 0, 0
+        for prob, (text, _ids), samples in zip(problems, rendered, out, strict=True):
+            for g, s in enumerate(samples):
+                gen_tokens += len(s.token_ids)
+                empty += int(not s.text.strip())
+                truncated += int(s.finish_reason == "length")
+                verdict = self.score(prob, s.text, s.finish_reason)
+                if verdict.skip:
+                    skipped += 1
+                    continue
+                records.append(ExperienceRecord(
+                    record_id=make_record_id(self.name, step, str(prob.prompt_id), g), policy_id=self.name,
+                    policy_version=self.version, step=step, prompt_id=str(prob.prompt_id), sample_index=g,
+                    prompt_text=text, response_text=s.text, token_ids=s.token_ids, token_logprobs=s.logprobs,
+                    tokenizer_id=self.tok_id, reward=verdict.reward, verified=verdict.verified,
+                    verifier=str(prob.verifier), finish_reason=s.finish_reason,
+                ))
+        score_s = time.perf_counter() - t0
+        prompt_tokens = sum(len(ids) for _, ids in rendered) * pol.group_size
+        flops = 2.0 * self.params["flops"] * (prompt_tokens + gen_tokens)
+        n = sum(len(o) for o in out)
+        for k, v in (("samples", n), ("gen_tokens", gen_tokens), ("prompt_tokens", prompt_tokens), ("flops", flops)):
+            self.counters[k] += v
+        self.last_generate = {"generation_s": gen_s, "scoring_s": score_s, "samples": float(n),
+                              "gen_tokens": float(gen_tokens), "skipped_samples": float(skipped),
+                              "empty_responses": float(empty), "truncated_responses": float(truncated),
+                              "gen_flops": flops}
+        return records
+
+    # -- THL ---------------------------------------------------------------------------------
+    def _align(self, rec: ExperienceRecord) -> tuple[list[int], list[int], list[float], Any]:
+        """``(prompt ids, response ids, aligned log-probs, residual)`` of a peer record in this policy's
+        tokens. With a plain template the prompt ids are THL's (the learner's joint encoding of prompt +
+        response, so a token spanning the boundary is not duplicated); with a chat template (encoded
+        without special tokens) this policy's own prompt ids."""
+
+        mine = self._prompt_ids(rec.prompt_id)
+
+        def compute() -> Any:
+            src = self.peer_tokenizers.get(rec.tokenizer_id)
+            if src is None:
+                raise KeyError(
+                    f"policy {self.name!r} cannot read record {rec.record_id!r}: tokenizer {rec.tokenizer_id!r} is "
+                    f"not one of the run's tokenizers {sorted(self.peer_tokenizers)}"
+                )
+            return align_trace(src, self.tokenizer, list(rec.token_ids), list(rec.token_logprobs),
+                               prompt_text=self._prompts[rec.prompt_id][0])
+
+        tr = self.trace_cache.get_or_compute(rec.record_id, self.tok_id, compute)
+        prompt = mine
+        if self.template.add_special_tokens and len(tr.prompt_ids):
+            prompt = [int(i) for i in tr.prompt_ids]
+        return prompt, [int(i) for i in tr.target_ids], [float(x) for x in tr.target_logprobs], tr.residual
+
+    # -- training ----------------------------------------------------------------------------
+    def build_batch(self, plans: Sequence[LearnerPromptPlan]):
+        """The step's :class:`~mrl_llm.batch.TrainBatch` (the rows of the core's plans, tokenised; THL)."""
+        rows = learner_rows(list(plans))
+        return build_batch(rows, learner=self.name, prompt_ids=self._prompt_ids, align=self._align,
+                           max_len=self.max_len)
+
+    def train_step(self, plans: Sequence[LearnerPromptPlan]) -> dict[str, float]:
+        t0 = time.perf_counter()
+        batch = self.build_batch(plans)
+        t1 = time.perf_counter()
+        t = self.policy.train
+        res = run_update(self.model, self.optimizer, batch, loss_cfg=self.cfg.loss,
+                         temperature=self.policy.sampling.temperature, micro_batch=t.micro_batch,
+                         grad_accum=t.grad_accum, grad_clip=t.grad_clip, pad_id=self.pad_id, ref_model=self.ref_model)
+        t2 = time.perf_counter()
+        self.version += 1
+        self.engine.sync_weights(self.model)
+        nf = self.params["flops"]
+        flops = 6.0 * nf * res.seq_tokens + 2.0 * nf * (res.ref_seq_tokens + res.old_seq_tokens)
+        self.counters["train_tokens"] += res.tokens
+        self.counters["flops"] += flops
+        self.counters["optimizer_steps"] += res.optimizer_steps
+        if res.nan_skipped:
+            self.nan_streak += 1
+            self.counters["nan_skipped_steps"] += 1
+            log.warning("policy %s: non-finite loss or gradient at version %d; step skipped (%d in a row)",
+                        self.name, self.version - 1, self.nan_streak)
+            if self.nan_streak >= self.cfg.max_nan_steps:
+                raise NaNLossError(
+                    f"policy {self.name!r}: {self.nan_streak} consecutive steps had a non-finite loss or gradient; "
+                    "lower the learning rate, use fp32, or check the data (training stopped)"
+                )
+        else:
+            self.nan_streak = 0
+        own = [it.record for p in plans for it in p.pg_items if not it.is_peer]
+        m = dict(res.metrics)
+        m.update({
+            "reward_mean": float(np.mean([r.reward for r in own])) if own else float("nan"),
+            "success_rate": float(np.mean([r.is_success for r in own])) if own else float("nan"),
+            "own_rows": float(int(batch.own.sum())),
+            "peer_rows": float(int((~batch.own & batch.in_pg).sum())),
+            "sgt_rows": float(int(batch.sgt.sum())),
+            "sgt_activations": float(sum(p.sgt_gate for p in plans)),
+            **thl_metrics(batch.residuals),
+            "truncated_rows": float(batch.truncated_rows),
+            "train_tokens": float(res.tokens),
+            "train_flops": flops,
+            "thl_s": t1 - t0,
+            "update_s": t2 - t1,
+            "nan_streak": float(self.nan_streak),
+            "version": float(self.version),
+        })
+        return m
+
+    # -- evaluation ----------------------------------------------------------------------------
+    def evaluate(self, problems: Sequence[Any], *, step: int, k: int, temperature: float, top_p: float,
+                 max_new_tokens: int | None = None) -> list[dict[str, Any]]:
+        """One row per problem: the greedy answer's verdict and ``successes`` of ``k`` samples."""
+        mnt = max_new_tokens or self.policy.sampling.max_new_tokens
+        _, greedy, _ = self._sample(problems, 1, SamplingConfig(max_new_tokens=mnt, greedy=True))
+        sampled = [[] for _ in problems]
+        if k > 0:
+            sp = SamplingConfig(temperature=temperature, top_p=top_p, max_new_tokens=mnt,
+                                seed=derive_seed(self.seed, self.name, "eval", step))
+            _, sampled, _ = self._sample(problems, k, sp)
+        rows = []
+        for prob, g, ss in zip(problems, greedy, sampled, strict=True):
+            gv = self.score(prob, g[0].text, g[0].finish_reason)
+            verdicts = [self.score(prob, s.text, s.finish_reason) for s in ss]
+            rows.append({"prompt_id": str(prob.prompt_id), "family": getattr(prob, "family", None),
+                         "skipped": bool(gv.skip), "greedy_correct": int(gv.reward >= 0.5 and not gv.skip),
+                         "greedy_response": g[0].text[:500], "samples": len(verdicts),
+                         "successes": int(sum(v.reward >= 0.5 and not v.skip for v in verdicts))})
+        return rows
+
+    # -- checkpoints ---------------------------------------------------------------------------
+    def export(self, out_dir: str | Path) -> Path:
+        """Save the policy as an HF model directory (model + tokenizer + ``mrl_policy.json``)."""
+        meta = {"name": self.name, "template": to_mapping(self.policy.template), "dtype": self.policy.dtype,
+                "sampling": to_mapping(self.policy.sampling), "version": self.version, "tokenizer_id": self.tok_id}
+        return save_policy(self.model, self.tokenizer, out_dir, meta)
+
+    def save_checkpoint(self, path: str) -> None:
+        d = Path(path)
+        self.export(d / "model")
+        torch.save(self.optimizer.state_dict(), d / "optimizer.pt")
+        np_state = np.random.get_state()
+        torch.save({"torch": torch.get_rng_state(), "python": random.getstate(),
+                    "numpy": [np_state[0], np_state[1].tolist(), *np_state[2:]]}, d / "rng.pt")
+        (d / "worker.json").write_text(json.dumps({"version": self.version, "nan_streak": self.nan_streak,
+                                                   "counters": self.counters, "tokenizer_id": self.tok_id}))
+
+    def load_checkpoint(self, path: str) -> None:
+        from transformers import AutoModelForCausalLM
+
+        d = Path(path)
+        meta = json.loads((d / "worker.json").read_text())
+        if meta["tokenizer_id"] != self.tok_id:
+            raise ValueError(f"checkpoint {d} was written with tokenizer {meta['tokenizer_id']!r}, this policy "
+                             f"uses {self.tok_id!r}; resume with the same config")
+        loaded = AutoModelForCausalLM.from_pretrained(str(d / "model"), dtype=next(self.model.parameters()).dtype)
+        self.model.load_state_dict(loaded.state_dict())
+        del loaded
+        self.optimizer.load_state_dict(torch.load(d / "optimizer.pt", weights_only=True))
+        rng = torch.load(d / "rng.pt", weights_only=True)
+        torch.set_rng_state(rng["torch"])
+        random.setstate(rng["python"])
+        np.random.set_state((rng["numpy"][0], np.array(rng["numpy"][1], dtype=np.uint32), *rng["numpy"][2:]))
+        self.version = int(meta["version"])
+        self.nan_streak = int(meta["nan_streak"])
+        self.counters = {k: float(v) for k, v in meta["counters"].items()}
+        self.engine.sync_weights(self.model)
+
+    def state(self) -> dict[str, Any]:
+        h = hashlib.sha256()
+        for name, p in sorted(self.model.state_dict().items()):
+            h.update(name.encode())
+            h.update(p.detach().float().cpu().numpy().tobytes())
+        return {"version": self.version, "weights_sha256": h.hexdigest(), "counters": dict(self.counters)}
+
+
+def build(name: str, config: Mapping[str, Any], seed: int) -> LLMPolicyWorker:
+    """The worker factory (``mrl_llm.worker:build``) for :class:`~mrl_llm.distributed.actors.PolicyActor`."""
+    cfg = config if isinstance(config, WorkerConfig) else from_mapping(WorkerConfig, config, where=f"worker {name}")
+    return LLMPolicyWorker(name, cfg, seed)

@@ -1,0 +1,63 @@
+"""Shared pieces of the trainer tests: tiny model configs, a test verifier, problems, a tiny run config."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mrl_llm.data import Problem
+from mrl_llm.rewards import Verdict, VerifierStats
+from mrl_llm.rewards.verdict import CORRECT, GOLD_UNPARSABLE, WRONG
+
+
+def tiny(model_type: str, **kw: Any) -> dict[str, Any]:
+    """A 2-layer, 64-wide model config (head_dim 16) of ``model_type`` (llama, qwen2, mistral)."""
+    cfg = {"model_type": model_type, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 512}
+    cfg.update(kw)
+    return cfg
+
+
+class ShortAnswerVerifier:
+    """A deterministic rule-based test verifier: a response succeeds when its text is non-empty and at
+    most ``max_chars`` characters long (it ignores the gold). With different rollout lengths per
+    policy it makes one policy succeed and the other fail, so PRP and SGT have work to do."""
+
+    name = "short"
+
+    def __init__(self, max_chars: int = 30) -> None:
+        self.max_chars = max_chars
+        self.stats = VerifierStats(self.name)
+
+    def check_gold(self, gold: str, *, choices: tuple[str, ...] = ()) -> str | None:
+        return None if gold != "UNPARSABLE" else "unparsable test gold"
+
+    def score(self, response: str, gold: str, *, finish_reason: str = "stop", choices: tuple[str, ...] = ()):
+        if gold == "UNPARSABLE":
+            return self.stats.record(Verdict(0.0, GOLD_UNPARSABLE), gold)
+        ok = 0 < len(response.strip()) <= self.max_chars
+        return self.stats.record(Verdict(1.0, CORRECT) if ok else Verdict(0.0, WRONG), gold)
+
+
+def install_verifier(monkeypatch, verifier: Any) -> None:
+    """Register ``verifier`` under its name in the verifier registry for this test."""
+    from mrl_llm.rewards import VERIFIERS
+
+    monkeypatch.setitem(VERIFIERS, verifier.name, lambda **_: verifier)
+
+
+def problems(n: int, verifier: str = "short", prefix: str = "p") -> list[Problem]:
+    return [Problem(prompt_id=f"{prefix}{i}", question=f"What is {i}+{i}?", gold=str(2 * i), verifier=verifier)
+            for i in range(n)]
+
+
+def build_with_short_verifier(name: str, config: Any, seed: int):
+    """A worker factory for processes the test cannot monkeypatch (Ray actors): registers a
+    ``ShortAnswerVerifier(max_chars=8)`` as verifier ``short8``, then builds the LLM worker."""
+    from mrl_llm.rewards import VERIFIERS
+    from mrl_llm.worker import build
+
+    class Short8(ShortAnswerVerifier):
+        name = "short8"
+
+    VERIFIERS.setdefault("short8", lambda **_: Short8(max_chars=8))
+    return build(name, config, seed)

@@ -1,0 +1,83 @@
+"""The command line on a config file with JSONL data and the real arithmetic verifier: train, refuse a
+busy directory, resume with more steps, evaluate a saved policy, report; bad input exits 2."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from mrl_llm.cli import main
+from mrl_llm.contract import learner_tokenizer_dir
+from tests.llm.helpers import tiny
+
+REPO = Path(__file__).resolve().parents[2]
+DATA = REPO / "experiments" / "data" / "arithmetic"
+
+
+def write_config(path: Path) -> Path:
+    path.write_text(yaml.safe_dump({
+        "name": "cli", "seed": 1, "steps": 1, "prompts_per_step": 2, "regime": {"name": "grpo"},
+        "data": {"path": str(DATA / "train.jsonl"), "verifier": "arithmetic"},
+        "eval": {"data": {"path": str(DATA / "eval.jsonl"), "verifier": "arithmetic"}, "k": 1, "max_prompts": 2},
+        "tensorboard": False, "progress": False,
+        "policies": [
+            {"name": "a", "model_config": tiny("llama", vocab_size=400), "tokenizer_dir": "utf8-bytes", "group_size": 2,
+             "sampling": {"max_new_tokens": 4}, "train": {"lr": 1e-3}},
+            {"name": "b", "model_config": tiny("mistral", vocab_size=400), "tokenizer_dir": learner_tokenizer_dir(),
+             "group_size": 2,
+             "sampling": {"max_new_tokens": 4}, "train": {"lr": 1e-3}},
+        ],
+    }))
+    return path
+
+
+def test_train_resume_eval_report(tmp_path, capsys):
+    cfg = write_config(tmp_path / "cfg.yaml")
+    out = tmp_path / "runs" / "grpo"
+    assert main(["train", "--config", str(cfg), "--out", str(out), "--regime", "xgrpo"]) == 0
+    s = json.loads((out / "summary.json").read_text())
+    assert s["regime"] == "xgrpo" and s["steps"] == 1 and [p["name"] for p in s["policies"]] == ["a", "b"]
+    assert "eval_accuracy=" in capsys.readouterr().out
+
+    assert main(["train", "--config", str(cfg), "--out", str(out)]) == 2
+    assert "already holds a run" in capsys.readouterr().err
+    assert main(["train", "--config", str(cfg), "--resume", str(out), "--steps", "2"]) == 2  # regime differs
+    assert "['regime']" in capsys.readouterr().err
+    assert main(["train", "--config", str(cfg), "--resume", str(out), "--steps", "2", "--regime", "xgrpo"]) == 0
+    s = json.loads((out / "summary.json").read_text())
+    assert s["steps"] == 2 and s["policies"][0]["compute"]["samples"] == 2 * 2 * 2
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if r["kind"] == "train"] == [0, 0, 1, 1]
+
+    res = tmp_path / "eval.json"
+    assert main(["eval", "--policy", str(out / "policies" / "b"), "--data", str(DATA / "eval.jsonl"), "--verifier",
+                 "arithmetic", "--k", "2", "--max-prompts", "3", "--out", str(res)]) == 0
+    got = json.loads(res.read_text())
+    assert got["summary"]["n"] == 3 and len(got["rows"]) == 3 and all(r["samples"] == 2 for r in got["rows"])
+
+    assert main(["report", "--runs", str(tmp_path / "runs")]) == 0
+    assert "| xgrpo | a |" in capsys.readouterr().out and (tmp_path / "runs" / "report.png").is_file()
+
+
+def test_bad_input_exits_2_with_a_message(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({"policies": [{"name": "a", "model_dir": "x", "learning_rate": 1}]}))
+    assert main(["train", "--config", str(bad), "--out", str(tmp_path / "o")]) == 2
+    assert "learning_rate" in capsys.readouterr().err
+    assert main(["train", "--config", str(tmp_path / "missing.yaml"), "--out", str(tmp_path / "o")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert main(["report", "--runs", str(tmp_path / "none")]) == 2
+    cfg = write_config(tmp_path / "cfg.yaml")
+    assert main(["train", "--config", str(cfg), "--out", str(tmp_path / "x"), "--resume", str(tmp_path / "y")]) == 2
+
+
+def test_module_entry_point_runs_plan(tmp_path):
+    cfg = write_config(tmp_path / "cfg.yaml")
+    r = subprocess.run([sys.executable, "-m", "mrl_llm", "plan", "--config", str(cfg), "--mode", "cpu"],
+                       capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "mode=cpu" in r.stdout

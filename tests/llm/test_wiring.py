@@ -1,0 +1,180 @@
+"""The worker hands the core's decisions to the core's loss unchanged: rows, THL denominators, SGT masks,
+behaviour coefficients, and exact gradient accumulation over micro-batches."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import mrl_llm.update as update_mod
+from mrl_llm.config import PolicyConfig, TrainSection
+from mrl_llm.contract import learner_tokenizer_dir
+from mrl_llm.distributed.actors import learner_plans
+from mrl_llm.thl import align_trace
+from mrl_llm.update import minibatches, run_update
+from mrl_llm.worker import LLMPolicyWorker, WorkerConfig
+from shared_interfaces.exchange import InMemoryExchange
+from shared_interfaces.records import ExperienceRecord, make_record_id
+from shared_interfaces.regimes import parse_regime
+from shared_interfaces.regimes.config import LossConfig
+from tests.llm.helpers import tiny
+
+PROMPT = "Question: what is 2+2? Put the answer in \\boxed{}."
+TEXTS_A = ["I think it is 5.", "No idea at all", "five?"]
+TEXTS_B = ["The answer is \\boxed{4}.", "So \\boxed{4}", "It is 3."]
+
+
+def worker(name: str, tok: str, **train) -> LLMPolicyWorker:
+    pol = PolicyConfig(name=name, model_config=tiny("llama"), tokenizer_dir=tok,
+                       train=TrainSection(**{"lr": 1e-2, "micro_batch": 2, **train}))
+    w = LLMPolicyWorker(name, WorkerConfig(policy=pol, loss=LossConfig(kl_coef=0.1),
+                                           tokenizers=("utf8-bytes", learner_tokenizer_dir())), seed=1)
+    w.set_prompt("p0", PROMPT)
+    return w
+
+
+def records(w: LLMPolicyWorker, texts: list[str], rewards: list[float], lp: float) -> list[ExperienceRecord]:
+    out = []
+    for g, (text, r) in enumerate(zip(texts, rewards, strict=True)):
+        ids = list(w.tokenizer(text, add_special_tokens=False).input_ids) + [w.tokenizer.eos_token_id]
+        out.append(ExperienceRecord(
+            record_id=make_record_id(w.name, 0, "p0", g), policy_id=w.name, policy_version=0, step=0, prompt_id="p0",
+            sample_index=g, prompt_text=PROMPT, response_text=text, token_ids=ids,
+            token_logprobs=[lp - 0.01 * k for k in range(len(ids))], tokenizer_id=w.tok_id, reward=r, verified=True,
+            verifier="math", finish_reason="stop"))
+    return out
+
+
+@pytest.fixture(scope="module")
+def pair():
+    a = worker("A", "utf8-bytes")
+    b = worker("B", learner_tokenizer_dir())
+    ex = InMemoryExchange()
+    ex.publish(records(a, TEXTS_A, [0, 0, 0], -0.5) + records(b, TEXTS_B, [1, 1, 0], -0.2))
+    return a, b, ex
+
+
+class Spy:
+    def __init__(self):
+        self.calls = []
+        self.real = update_mod.regime_loss
+
+    def __call__(self, *args, **kw):
+        self.calls.append((args, kw))
+        return self.real(*args, **kw)
+
+
+def plans_for(ex, learner, regime):
+    plans, _ = learner_plans(ex, learner, parse_regime(regime), ["p0"], 0, present=["A", "B"])
+    return plans
+
+
+def test_prp_thl_peer_rows_take_mu_from_thl_and_sgt_rows_only_the_sgt_mask(pair, monkeypatch):
+    a, b, ex = pair
+    plans = plans_for(ex, "A", "prp_thl+sgt")
+    assert plans[0].sgt_gate  # A failed everywhere, B has verified successes
+    batch = a.build_batch(plans)
+    behaviours = [r.behaviour for r in batch.rows]
+    assert behaviours == ["own"] * 3 + ["thl"] * 3  # the SGT target is a PRP row too: one row, both roles
+    for i, row in enumerate(batch.rows):
+        rec = row.record
+        if row.behaviour == "thl":
+            want = align_trace(b.tokenizer, a.tokenizer, list(rec.token_ids), list(rec.token_logprobs),
+                               prompt_text=PROMPT)
+            assert batch.responses[i] == list(want.target_ids)
+            assert batch.mu[i] == list(want.target_logprobs)
+            assert batch.responses[i] == list(rec.response_text.encode()) + [a.tokenizer.eos_token_id]
+        else:
+            assert batch.responses[i] == list(rec.token_ids) and batch.mu[i] == list(rec.token_logprobs)
+    assert [bool(x) for x in batch.sgt] == [r.record.record_id == plans[0].sgt_targets[0].record_id for r in batch.rows]
+
+    spy = Spy()
+    monkeypatch.setattr(update_mod, "regime_loss", spy)
+    t = a.policy.train
+    run_update(a.model, torch.optim.SGD(a.model.parameters(), lr=0.0), batch, loss_cfg=a.cfg.loss, temperature=1.0,
+               micro_batch=t.micro_batch, grad_accum=None, grad_clip=None, pad_id=a.pad_id, ref_model=a.ref_model)
+    seen = 0
+    for args, kw in spy.calls:
+        logp, old, adv, pg_mask = args[0], args[1], args[2], args[3]
+        n = logp.shape[0]
+        rows = batch.rows[seen : seen + n]
+        idx = list(range(seen, seen + n))
+        seen += n
+        assert torch.equal(adv, batch.advantages[idx]) and torch.equal(kw["sample_weight"], batch.weights[idx])
+        assert kw["norm"] == batch.norm(list(range(len(batch))))
+        coef = kw["behaviour_coef"]
+        for j, row in enumerate(rows):
+            L = len(batch.responses[seen - n + j])
+            assert bool(pg_mask[j, :L].all()) == row.in_pg and not pg_mask[j, L:].any()
+            assert bool(kw["sgt_mask"][j, :L].all()) == row.sgt and not kw["sgt_mask"][j, L:].any()
+            if row.behaviour == "thl":
+                mu = torch.tensor(batch.mu[seen - n + j])
+                want = torch.clamp(old[j, :L] - mu, max=math.log(row.ratio_cap)).exp()
+                torch.testing.assert_close(coef[j, :L], want)
+            else:
+                assert torch.equal(coef[j, :L], torch.ones(L))
+        assert kw["sgt_weight"] == plans[0].sgt_weight and kw["ref_logp"] is not None
+    assert seen == len(batch)
+
+
+def test_snapshot_peers_have_coefficient_one_and_sgt_only_rows_are_not_in_pg(pair, monkeypatch):
+    a, b, ex = pair
+    spy = Spy()
+    monkeypatch.setattr(update_mod, "regime_loss", spy)
+    for regime, want in (("prp_snapshot", ["own"] * 3 + ["snapshot"] * 3), ("sgt", ["own"] * 3 + ["none"])):
+        spy.calls.clear()
+        batch = a.build_batch(plans_for(ex, "A", regime))
+        assert [r.behaviour for r in batch.rows] == want
+        run_update(a.model, torch.optim.SGD(a.model.parameters(), lr=0.0), batch, loss_cfg=a.cfg.loss,
+                   temperature=1.0, micro_batch=8, grad_accum=None, grad_clip=None, pad_id=a.pad_id)
+        (args, kw), = spy.calls
+        mask = args[3] | kw["sgt_mask"]
+        assert torch.equal(kw["behaviour_coef"][mask], torch.ones(int(mask.sum())))
+        if regime == "sgt":
+            assert not args[3][3].any() and kw["sgt_mask"][3].any()  # the SGT-only row: NLL term only
+            assert [bool(x) for x in batch.in_pg] == [True] * 3 + [False]
+    # B (all-success learner with a failing peer) gets no SGT term and no peer rows under plain sgt
+    assert [r.behaviour for r in b.build_batch(plans_for(ex, "B", "sgt")).rows] == ["own"] * 3
+
+
+@pytest.mark.parametrize("grad_accum", [None, 2])
+def test_micro_batches_accumulate_to_the_full_batch_update(pair, grad_accum):
+    """Cutting each mini-batch into micro-batches of 1 row or into one micro-batch gives the same SGD update
+    (the LossNorm contract); with grad_accum the step has two mini-batches (two updates) of h rows."""
+    _, b, ex = pair
+    batch = b.build_batch(plans_for(ex, "B", "prp_thl+sgt"))
+    n = len(batch)
+    results = []
+    h = n // 2
+    for mb in (1, n if grad_accum is None else h):
+        torch.manual_seed(0)
+        w = worker("B", learner_tokenizer_dir())
+        opt = torch.optim.SGD(w.model.parameters(), lr=0.5)
+        ga = None if grad_accum is None else h // mb
+        res = run_update(w.model, opt, batch, loss_cfg=w.cfg.loss, temperature=0.9, micro_batch=mb, grad_accum=ga,
+                         grad_clip=None, pad_id=w.pad_id, ref_model=w.ref_model)
+        assert res.optimizer_steps == len(minibatches(n, mb, ga)) and not res.nan_skipped
+        results.append(torch.cat([p.detach().flatten() for p in w.model.parameters()]))
+        results.append(res.metrics["loss"])
+    torch.testing.assert_close(results[0], results[2], atol=2e-6, rtol=1e-5)
+    assert results[1] == pytest.approx(results[3], rel=1e-4, abs=1e-6)
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_gradient_checkpointing_gives_the_same_update(pair, dtype):
+    _, b, ex = pair
+    batch = b.build_batch(plans_for(ex, "B", "prp_thl+sgt"))
+    params = []
+    for ckpt in (False, True):
+        pol = PolicyConfig(name="B", model_config=tiny("llama"), tokenizer_dir=learner_tokenizer_dir(), dtype=dtype,
+                           train=TrainSection(lr=1e-2, micro_batch=3, gradient_checkpointing=ckpt))
+        w = LLMPolicyWorker("B", WorkerConfig(policy=pol, loss=LossConfig(kl_coef=0.1)), seed=1)
+        assert w.model.is_gradient_checkpointing == ckpt and next(w.model.parameters()).dtype == (
+            torch.bfloat16 if dtype == "bf16" else torch.float32)
+        res = run_update(w.model, w.optimizer, batch, loss_cfg=w.cfg.loss, temperature=1.0, micro_batch=3,
+                         grad_accum=None, grad_clip=1.0, pad_id=w.pad_id, ref_model=w.ref_model)
+        assert not res.nan_skipped and res.optimizer_steps == 1 and math.isfinite(res.metrics["loss"])
+        params.append(torch.cat([p.detach().float().flatten() for p in w.model.parameters()]))
+    torch.testing.assert_close(params[0], params[1], atol=1e-6 if dtype == "fp32" else 1e-2, rtol=0)
