@@ -78,7 +78,7 @@ def as_arrays(info: VocabInfo, batch_ids: Sequence[Any], batch_logprobs: Sequenc
         if bad.size:
             j = int(bad[0])
             what = "NaN" if np.isnan(b[j]) else ("infinite" if np.isinf(b[j]) else "positive")
-            raise THLInputError(f"sequence {i}: log-prob {b[j]!r} at position {j} is {what}; log-probs must be finite and <= 0")
+            raise THLInputError(f"sequence {i}: log-prob {float(b[j])!r} at position {j} is {what}; log-probs must be finite and <= 0")
         ids_out.append(a)
         lp_out.append(b)
     return ids_out, lp_out
