@@ -20,7 +20,7 @@ def _run(real_tokenizers, texts, src, tgt, seed=0):
     lps = [-rng.exponential(1.5, size=len(x)) for x in ids]
     traces = align_traces(s, t, ids, lps)
     checked = 0
-    for text, (src_ids, src_spans), lp, tr in zip(texts, encoded, lps, traces, strict=True):
+    for text, (_, src_spans), lp, tr in zip(texts, encoded, lps, traces, strict=True):
         assert tr.text in learner_normalisations(text)
         body = tr.target_ids[:-1]
         assert tr.eos_appended and tr.target_ids[-1] == t.eos_token_id and tr.target_logprobs[-1] == lp[-1]
