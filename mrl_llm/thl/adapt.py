@@ -1,4 +1,4 @@
-"""Text adaptation: peer token ids -> peer text -> learner token ids, with character spans on both sides.
+"""Text adaptation, peer side: peer token ids -> the response text, with each peer token's character span.
 
 **Peer side** (:func:`adapt_source`). The response ids are checked (:func:`as_arrays`), the peer's
 special tokens (EOS, template markers, BOS, padding) are taken out, and the rest is decoded by the
@@ -11,15 +11,7 @@ reproduce the decode (invalid UTF-8, unknown decoder), from computed spans (:mod
 A token that only spelled a dropped leading space gets the empty span at 0 (it stays with the first
 word).
 
-**Learner side** (:func:`encode_target`). Without a prompt the text is encoded alone, no special
-tokens added. With ``prompt_text`` (the learner's own templated prompt) the learner encodes
-``prompt_text + text`` with its special tokens added (BOS for Llama-style tokenizers, nothing for
-Qwen/GPT-2: the BOS asymmetry lives in the tokenizers' own post-processors); the response slice starts
-at the first token that ends after the prompt, ``prompt_ids`` are the tokens before it, and
-``prompt_ids + target_ids`` is exactly the learner's encoding. A token that straddles the
-prompt/response boundary belongs to the response (flagged). The peer text never becomes a learner
-special token: where it spells one literally (``"</s>"``), that part is re-encoded with special-token
-parsing off.
+The learner side is :mod:`mrl_llm.thl.encode`.
 """
 
 from __future__ import annotations
@@ -176,116 +168,4 @@ def _byte_view_spans(info: VocabInfo, k_ids: np.ndarray, bounds: np.ndarray, tex
     starts[sel] = s - text_char0[which]
     ends[sel] = e - text_char0[which]
     return fallback
-
-
-@dataclass(frozen=True)
-class TargetSide:
-    """The learner side of a batch: the response slice of each encoding (``ids``), the tokens before
-    it (``prompt_ids``), and per response token (concatenated) its sequence and span in the text."""
-
-    ids: list[np.ndarray]
-    prompt_ids: list[np.ndarray]
-    seq: np.ndarray
-    starts: np.ndarray
-    ends: np.ndarray
-    straddle: np.ndarray  # per sequence: the first response token also covers prompt characters
-
-
-_Row = tuple[np.ndarray, np.ndarray, np.ndarray]  # ids, (n, 2) offsets, template-added mask
-
-
-def _encode_one(tokenizer: Any, text: str, add_special: bool, literal: bool) -> _Row:
-    """One encoding with offsets; ``literal`` turns special-token parsing off (``"</s>"`` stays text)."""
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is not None:
-        old = backend.encode_special_tokens
-        backend.encode_special_tokens = literal
-        try:
-            e = backend.encode(text, add_special_tokens=add_special)
-        finally:
-            backend.encode_special_tokens = old
-        return _row(e.ids, e.offsets, e.special_tokens_mask)
-    enc = tokenizer(text, add_special_tokens=add_special, return_special_tokens_mask=True, split_special_tokens=literal)
-    ids = np.asarray(enc["input_ids"], dtype=np.int64)
-    added = np.asarray(enc["special_tokens_mask"], dtype=bool) if add_special else np.zeros(ids.size, bool)
-    off = np.zeros((ids.size, 2), dtype=np.int64)
-
-    def decode(batch: list[list[int]]) -> list[str]:
-        return tokenizer.batch_decode(batch, skip_special_tokens=False, clean_up_tokenization_spaces=False)
-
-    s, e = computed_char_spans(decode, ids[~added].tolist(), text)
-    off[~added, 0], off[~added, 1] = s, e
-    return ids, off, added
-
-
-def _row(ids: list[int], offsets: list[tuple[int, int]], added: list[int]) -> _Row:
-    return (
-        np.asarray(ids, dtype=np.int64),
-        np.asarray(offsets, dtype=np.int64).reshape(-1, 2),
-        np.asarray(added, dtype=bool),
-    )
-
-
-def _encode_literal(tokenizer: Any, info: VocabInfo, full: str, p: int, add_special: bool, row: _Row) -> _Row:
-    """Re-encode so that special-token spellings in the response stay text.
-
-    With no special token parsed inside the prompt, the whole string is encoded with parsing off
-    (exact). Otherwise the prompt is kept up to its last special token and the rest is encoded with
-    parsing off (tokenizers split text at special tokens anyway, so this is the same segmentation).
-    """
-    ids, off, added = row
-    in_prompt = np.flatnonzero(~added & info.special[ids] & (off[:, 1] <= p))
-    if in_prompt.size == 0:
-        return _encode_one(tokenizer, full, add_special, literal=True)
-    j = int(in_prompt[-1])
-    c = int(off[j, 1])
-    t_ids, t_off, _ = _encode_one(tokenizer, full[c:], False, literal=True)
-    return (
-        np.concatenate([ids[: j + 1], t_ids]),
-        np.concatenate([off[: j + 1], t_off + c]),
-        np.concatenate([added[: j + 1], np.zeros(t_ids.size, bool)]),
-    )
-
-
-def encode_target(tokenizer: Any, info: VocabInfo, texts: list[str], prompts: list[str] | None) -> TargetSide:
-    """Encode each response with the learner's tokenizer (see the module) and slice the response out."""
-    n = len(texts)
-    add_special = prompts is not None
-    full = texts if prompts is None else [p + t for p, t in zip(prompts, texts, strict=True)]
-    plen = [0] * n if prompts is None else [len(p) for p in prompts]
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is not None:
-        rows = [_row(e.ids, e.offsets, e.special_tokens_mask) for e in backend.encode_batch(full, add_special_tokens=add_special)]
-    else:
-        rows = [_encode_one(tokenizer, f, add_special, literal=False) for f in full]
-    ids_out, prompt_out, seqs, starts, ends = [], [], [], [], []
-    straddle = np.zeros(n, dtype=bool)
-    for i in range(n):
-        p = plen[i]
-        tgt, prm, off, k = _slice(rows[i], p)
-        if info.special[tgt].any():
-            tgt, prm, off, k = _slice(_encode_literal(tokenizer, info, full[i], p, add_special, rows[i]), p)
-        ids_out.append(tgt)
-        prompt_out.append(prm)
-        seqs.append(np.full(tgt.size, i, dtype=np.int64))
-        starts.append(np.clip(off[:, 0] - p, 0, len(texts[i])))
-        ends.append(np.clip(off[:, 1] - p, 0, len(texts[i])))
-        straddle[i] = tgt.size > 0 and off[0, 0] < p
-    cat = np.concatenate if n else (lambda _: np.zeros(0, np.int64))
-    return TargetSide(ids_out, prompt_out, cat(seqs), cat(starts), cat(ends), straddle)
-
-
-def _slice(row: _Row, p: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
-    """(response ids, prompt ids, response offsets, k): the response starts at the first text token
-    ending after character ``p``; tokens the template added (BOS/EOS) never belong to it."""
-    ids, off, added = row
-    resp = ~added & (off[:, 1] > p)
-    if resp.any():
-        k = int(np.argmax(resp))
-    else:  # an empty response: everything is prompt
-        text_tok = np.flatnonzero(~added)
-        k = int(text_tok[-1]) + 1 if text_tok.size else ids.size
-    keep = ~added
-    keep[:k] = False
-    return ids[keep], ids[:k], off[keep], k
 

@@ -3,7 +3,7 @@
 Given a peer's response ids ``y`` (tokenizer ``T_j``) with behaviour log-probs ``ℓ_k``, THL returns the
 response in the learner's tokens ``ỹ`` (tokenizer ``T_i``) with log-probs ``ℓ'_n``:
 
-1. **Text** (:mod:`mrl_llm.thl.adapt`): the peer's whole-sequence decode with its special tokens taken
+1. **Text** (:mod:`mrl_llm.thl.adapt`, :mod:`mrl_llm.thl.encode`): the peer's whole-sequence decode with its special tokens taken
    out, re-encoded by the learner (after ``prompt_text`` when given). Every peer and learner token
    gets a character span of the text.
 2. **Words** (:mod:`mrl_llm.thl.words`): a word is a run of whitespace followed by a maximal run of
@@ -48,7 +48,8 @@ from typing import Any
 
 import numpy as np
 
-from mrl_llm.thl.adapt import SourceSide, TargetSide, adapt_source, as_arrays, decode_batch, encode_target
+from mrl_llm.thl.adapt import SourceSide, adapt_source, as_arrays, decode_batch
+from mrl_llm.thl.encode import TargetSide, encode_target
 from mrl_llm.thl.trace import AlignedTrace, Residual
 from mrl_llm.thl.vocab import VocabInfo, same_vocabulary, vocab_info
 from mrl_llm.thl.words import codepoints, segment_starts, word_spans
@@ -115,10 +116,6 @@ def _passthrough(
     return out
 
 
-def _word_of(pos: np.ndarray, word_starts: np.ndarray) -> np.ndarray:
-    return np.searchsorted(word_starts, pos, side="right") - 1
-
-
 def _pool(source: SourceSide, target: TargetSide, target_eos: int | None) -> list[AlignedTrace]:
     texts = source.texts
     n = len(texts)
@@ -130,14 +127,18 @@ def _pool(source: SourceSide, target: TargetSide, target_eos: int | None) -> lis
     n_words = np.bincount(_word_seq(ws, char0), minlength=n)
     word0 = np.concatenate([[0], np.cumsum(n_words)]).astype(np.int64)
     W = ws.size
+    starts_mask = np.zeros(int(char0[-1]) + 1, dtype=bool)
+    starts_mask[ws] = True
+    word_of_char = np.cumsum(starts_mask) - 1  # the word of each character of the joined texts
 
-    def place(seq: np.ndarray, s: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """(first word, last word, placeable, global start, global end) of tokens given local spans."""
+    def place(seq: np.ndarray, s: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, ...]:
+        """(first word, last word, placeable, global start, global end) of tokens given local spans;
+        an empty span belongs to the word at its position (the last word, at the end of the text)."""
         ok = text_len[seq] > 0
         gs, ge = s + char0[seq], e + char0[seq]
-        anchor = np.minimum(gs, char0[seq + 1] - 1)
-        first = _word_of(anchor, ws)
-        last = np.where(ge > gs, _word_of(np.maximum(ge - 1, anchor), ws), first)
+        anchor = np.maximum(np.minimum(gs, char0[seq + 1] - 1), 0)
+        first = word_of_char[anchor]
+        last = np.where(ge > gs, word_of_char[np.maximum(ge - 1, anchor)], first)
         return np.where(ok, first, -1), np.where(ok, last, -1), ok, gs, ge
 
     s_first, s_last, s_ok, s_gs, s_ge = place(source.seq, source.starts, source.ends)
@@ -156,7 +157,7 @@ def _pool(source: SourceSide, target: TargetSide, target_eos: int | None) -> lis
     recipient = _recipients(cover > 0, word_seq)
     placed = recipient >= 0
     m_w = np.bincount(recipient[placed], s_w[placed], minlength=W)
-    t_lp = np.bincount(t_rep, t_share * m_w[t_word] / cover[t_word], minlength=t_first.size)
+    t_lp = np.bincount(t_rep, t_share * m_w[t_word] / cover[t_word], minlength=t_first.size).astype(np.float64)
     t_w = np.bincount(t_word, t_share * t_lp[t_rep], minlength=W)
 
     unaligned = source.special_mass.copy()
@@ -172,29 +173,25 @@ def _pool(source: SourceSide, target: TargetSide, target_eos: int | None) -> lis
     moved = 0.5 * _segment_reduce(np.add, err, word0)
     s_cross = s_last[s_ok] > s_first[s_ok]
     t_cross = t_last > t_first
-    crossing_mass = np.bincount(source.seq[s_ok][s_cross], np.abs(s_lp[s_cross]), minlength=n)
+    crossing_mass = np.bincount(source.seq[s_ok][s_cross], np.abs(s_lp[s_cross]), minlength=n).astype(np.float64)
     conflicts = np.bincount(source.seq[s_ok][s_cross], minlength=n) + np.bincount(target.seq[t_cross], minlength=n) + target.straddle
     split = _split_chars(source.seq, source.starts, source.ends, n) + _split_chars(target.seq, target.starts, target.ends, n)
 
-    t_bounds = np.concatenate([[0], np.cumsum([a.size for a in target.ids])]).astype(np.int64)
+    # outputs: learner ids and log-probs with the EOS counterpart inserted, cut per sequence
+    t_sizes = np.fromiter((a.size for a in target.ids), dtype=np.int64, count=n)
+    at = np.cumsum(t_sizes)[eos_ok]
+    all_ids = np.insert(np.concatenate(target.ids) if n else np.zeros(0, np.int64), at, target_eos if target_eos is not None else 0)
+    all_lp = np.insert(t_lp, at, source.eos_logprob[eos_ok])
+    bounds = np.concatenate([[0], np.cumsum(t_sizes + eos_ok)]).tolist()
+    w_start, w_end, w0 = (ws - char0[word_seq]).tolist(), (word_end - char0[word_seq]).tolist(), word0.tolist()
+    columns = zip(max_err.tolist(), moved.tolist(), unaligned.tolist(), crossing_mass.tolist(), n_words.tolist(),
+                  conflicts.tolist(), split.tolist(), strict=True)
     out = []
-    for i in range(n):
-        lp = t_lp[t_bounds[i] : t_bounds[i + 1]]
-        tid = target.ids[i]
-        if eos_ok[i]:
-            tid = np.append(tid, np.int64(target_eos))
-            lp = np.append(lp, source.eos_logprob[i])
-        spans = tuple(zip((ws[word0[i] : word0[i + 1]] - char0[i]).tolist(), (word_end[word0[i] : word0[i + 1]] - char0[i]).tolist(), strict=True))
-        res = Residual(
-            word_mass_error=float(max_err[i]),
-            moved_mass=float(moved[i]),
-            unaligned_mass=float(unaligned[i]),
-            n_words=int(n_words[i]),
-            crossing_mass=float(crossing_mass[i]),
-            n_boundary_conflicts=int(conflicts[i]),
-            n_split_chars=int(split[i]),
-        )
-        out.append(AlignedTrace(texts[i], tid.astype(np.int64), lp.astype(np.float64), target.prompt_ids[i].copy(), spans, res, bool(eos_ok[i]), False))
+    for i, (err_i, moved_i, unal_i, cross_i, words_i, conf_i, split_i) in enumerate(columns):
+        a, b = bounds[i], bounds[i + 1]
+        spans = tuple(zip(w_start[w0[i] : w0[i + 1]], w_end[w0[i] : w0[i + 1]], strict=True))
+        res = Residual(err_i, moved_i, unal_i, cross_i, words_i, conf_i, split_i)
+        out.append(AlignedTrace(texts[i], all_ids[a:b], all_lp[a:b], target.prompt_ids[i], spans, res, bool(eos_ok[i]), False))
     return out
 
 

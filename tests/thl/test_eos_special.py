@@ -63,6 +63,10 @@ def test_empty_and_special_only_responses(pair):
     assert empty.text == "" and empty.target_ids.size == 0 and empty.residual.unaligned_mass == 0.0
     assert empty.residual.n_words == 0 and empty.word_spans == ()
     assert eos_only.target_ids.tolist() == [2] and eos_only.target_logprobs.tolist() == [-0.3]
+    for tr in (empty, eos_only, specials_only):
+        assert tr.target_ids.dtype == np.int64 and tr.target_logprobs.dtype == np.float64
+        assert not tr.target_logprobs.flags.writeable
+        assert all(isinstance(getattr(tr.residual, f), float) for f in ("word_mass_error", "moved_mass", "unaligned_mass", "crossing_mass"))
     assert specials_only.target_ids.size == 0 and specials_only.residual.unaligned_mass == -3.0
 
 
