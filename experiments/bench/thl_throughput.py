@@ -1,8 +1,8 @@
 """THL throughput on MATH-500 solutions, per ordered tokenizer pair, against the work it cannot avoid.
 
 For each pair (peer → learner) the peer's responses are the canonical encodings of the MATH-500
-solutions plus EOS, with random behaviour log-probs. Measured in the same process, best of
-``--repeats``:
+solutions plus EOS, with random behaviour log-probs. Measured in the same process, alternating,
+best of ``--repeats`` each:
 
 * **reference** — the unavoidable work: the peer tokenizer's batched whole-sequence decode of the
   responses (special tokens skipped) plus the learner tokenizer's batched encode of the texts with
@@ -42,13 +42,19 @@ def _find_shared(arg: str | None) -> Path:
     raise SystemExit("../shared (tokenizers, data/math500.jsonl) not found; pass --shared DIR or set MRL_SHARED_DIR")
 
 
-def _best(fn, repeats: int) -> float:
-    times = []
+def _timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def _best_interleaved(a, b, repeats: int) -> tuple[float, float]:
+    """Best time of ``a`` and of ``b`` over ``repeats`` alternating runs (fair under a varying load)."""
+    ta, tb = [], []
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
+        ta.append(_timed(a))
+        tb.append(_timed(b))
+    return min(ta), min(tb)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -87,7 +93,7 @@ def main(argv: list[str] | None = None) -> None:
             return align_traces(s, t, ids, lps)
 
         thl()  # warm-up
-        t_ref, t_thl = _best(reference, args.repeats), _best(thl, args.repeats)
+        t_ref, t_thl = _best_interleaved(reference, thl, args.repeats)
         ratio = t_ref / t_thl
         ratios.append(ratio)
         print(f"{src + ' -> ' + tgt:22s} {n_tok:7d} {n_tok / t_ref:16,.0f} {n_tok / t_thl:10,.0f} {ratio:6.2f}")

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from mrl_llm.thl.offsets import byte_spans_to_chars, char_index_of_bytes, computed_char_spans
+from mrl_llm.thl.offsets import byte_spans_to_chars, computed_char_spans
 from mrl_llm.thl.vocab import VocabInfo
 
 
@@ -38,7 +38,18 @@ def _to_numpy(x: Any, floating: bool) -> np.ndarray:
     return np.asarray(x)
 
 
-def as_arrays(info: VocabInfo, batch_ids: Sequence[Any], batch_logprobs: Sequence[Any]) -> tuple[list[np.ndarray], list[np.ndarray]]:
+@dataclass(frozen=True)
+class Batch:
+    """A checked batch: per-sequence int64 ids / float64 log-probs, and the same concatenated."""
+
+    ids: list[np.ndarray]
+    logprobs: list[np.ndarray]
+    flat_ids: np.ndarray
+    flat_logprobs: np.ndarray
+    lengths: np.ndarray
+
+
+def as_arrays(info: VocabInfo, batch_ids: Sequence[Any], batch_logprobs: Sequence[Any]) -> Batch:
     """Check a batch and return it as int64 id arrays and float64 log-prob arrays.
 
     Errors (:class:`THLInputError`) name the sequence and position: ids that are not integers or lie
@@ -57,23 +68,26 @@ def as_arrays(info: VocabInfo, batch_ids: Sequence[Any], batch_logprobs: Sequenc
             raise THLInputError(f"sequence {i}: token ids must be integers, got dtype {a.dtype}")
         if a.size != b.size:
             raise THLInputError(f"sequence {i}: {a.size} token ids but {b.size} log-probs; pass exactly one log-prob per token")
-        a = a.astype(np.int64, copy=False)
-        bad = np.flatnonzero((a < 0) | (a >= info.size))
-        if bad.size:
-            j = int(bad[0])
+        ids_out.append(a.astype(np.int64, copy=False))
+        lp_out.append(b.astype(np.float64, copy=False) if b.size else np.zeros(0, dtype=np.float64))
+    lengths = np.fromiter((a.size for a in ids_out), dtype=np.int64, count=len(ids_out))
+    flat_ids = np.concatenate(ids_out) if ids_out else np.zeros(0, np.int64)
+    flat_lp = np.concatenate(lp_out) if lp_out else np.zeros(0)
+    bad_id = (flat_ids < 0) | (flat_ids >= info.size)
+    bad_lp = ~np.isfinite(flat_lp) | (flat_lp > 0)
+    if bad_id.any() or bad_lp.any():
+        k = int(np.argmax(bad_id | bad_lp))
+        i = int(np.searchsorted(np.cumsum(lengths), k, side="right"))
+        j = k - int(lengths[:i].sum())
+        if bad_id[k]:
             raise THLInputError(
-                f"sequence {i}: token id {int(a[j])} at position {j} is outside the source vocabulary [0, {info.size}); "
+                f"sequence {i}: token id {int(flat_ids[k])} at position {j} is outside the source vocabulary [0, {info.size}); "
                 "pass ids produced by the source tokenizer (and the source tokenizer that produced them)"
             )
-        b = b.astype(np.float64, copy=False) if b.size else np.zeros(0, dtype=np.float64)
-        bad = np.flatnonzero(~np.isfinite(b) | (b > 0))
-        if bad.size:
-            j = int(bad[0])
-            what = "NaN" if np.isnan(b[j]) else ("infinite" if np.isinf(b[j]) else "positive")
-            raise THLInputError(f"sequence {i}: log-prob {float(b[j])!r} at position {j} is {what}; log-probs must be finite and <= 0")
-        ids_out.append(a)
-        lp_out.append(b)
-    return ids_out, lp_out
+        v = float(flat_lp[k])
+        what = "NaN" if np.isnan(v) else ("infinite" if np.isinf(v) else "positive")
+        raise THLInputError(f"sequence {i}: log-prob {v!r} at position {j} is {what}; log-probs must be finite and <= 0")
+    return Batch(ids_out, lp_out, flat_ids, flat_lp, lengths)
 
 
 def decode_batch(tokenizer: Any, seqs: list[list[int]]) -> list[str]:
@@ -98,12 +112,10 @@ class SourceSide:
     eos_logprob: np.ndarray  # per sequence: the final EOS's log-prob when it has a counterpart, else NaN
 
 
-def adapt_source(tokenizer: Any, info: VocabInfo, ids: list[np.ndarray], lps: list[np.ndarray], *, append_eos: bool) -> SourceSide:
+def adapt_source(tokenizer: Any, info: VocabInfo, batch: Batch, *, append_eos: bool) -> SourceSide:
     """Strip specials, decode each response as one sequence, and place its tokens on the text."""
-    n = len(ids)
-    lengths = np.array([a.size for a in ids], dtype=np.int64)
-    all_ids = np.concatenate(ids) if n else np.zeros(0, np.int64)
-    all_lp = np.concatenate(lps) if n else np.zeros(0)
+    lengths, all_ids, all_lp = batch.lengths, batch.flat_ids, batch.flat_logprobs
+    n = lengths.size
     seq = np.repeat(np.arange(n, dtype=np.int64), lengths)
     special = info.special[all_ids]
     eos_logprob = np.full(n, np.nan)
@@ -125,47 +137,49 @@ def adapt_source(tokenizer: Any, info: VocabInfo, ids: list[np.ndarray], lps: li
     ends = np.zeros(k_ids.size, dtype=np.int64)
     fallback = list(range(n))
     if info.kind != "unknown":
-        fallback = _byte_view_spans(info, k_ids, bounds, texts, starts, ends)
+        fallback = _byte_view_spans(info, k_ids, k_seq, bounds, texts, starts, ends)
     for i in fallback:
         s, e = computed_char_spans(lambda b: decode_batch(tokenizer, b), id_lists[i], texts[i])
         starts[bounds[i] : bounds[i + 1]], ends[bounds[i] : bounds[i + 1]] = s, e
     return SourceSide(texts, k_seq, k_lp, starts, ends, special_mass, eos_logprob)
 
 
-def _byte_view_spans(info: VocabInfo, k_ids: np.ndarray, bounds: np.ndarray, texts: list[str], starts: np.ndarray, ends: np.ndarray) -> list[int]:
-    """Fill spans from the byte view for every sequence it explains; return the others."""
-    tok_len = info.lengths[k_ids]
-    tok_end = np.cumsum(tok_len)
-    blob = info.gather_bytes(k_ids)
-    seq_byte = np.concatenate([[0], tok_end])[bounds]  # byte offset of each sequence in the blob
-    good, shifts, encoded, fallback = [], [], [], []
-    for i, text in enumerate(texts):
-        b = blob[seq_byte[i] : seq_byte[i + 1]]
-        d = text.encode("utf-8")
-        if b == d:
-            shift = 0
-        elif len(b) > len(d) and b.endswith(d) and not b[: len(b) - len(d)].strip(b" "):
-            shift = len(b) - len(d)  # the decoder dropped leading space(s): SentencePiece's dummy prefix
-        else:
-            fallback.append(i)
-            continue
-        good.append(i)
-        shifts.append(shift)
-        encoded.append(d)
-    if not good:
-        return fallback
-    joined = b"".join(encoded)
-    text_byte0 = np.concatenate([[0], np.cumsum([len(d) for d in encoded])]).astype(np.int64)
-    text_char0 = np.concatenate([[0], np.cumsum([len(texts[i]) for i in good])]).astype(np.int64)
-    sel = np.concatenate([np.arange(bounds[i], bounds[i + 1]) for i in good]).astype(np.int64)
-    which = np.repeat(np.arange(len(good)), [bounds[i + 1] - bounds[i] for i in good])
-    # byte position of each token inside its own sequence, minus the dropped prefix, clipped to the text
-    local0 = tok_end[sel] - tok_len[sel] - seq_byte[np.asarray(good)][which] - np.asarray(shifts, np.int64)[which]
-    text_len = text_byte0[1:] - text_byte0[:-1]
-    b0 = np.clip(local0, 0, text_len[which]) + text_byte0[which]
-    b1 = np.clip(local0 + tok_len[sel], 0, text_len[which]) + text_byte0[which]
-    s, e = byte_spans_to_chars(b0, b1, char_index_of_bytes(joined), int(text_char0[-1]))
-    starts[sel] = s - text_char0[which]
-    ends[sel] = e - text_char0[which]
-    return fallback
+def _byte_view_spans(
+    info: VocabInfo, k_ids: np.ndarray, k_seq: np.ndarray, bounds: np.ndarray, texts: list[str], starts: np.ndarray, ends: np.ndarray
+) -> list[int]:
+    """Fill spans from the byte view for every sequence it explains; return the others.
 
+    Sequence ``i`` is explained when its token bytes are ``shift_i`` spaces (dropped by the decoder:
+    SentencePiece's dummy prefix) followed by exactly the UTF-8 bytes of its decoded text. Vectorised
+    over the batch: one gather of token bytes, one encode of the joined texts, one comparison.
+    """
+    n = len(texts)
+    tok_len = info.lengths[k_ids]
+    tok0 = np.cumsum(tok_len) - tok_len
+    blob = np.frombuffer(info.gather_bytes(k_ids), dtype=np.uint8)
+    seq_byte = np.append(tok0, blob.size)[bounds]  # where each sequence starts in the blob
+    joined = "".join(texts).encode("utf-8")
+    jb = np.frombuffer(joined, dtype=np.uint8)
+    lead = np.flatnonzero((jb & 0xC0) != 0x80)  # first byte of every character
+    char0 = np.concatenate([[0], np.cumsum([len(t) for t in texts])]).astype(np.int64)
+    text_byte0 = np.append(lead, jb.size)[char0]
+    text_blen = np.diff(text_byte0)
+    shift = np.diff(seq_byte) - text_blen
+    tb0, sb0, sh = text_byte0.tolist(), seq_byte.tolist(), shift.tolist()
+    expected = b"".join(b" " * max(sh[i], 0) + joined[tb0[i] : tb0[i + 1]] for i in range(n))
+    if expected == bytes(blob):  # the common case: every sequence explained at once
+        bad = shift < 0
+    else:  # find the sequences the byte view does not explain
+        bad = np.array([
+            sh[i] < 0 or blob[sb0[i] : sb0[i + 1]].tobytes() != b" " * sh[i] + joined[tb0[i] : tb0[i + 1]] for i in range(n)
+        ], dtype=bool)
+    good = ~bad
+    sel = good[k_seq]
+    q = k_seq[sel]
+    local0 = tok0[sel] - seq_byte[q] - shift[q]  # byte position in the text, before clipping
+    b0 = np.clip(local0, 0, text_blen[q]) + text_byte0[q]
+    b1 = np.clip(local0 + tok_len[sel], 0, text_blen[q]) + text_byte0[q]
+    s, e = byte_spans_to_chars(b0, b1, np.cumsum((jb & 0xC0) != 0x80, dtype=np.int64) - 1, int(char0[-1]))
+    starts[sel] = s - char0[q]
+    ends[sel] = e - char0[q]
+    return np.flatnonzero(bad).tolist()

@@ -82,14 +82,14 @@ def align_traces(
 ) -> list[AlignedTrace]:
     """:func:`align_trace` for many sequences at once (batched decode and encode, vectorised pooling)."""
     src, tgt = vocab_info(source_tokenizer), vocab_info(target_tokenizer)
-    ids, lps = as_arrays(src, batch_ids, batch_logprobs)
+    batch = as_arrays(src, batch_ids, batch_logprobs)
     if prompt_texts is not None:
-        if len(prompt_texts) != len(ids):
-            raise ValueError(f"got {len(prompt_texts)} prompt texts for {len(ids)} sequences; pass one prompt per sequence or none")
+        if len(prompt_texts) != len(batch.ids):
+            raise ValueError(f"got {len(prompt_texts)} prompt texts for {len(batch.ids)} sequences; pass one prompt per sequence or none")
         prompt_texts = [str(p) for p in prompt_texts]
     if same_vocabulary(source_tokenizer, target_tokenizer):
-        return _passthrough(source_tokenizer, target_tokenizer, src, ids, lps, prompt_texts, append_eos)
-    source = adapt_source(source_tokenizer, src, ids, lps, append_eos=append_eos)
+        return _passthrough(source_tokenizer, target_tokenizer, src, batch.ids, batch.logprobs, prompt_texts, append_eos)
+    source = adapt_source(source_tokenizer, src, batch, append_eos=append_eos)
     target = encode_target(target_tokenizer, tgt, source.texts, prompt_texts)
     return _pool(source, target, tgt.eos_id)
 
@@ -109,7 +109,7 @@ def _passthrough(
         unaligned = 0.0
         if ends_eos and not append_eos:
             a, unaligned, b = a[:-1], float(b[-1]), b[:-1]
-        spans = tuple(word_spans(text))
+        spans = np.array(word_spans(text), dtype=np.int64).reshape(-1, 2)
         res = Residual(word_mass_error=0.0, moved_mass=0.0, unaligned_mass=unaligned, crossing_mass=0.0,
                        n_words=len(spans), n_boundary_conflicts=0, n_split_chars=0)
         out.append(AlignedTrace(text, a.copy(), b.copy(), prm, spans, res, bool(ends_eos and append_eos), True))
@@ -183,15 +183,15 @@ def _pool(source: SourceSide, target: TargetSide, target_eos: int | None) -> lis
     all_ids = np.insert(np.concatenate(target.ids) if n else np.zeros(0, np.int64), at, target_eos if target_eos is not None else 0)
     all_lp = np.insert(t_lp, at, source.eos_logprob[eos_ok])
     bounds = np.concatenate([[0], np.cumsum(t_sizes + eos_ok)]).tolist()
-    w_start, w_end, w0 = (ws - char0[word_seq]).tolist(), (word_end - char0[word_seq]).tolist(), word0.tolist()
+    spans_all = np.stack([ws - char0[word_seq], word_end - char0[word_seq]], axis=1) if W else np.zeros((0, 2), np.int64)
+    w0 = word0.tolist()
     columns = zip(max_err.tolist(), moved.tolist(), unaligned.tolist(), crossing_mass.tolist(), n_words.tolist(),
                   conflicts.tolist(), split.tolist(), strict=True)
     out = []
     for i, (err_i, moved_i, unal_i, cross_i, words_i, conf_i, split_i) in enumerate(columns):
         a, b = bounds[i], bounds[i + 1]
-        spans = tuple(zip(w_start[w0[i] : w0[i + 1]], w_end[w0[i] : w0[i + 1]], strict=True))
         res = Residual(err_i, moved_i, unal_i, cross_i, words_i, conf_i, split_i)
-        out.append(AlignedTrace(texts[i], all_ids[a:b], all_lp[a:b], target.prompt_ids[i], spans, res, bool(eos_ok[i]), False))
+        out.append(AlignedTrace(texts[i], all_ids[a:b], all_lp[a:b], target.prompt_ids[i], spans_all[w0[i] : w0[i + 1]], res, bool(eos_ok[i]), False))
     return out
 
 

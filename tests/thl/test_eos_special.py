@@ -61,7 +61,7 @@ def test_empty_and_special_only_responses(pair):
         qwen, llama, [[], [qwen.eos_token_id], [151644, 151645]], [[], [-0.3], [-1.0, -2.0]]
     )
     assert empty.text == "" and empty.target_ids.size == 0 and empty.residual.unaligned_mass == 0.0
-    assert empty.residual.n_words == 0 and empty.word_spans == ()
+    assert empty.residual.n_words == 0 and empty.word_spans.shape == (0, 2)
     assert eos_only.target_ids.tolist() == [2] and eos_only.target_logprobs.tolist() == [-0.3]
     for tr in (empty, eos_only, specials_only):
         assert tr.target_ids.dtype == np.int64 and tr.target_logprobs.dtype == np.float64
