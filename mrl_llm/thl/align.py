@@ -3,9 +3,9 @@
 Given a peer's response ids ``y`` (tokenizer ``T_j``) with behaviour log-probs ``ℓ_k``, THL returns the
 response in the learner's tokens ``ỹ`` (tokenizer ``T_i``) with log-probs ``ℓ'_n``:
 
-1. **Text** (:mod:`mrl_llm.thl.adapt`, :mod:`mrl_llm.thl.encode`): the peer's whole-sequence decode with its special tokens taken
-   out, re-encoded by the learner (after ``prompt_text`` when given). Every peer and learner token
-   gets a character span of the text.
+1. **Text** (:mod:`mrl_llm.thl.adapt`, :mod:`mrl_llm.thl.encode`): the peer's whole-sequence
+   decode with its special tokens taken out, re-encoded by the learner (after ``prompt_text`` when
+   given). Every peer and learner token gets a character span of the text.
 2. **Words** (:mod:`mrl_llm.thl.words`): a word is a run of whitespace followed by a maximal run of
    non-whitespace (whitespace belongs to the next word; trailing whitespace is a last,
    whitespace-only word). A token belongs to every word its span touches; an empty span belongs to
@@ -35,8 +35,10 @@ mass goes to ``unaligned_mass``. Trailing whitespace of the text is its own last
 to the learner tokens that spell it, before the EOS.
 
 **Same vocabulary** (:func:`mrl_llm.thl.vocab.same_vocabulary`): ids and log-probs pass through
-unchanged, no decode/re-encode (the text is decoded for information only); with ``append_eos=False``
-a final EOS is dropped and its mass is unaligned.
+unchanged, no decode/re-encode (the text is decoded for information only). The EOS contract still
+holds: a final peer EOS becomes the learner's EOS id when the two tokenizers name different EOS
+tokens (e.g. a base and a chat tokenizer of one family), and with ``append_eos=False`` or a learner
+without an EOS it is dropped and its mass is unaligned.
 
 **Invariant**: ``Σ target_logprobs + unaligned_mass = Σ source_logprobs`` (float64 rounding only).
 """
@@ -48,7 +50,7 @@ from typing import Any
 
 import numpy as np
 
-from mrl_llm.thl.adapt import SourceSide, adapt_source, as_arrays, decode_batch
+from mrl_llm.thl.adapt import Batch, SourceSide, adapt_source, as_arrays, decode_batch
 from mrl_llm.thl.encode import TargetSide, encode_target
 from mrl_llm.thl.trace import AlignedTrace, Residual
 from mrl_llm.thl.vocab import VocabInfo, same_vocabulary, vocab_info
@@ -88,31 +90,35 @@ def align_traces(
             raise ValueError(f"got {len(prompt_texts)} prompt texts for {len(batch.ids)} sequences; pass one prompt per sequence or none")
         prompt_texts = [str(p) for p in prompt_texts]
     if same_vocabulary(source_tokenizer, target_tokenizer):
-        return _passthrough(source_tokenizer, target_tokenizer, src, batch.ids, batch.logprobs, prompt_texts, append_eos)
+        return _passthrough(source_tokenizer, target_tokenizer, src, tgt, batch, prompt_texts, append_eos)
     source = adapt_source(source_tokenizer, src, batch, append_eos=append_eos)
     target = encode_target(target_tokenizer, tgt, source.texts, prompt_texts)
     return _pool(source, target, tgt.eos_id)
 
 
 def _passthrough(
-    source_tokenizer: Any, target_tokenizer: Any, src: VocabInfo, ids: list[np.ndarray], lps: list[np.ndarray],
-    prompts: list[str] | None, append_eos: bool,
+    source_tokenizer: Any, target_tokenizer: Any, src: VocabInfo, tgt: VocabInfo, batch: Batch, prompts: list[str] | None,
+    append_eos: bool,
 ) -> list[AlignedTrace]:
-    texts = decode_batch(source_tokenizer, [a.tolist() for a in ids])
+    texts = decode_batch(source_tokenizer, [a.tolist() for a in batch.ids])
     if prompts is None:
-        prompt_ids = [np.zeros(0, np.int64)] * len(ids)
+        prompt_ids = [np.zeros(0, np.int64)] * len(texts)
     else:
         prompt_ids = [np.asarray(target_tokenizer(p, add_special_tokens=True)["input_ids"], np.int64) for p in prompts]
     out = []
-    for a, b, text, prm in zip(ids, lps, texts, prompt_ids, strict=True):
+    for a, b, text, prm in zip(batch.ids, batch.logprobs, texts, prompt_ids, strict=True):
+        a, b = a.copy(), b.copy()
         ends_eos = a.size > 0 and src.eos_id is not None and int(a[-1]) == src.eos_id
+        eos_kept = ends_eos and append_eos and tgt.eos_id is not None
         unaligned = 0.0
-        if ends_eos and not append_eos:
+        if eos_kept:
+            a[-1] = tgt.eos_id
+        elif ends_eos:
             a, unaligned, b = a[:-1], float(b[-1]), b[:-1]
         spans = np.array(word_spans(text), dtype=np.int64).reshape(-1, 2)
         res = Residual(word_mass_error=0.0, moved_mass=0.0, unaligned_mass=unaligned, crossing_mass=0.0,
                        n_words=len(spans), n_boundary_conflicts=0, n_split_chars=0)
-        out.append(AlignedTrace(text, a.copy(), b.copy(), prm, spans, res, bool(ends_eos and append_eos), True))
+        out.append(AlignedTrace(text, a, b, prm, spans, res, eos_kept, True))
     return out
 
 

@@ -34,6 +34,23 @@ def test_same_vocabulary_passes_through_exactly(real_tokenizers, shared_dir, nam
     assert empty.passthrough and empty.target_ids.size == 0 and empty.text == "" and empty.word_spans.shape == (0, 2)
 
 
+def test_passthrough_keeps_the_eos_contract(tiny_tokenizers):
+    """Same vocabulary, different EOS names (a base and a chat tokenizer): the final EOS becomes the
+    learner's EOS id with the same log-prob; a learner without EOS leaves its mass unaligned."""
+    from tests.thl import tiny_tokenizers as tiny
+
+    base, chat, no_eos = tiny.metaspace("bpe", "llama"), tiny.metaspace("bpe", "llama"), tiny.metaspace("bpe", "llama")
+    chat.eos_token = "<s>"  # any other token of the same vocabulary
+    no_eos.eos_token = None
+    assert same_vocabulary(base, chat) and chat.eos_token_id == 1 != base.eos_token_id
+    ids = base("the answer", add_special_tokens=False)["input_ids"] + [base.eos_token_id]
+    lps = [-1.0] * (len(ids) - 1) + [-0.5]
+    tr = align_trace(base, chat, ids, lps)
+    assert tr.passthrough and tr.target_ids.tolist() == ids[:-1] + [chat.eos_token_id] and tr.target_logprobs.tolist() == lps
+    tr = align_trace(base, no_eos, ids, lps)
+    assert tr.passthrough and tr.target_ids.tolist() == ids[:-1] and tr.residual.unaligned_mass == -0.5 and not tr.eos_appended
+
+
 def test_different_vocabularies_are_not_the_same(real_tokenizers, tiny_tokenizers):
     assert not same_vocabulary(real_tokenizers["llama2"], real_tokenizers["mistral"])
     assert not same_vocabulary(real_tokenizers["qwen1.5"], real_tokenizers["gpt2"])
