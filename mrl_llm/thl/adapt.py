@@ -156,7 +156,8 @@ def _byte_view_spans(
     n = len(texts)
     tok_len = info.lengths[k_ids]
     tok0 = np.cumsum(tok_len) - tok_len
-    blob = np.frombuffer(info.gather_bytes(k_ids), dtype=np.uint8)
+    blob_bytes = info.gather_bytes(k_ids)
+    blob = np.frombuffer(blob_bytes, dtype=np.uint8)
     seq_byte = np.append(tok0, blob.size)[bounds]  # where each sequence starts in the blob
     joined = "".join(texts).encode("utf-8")
     jb = np.frombuffer(joined, dtype=np.uint8)
@@ -167,7 +168,7 @@ def _byte_view_spans(
     shift = np.diff(seq_byte) - text_blen
     tb0, sb0, sh = text_byte0.tolist(), seq_byte.tolist(), shift.tolist()
     expected = b"".join(b" " * max(sh[i], 0) + joined[tb0[i] : tb0[i + 1]] for i in range(n))
-    if expected == bytes(blob):  # the common case: every sequence explained at once
+    if not (shift < 0).any() and expected == blob_bytes:  # the common case: all explained at once
         bad = shift < 0
     else:  # find the sequences the byte view does not explain
         bad = np.array([

@@ -70,6 +70,12 @@ def test_empty_and_special_only_responses(pair):
     assert specials_only.target_ids.size == 0 and specials_only.residual.unaligned_mass == -3.0
 
 
+def test_empty_batch(pair):
+    qwen, llama = pair
+    assert align_traces(qwen, llama, [], []) == [] and align_traces(qwen, llama, [], [], prompt_texts=[]) == []
+    assert align_traces(qwen, qwen, [], []) == []
+
+
 def test_whitespace_only_and_trailing_whitespace(real_tokenizers):
     gpt2, mistral = real_tokenizers["gpt2"], real_tokenizers["mistral"]
     for text in ["   ", "\n\n", "end.  \n", " \t x \n"]:
