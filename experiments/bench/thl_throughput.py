@@ -14,7 +14,7 @@ best of ``--repeats`` each:
 Prints peer tokens/s for both and ``ratio = THL throughput / reference throughput`` (target ≥ 0.6,
 i.e. THL costs at most ~1.7× the decode + encode). Usage::
 
-    python experiments/bench/thl_throughput.py [--shared ../shared] [--n 500] [--repeats 5]
+    python experiments/bench/thl_throughput.py [--shared ../shared] [--n 500] [--repeats 5] [--prompt]
 """
 
 from __future__ import annotations
@@ -62,20 +62,25 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--shared", default=None, help="the shared/ folder (tokenizers/, data/math500.jsonl)")
     ap.add_argument("--n", type=int, default=500, help="MATH-500 solutions per pair")
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--prompt", action="store_true",
+                    help="learner prompts 'Question: {question}\\nAnswer: ' (THL's prompt path; the reference encodes prompt + text)")
     args = ap.parse_args(argv)
 
     from transformers import AutoTokenizer
 
     shared = _find_shared(args.shared)
     with open(shared / "data" / "math500.jsonl", encoding="utf-8") as f:
-        texts = [json.loads(line)["answer"] for line in f if line.strip()][: args.n]
+        rows = [json.loads(line) for line in f if line.strip()][: args.n]
+    texts = [r["answer"] for r in rows]
+    prompts = [f"Question: {r['question']}\nAnswer: " for r in rows] if args.prompt else None
     toks = {n: AutoTokenizer.from_pretrained(shared / "tokenizers" / n) for n in NAMES}
     for name, tok in toks.items():
         t0 = time.perf_counter()
         vocab_info(tok)
         print(f"table {name:8s} built once in {time.perf_counter() - t0:.2f} s")
     rng = np.random.default_rng(0)
-    print(f"\n{len(texts)} MATH-500 solutions per pair, best of {args.repeats}; tokens = peer tokens")
+    how = "with learner prompts" if prompts else "no prompts"
+    print(f"\n{len(texts)} MATH-500 solutions per pair ({how}), best of {args.repeats}; tokens = peer tokens")
     print(f"{'peer -> learner':22s} {'tokens':>7s} {'reference tok/s':>16s} {'THL tok/s':>10s} {'ratio':>6s}")
     ratios = []
     for src, tgt in permutations(NAMES, 2):
@@ -87,10 +92,12 @@ def main(argv: list[str] | None = None) -> None:
 
         def reference(ids=ids, sb=sb, tb=tb):
             decoded = sb.decode_batch(ids, skip_special_tokens=True)
-            return [(e.ids, e.offsets) for e in tb.encode_batch(decoded, add_special_tokens=False)]
+            if prompts is not None:
+                decoded = [p + d for p, d in zip(prompts, decoded, strict=True)]
+            return [(e.ids, e.offsets) for e in tb.encode_batch(decoded, add_special_tokens=prompts is not None)]
 
         def thl(s=s, t=t, ids=ids, lps=lps):
-            return align_traces(s, t, ids, lps)
+            return align_traces(s, t, ids, lps, prompt_texts=prompts)
 
         thl()  # warm-up
         t_ref, t_thl = _best_interleaved(reference, thl, args.repeats)

@@ -224,6 +224,8 @@ def _shares(first: np.ndarray, last: np.ndarray, gs: np.ndarray, ge: np.ndarray,
     """(token, word, share) triples: each token's share of each word it touches, by characters
     (1 for a token inside one word, or with an empty span)."""
     count = last - first + 1
+    if not (count > 1).any():  # no token crosses a boundary: one (token, word, 1.0) each
+        return np.arange(first.size), first, np.ones(first.size)
     rep = np.repeat(np.arange(first.size), count)
     step = np.arange(rep.size) - np.repeat(np.cumsum(count) - count, count)
     word = first[rep] + step
