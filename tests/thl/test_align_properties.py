@@ -58,7 +58,8 @@ def _check_pair(src_tok, tgt_tok, text: str, seed: int) -> None:
     assert tgt_ids == body
     if tr.residual.n_boundary_conflicts == 0:
         assert tr.residual.word_mass_error < 1e-9
-    check_word_conservation(tr.text, src_spans, lps[:-1][~special], tgt_spans, tr.target_logprobs[:-1])
+    if "\ufffd" not in tr.text:  # prefix decodes cannot tell a real U+FFFD from a partial character
+        check_word_conservation(tr.text, src_spans, lps[:-1][~special], tgt_spans, tr.target_logprobs[:-1])
 
 
 @pytest.mark.parametrize(("src", "tgt"), REAL_PAIRS, ids=[f"{a}->{b}" for a, b in REAL_PAIRS])
