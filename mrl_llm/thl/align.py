@@ -197,7 +197,10 @@ def _pool(source: SourceSide, target: TargetSide, target_eos: int | None) -> lis
     for i, (err_i, moved_i, unal_i, cross_i, words_i, conf_i, split_i) in enumerate(columns):
         a, b = bounds[i], bounds[i + 1]
         res = Residual(err_i, moved_i, unal_i, cross_i, words_i, conf_i, split_i)
-        out.append(AlignedTrace(texts[i], all_ids[a:b], all_lp[a:b], target.prompt_ids[i], spans_all[w0[i] : w0[i + 1]], res, bool(eos_ok[i]), False))
+        out.append(AlignedTrace(  # copies: a cached trace must not keep the whole batch alive
+            texts[i], all_ids[a:b].copy(), all_lp[a:b].copy(), target.prompt_ids[i].copy(), spans_all[w0[i] : w0[i + 1]].copy(),
+            res, bool(eos_ok[i]), False,
+        ))
     return out
 
 
