@@ -1,4 +1,4 @@
-"""Text adaptation: peer token ids -> peer text -> learner token ids, with character spans on both sides.
+"""Text adaptation, peer side: peer token ids -> the response text, with each peer token's character span.
 
 **Peer side** (:func:`adapt_source`). The response ids are checked (:func:`as_arrays`), the peer's
 special tokens (EOS, template markers, BOS, padding) are taken out, and the rest is decoded by the
@@ -11,15 +11,7 @@ reproduce the decode (invalid UTF-8, unknown decoder), from computed spans (:mod
 A token that only spelled a dropped leading space gets the empty span at 0 (it stays with the first
 word).
 
-**Learner side** (:func:`encode_target`). Without a prompt the text is encoded alone, no special
-tokens added. With ``prompt_text`` (the learner's own templated prompt) the learner encodes
-``prompt_text + text`` with its special tokens added (BOS for Llama-style tokenizers, nothing for
-Qwen/GPT-2: the BOS asymmetry lives in the tokenizers' own post-processors); the response slice starts
-at the first token that ends after the prompt, ``prompt_ids`` are the tokens before it, and
-``prompt_ids + target_ids`` is exactly the learner's encoding. A token that straddles the
-prompt/response boundary belongs to the response (flagged). The peer text never becomes a learner
-special token: where it spells one literally (``"</s>"``), that part is re-encoded with special-token
-parsing off.
+The learner side is :mod:`mrl_llm.thl.encode`.
 """
 
 from __future__ import annotations
@@ -30,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from mrl_llm.thl.offsets import byte_spans_to_chars, char_index_of_bytes, computed_char_spans
+from mrl_llm.thl.offsets import byte_spans_to_chars, computed_char_spans
 from mrl_llm.thl.vocab import VocabInfo
 
 
@@ -46,7 +38,18 @@ def _to_numpy(x: Any, floating: bool) -> np.ndarray:
     return np.asarray(x)
 
 
-def as_arrays(info: VocabInfo, batch_ids: Sequence[Any], batch_logprobs: Sequence[Any]) -> tuple[list[np.ndarray], list[np.ndarray]]:
+@dataclass(frozen=True)
+class Batch:
+    """A checked batch: per-sequence int64 ids / float64 log-probs, and the same concatenated."""
+
+    ids: list[np.ndarray]
+    logprobs: list[np.ndarray]
+    flat_ids: np.ndarray
+    flat_logprobs: np.ndarray
+    lengths: np.ndarray
+
+
+def as_arrays(info: VocabInfo, batch_ids: Sequence[Any], batch_logprobs: Sequence[Any]) -> Batch:
     """Check a batch and return it as int64 id arrays and float64 log-prob arrays.
 
     Errors (:class:`THLInputError`) name the sequence and position: ids that are not integers or lie
@@ -65,23 +68,26 @@ def as_arrays(info: VocabInfo, batch_ids: Sequence[Any], batch_logprobs: Sequenc
             raise THLInputError(f"sequence {i}: token ids must be integers, got dtype {a.dtype}")
         if a.size != b.size:
             raise THLInputError(f"sequence {i}: {a.size} token ids but {b.size} log-probs; pass exactly one log-prob per token")
-        a = a.astype(np.int64, copy=False)
-        bad = np.flatnonzero((a < 0) | (a >= info.size))
-        if bad.size:
-            j = int(bad[0])
+        ids_out.append(a.astype(np.int64, copy=False))
+        lp_out.append(b.astype(np.float64, copy=False) if b.size else np.zeros(0, dtype=np.float64))
+    lengths = np.fromiter((a.size for a in ids_out), dtype=np.int64, count=len(ids_out))
+    flat_ids = np.concatenate(ids_out) if ids_out else np.zeros(0, np.int64)
+    flat_lp = np.concatenate(lp_out) if lp_out else np.zeros(0)
+    bad_id = (flat_ids < 0) | (flat_ids >= info.size)
+    bad_lp = ~np.isfinite(flat_lp) | (flat_lp > 0)
+    if bad_id.any() or bad_lp.any():
+        k = int(np.argmax(bad_id | bad_lp))
+        i = int(np.searchsorted(np.cumsum(lengths), k, side="right"))
+        j = k - int(lengths[:i].sum())
+        if bad_id[k]:
             raise THLInputError(
-                f"sequence {i}: token id {int(a[j])} at position {j} is outside the source vocabulary [0, {info.size}); "
+                f"sequence {i}: token id {int(flat_ids[k])} at position {j} is outside the source vocabulary [0, {info.size}); "
                 "pass ids produced by the source tokenizer (and the source tokenizer that produced them)"
             )
-        b = b.astype(np.float64, copy=False) if b.size else np.zeros(0, dtype=np.float64)
-        bad = np.flatnonzero(~np.isfinite(b) | (b > 0))
-        if bad.size:
-            j = int(bad[0])
-            what = "NaN" if np.isnan(b[j]) else ("infinite" if np.isinf(b[j]) else "positive")
-            raise THLInputError(f"sequence {i}: log-prob {b[j]!r} at position {j} is {what}; log-probs must be finite and <= 0")
-        ids_out.append(a)
-        lp_out.append(b)
-    return ids_out, lp_out
+        v = float(flat_lp[k])
+        what = "NaN" if np.isnan(v) else ("infinite" if np.isinf(v) else "positive")
+        raise THLInputError(f"sequence {i}: log-prob {v!r} at position {j} is {what}; log-probs must be finite and <= 0")
+    return Batch(ids_out, lp_out, flat_ids, flat_lp, lengths)
 
 
 def decode_batch(tokenizer: Any, seqs: list[list[int]]) -> list[str]:
@@ -106,12 +112,10 @@ class SourceSide:
     eos_logprob: np.ndarray  # per sequence: the final EOS's log-prob when it has a counterpart, else NaN
 
 
-def adapt_source(tokenizer: Any, info: VocabInfo, ids: list[np.ndarray], lps: list[np.ndarray], *, append_eos: bool) -> SourceSide:
+def adapt_source(tokenizer: Any, info: VocabInfo, batch: Batch, *, append_eos: bool) -> SourceSide:
     """Strip specials, decode each response as one sequence, and place its tokens on the text."""
-    n = len(ids)
-    lengths = np.array([a.size for a in ids], dtype=np.int64)
-    all_ids = np.concatenate(ids) if n else np.zeros(0, np.int64)
-    all_lp = np.concatenate(lps) if n else np.zeros(0)
+    lengths, all_ids, all_lp = batch.lengths, batch.flat_ids, batch.flat_logprobs
+    n = lengths.size
     seq = np.repeat(np.arange(n, dtype=np.int64), lengths)
     special = info.special[all_ids]
     eos_logprob = np.full(n, np.nan)
@@ -133,159 +137,50 @@ def adapt_source(tokenizer: Any, info: VocabInfo, ids: list[np.ndarray], lps: li
     ends = np.zeros(k_ids.size, dtype=np.int64)
     fallback = list(range(n))
     if info.kind != "unknown":
-        fallback = _byte_view_spans(info, k_ids, bounds, texts, starts, ends)
+        fallback = _byte_view_spans(info, k_ids, k_seq, bounds, texts, starts, ends)
     for i in fallback:
         s, e = computed_char_spans(lambda b: decode_batch(tokenizer, b), id_lists[i], texts[i])
         starts[bounds[i] : bounds[i + 1]], ends[bounds[i] : bounds[i + 1]] = s, e
     return SourceSide(texts, k_seq, k_lp, starts, ends, special_mass, eos_logprob)
 
 
-def _byte_view_spans(info: VocabInfo, k_ids: np.ndarray, bounds: np.ndarray, texts: list[str], starts: np.ndarray, ends: np.ndarray) -> list[int]:
-    """Fill spans from the byte view for every sequence it explains; return the others."""
-    tok_len = info.lengths[k_ids]
-    tok_end = np.cumsum(tok_len)
-    blob = info.gather_bytes(k_ids)
-    seq_byte = np.concatenate([[0], tok_end])[bounds]  # byte offset of each sequence in the blob
-    good, shifts, encoded, fallback = [], [], [], []
-    for i, text in enumerate(texts):
-        b = blob[seq_byte[i] : seq_byte[i + 1]]
-        d = text.encode("utf-8")
-        if b == d:
-            shift = 0
-        elif len(b) > len(d) and b.endswith(d) and not b[: len(b) - len(d)].strip(b" "):
-            shift = len(b) - len(d)  # the decoder dropped leading space(s): SentencePiece's dummy prefix
-        else:
-            fallback.append(i)
-            continue
-        good.append(i)
-        shifts.append(shift)
-        encoded.append(d)
-    if not good:
-        return fallback
-    joined = b"".join(encoded)
-    text_byte0 = np.concatenate([[0], np.cumsum([len(d) for d in encoded])]).astype(np.int64)
-    text_char0 = np.concatenate([[0], np.cumsum([len(texts[i]) for i in good])]).astype(np.int64)
-    sel = np.concatenate([np.arange(bounds[i], bounds[i + 1]) for i in good]).astype(np.int64)
-    which = np.repeat(np.arange(len(good)), [bounds[i + 1] - bounds[i] for i in good])
-    # byte position of each token inside its own sequence, minus the dropped prefix, clipped to the text
-    local0 = tok_end[sel] - tok_len[sel] - seq_byte[np.asarray(good)][which] - np.asarray(shifts, np.int64)[which]
-    text_len = text_byte0[1:] - text_byte0[:-1]
-    b0 = np.clip(local0, 0, text_len[which]) + text_byte0[which]
-    b1 = np.clip(local0 + tok_len[sel], 0, text_len[which]) + text_byte0[which]
-    s, e = byte_spans_to_chars(b0, b1, char_index_of_bytes(joined), int(text_char0[-1]))
-    starts[sel] = s - text_char0[which]
-    ends[sel] = e - text_char0[which]
-    return fallback
+def _byte_view_spans(
+    info: VocabInfo, k_ids: np.ndarray, k_seq: np.ndarray, bounds: np.ndarray, texts: list[str], starts: np.ndarray, ends: np.ndarray
+) -> list[int]:
+    """Fill spans from the byte view for every sequence it explains; return the others.
 
-
-@dataclass(frozen=True)
-class TargetSide:
-    """The learner side of a batch: the response slice of each encoding (``ids``), the tokens before
-    it (``prompt_ids``), and per response token (concatenated) its sequence and span in the text."""
-
-    ids: list[np.ndarray]
-    prompt_ids: list[np.ndarray]
-    seq: np.ndarray
-    starts: np.ndarray
-    ends: np.ndarray
-    straddle: np.ndarray  # per sequence: the first response token also covers prompt characters
-
-
-_Row = tuple[np.ndarray, np.ndarray, np.ndarray]  # ids, (n, 2) offsets, template-added mask
-
-
-def _encode_one(tokenizer: Any, text: str, add_special: bool, literal: bool) -> _Row:
-    """One encoding with offsets; ``literal`` turns special-token parsing off (``"</s>"`` stays text)."""
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is not None:
-        old = backend.encode_special_tokens
-        backend.encode_special_tokens = literal
-        try:
-            e = backend.encode(text, add_special_tokens=add_special)
-        finally:
-            backend.encode_special_tokens = old
-        return _row(e.ids, e.offsets, e.special_tokens_mask)
-    enc = tokenizer(text, add_special_tokens=add_special, return_special_tokens_mask=True, split_special_tokens=literal)
-    ids = np.asarray(enc["input_ids"], dtype=np.int64)
-    added = np.asarray(enc["special_tokens_mask"], dtype=bool) if add_special else np.zeros(ids.size, bool)
-    off = np.zeros((ids.size, 2), dtype=np.int64)
-
-    def decode(batch: list[list[int]]) -> list[str]:
-        return tokenizer.batch_decode(batch, skip_special_tokens=False, clean_up_tokenization_spaces=False)
-
-    s, e = computed_char_spans(decode, ids[~added].tolist(), text)
-    off[~added, 0], off[~added, 1] = s, e
-    return ids, off, added
-
-
-def _row(ids: list[int], offsets: list[tuple[int, int]], added: list[int]) -> _Row:
-    return (
-        np.asarray(ids, dtype=np.int64),
-        np.asarray(offsets, dtype=np.int64).reshape(-1, 2),
-        np.asarray(added, dtype=bool),
-    )
-
-
-def _encode_literal(tokenizer: Any, info: VocabInfo, full: str, p: int, add_special: bool, row: _Row) -> _Row:
-    """Re-encode so that special-token spellings in the response stay text.
-
-    With no special token parsed inside the prompt, the whole string is encoded with parsing off
-    (exact). Otherwise the prompt is kept up to its last special token and the rest is encoded with
-    parsing off (tokenizers split text at special tokens anyway, so this is the same segmentation).
+    Sequence ``i`` is explained when its token bytes are ``shift_i`` spaces (dropped by the decoder:
+    SentencePiece's dummy prefix) followed by exactly the UTF-8 bytes of its decoded text. Vectorised
+    over the batch: one gather of token bytes, one encode of the joined texts, one comparison.
     """
-    ids, off, added = row
-    in_prompt = np.flatnonzero(~added & info.special[ids] & (off[:, 1] <= p))
-    if in_prompt.size == 0:
-        return _encode_one(tokenizer, full, add_special, literal=True)
-    j = int(in_prompt[-1])
-    c = int(off[j, 1])
-    t_ids, t_off, _ = _encode_one(tokenizer, full[c:], False, literal=True)
-    return (
-        np.concatenate([ids[: j + 1], t_ids]),
-        np.concatenate([off[: j + 1], t_off + c]),
-        np.concatenate([added[: j + 1], np.zeros(t_ids.size, bool)]),
-    )
-
-
-def encode_target(tokenizer: Any, info: VocabInfo, texts: list[str], prompts: list[str] | None) -> TargetSide:
-    """Encode each response with the learner's tokenizer (see the module) and slice the response out."""
     n = len(texts)
-    add_special = prompts is not None
-    full = texts if prompts is None else [p + t for p, t in zip(prompts, texts, strict=True)]
-    plen = [0] * n if prompts is None else [len(p) for p in prompts]
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is not None:
-        rows = [_row(e.ids, e.offsets, e.special_tokens_mask) for e in backend.encode_batch(full, add_special_tokens=add_special)]
-    else:
-        rows = [_encode_one(tokenizer, f, add_special, literal=False) for f in full]
-    ids_out, prompt_out, seqs, starts, ends = [], [], [], [], []
-    straddle = np.zeros(n, dtype=bool)
-    for i in range(n):
-        p = plen[i]
-        tgt, prm, off, k = _slice(rows[i], p)
-        if info.special[tgt].any():
-            tgt, prm, off, k = _slice(_encode_literal(tokenizer, info, full[i], p, add_special, rows[i]), p)
-        ids_out.append(tgt)
-        prompt_out.append(prm)
-        seqs.append(np.full(tgt.size, i, dtype=np.int64))
-        starts.append(np.clip(off[:, 0] - p, 0, len(texts[i])))
-        ends.append(np.clip(off[:, 1] - p, 0, len(texts[i])))
-        straddle[i] = tgt.size > 0 and off[0, 0] < p
-    cat = np.concatenate if n else (lambda _: np.zeros(0, np.int64))
-    return TargetSide(ids_out, prompt_out, cat(seqs), cat(starts), cat(ends), straddle)
-
-
-def _slice(row: _Row, p: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
-    """(response ids, prompt ids, response offsets, k): the response starts at the first text token
-    ending after character ``p``; tokens the template added (BOS/EOS) never belong to it."""
-    ids, off, added = row
-    resp = ~added & (off[:, 1] > p)
-    if resp.any():
-        k = int(np.argmax(resp))
-    else:  # an empty response: everything is prompt
-        text_tok = np.flatnonzero(~added)
-        k = int(text_tok[-1]) + 1 if text_tok.size else ids.size
-    keep = ~added
-    keep[:k] = False
-    return ids[keep], ids[:k], off[keep], k
-
+    tok_len = info.lengths[k_ids]
+    tok0 = np.cumsum(tok_len) - tok_len
+    blob_bytes = info.gather_bytes(k_ids)
+    blob = np.frombuffer(blob_bytes, dtype=np.uint8)
+    seq_byte = np.append(tok0, blob.size)[bounds]  # where each sequence starts in the blob
+    joined = "".join(texts).encode("utf-8")
+    jb = np.frombuffer(joined, dtype=np.uint8)
+    lead = np.flatnonzero((jb & 0xC0) != 0x80)  # first byte of every character
+    char0 = np.concatenate([[0], np.cumsum([len(t) for t in texts])]).astype(np.int64)
+    text_byte0 = np.append(lead, jb.size)[char0]
+    text_blen = np.diff(text_byte0)
+    shift = np.diff(seq_byte) - text_blen
+    tb0, sb0, sh = text_byte0.tolist(), seq_byte.tolist(), shift.tolist()
+    expected = b"".join(b" " * max(sh[i], 0) + joined[tb0[i] : tb0[i + 1]] for i in range(n))
+    if not (shift < 0).any() and expected == blob_bytes:  # the common case: all explained at once
+        bad = shift < 0
+    else:  # find the sequences the byte view does not explain
+        bad = np.array([
+            sh[i] < 0 or blob[sb0[i] : sb0[i + 1]].tobytes() != b" " * sh[i] + joined[tb0[i] : tb0[i + 1]] for i in range(n)
+        ], dtype=bool)
+    good = ~bad
+    sel = good[k_seq]
+    q = k_seq[sel]
+    local0 = tok0[sel] - seq_byte[q] - shift[q]  # byte position in the text, before clipping
+    b0 = np.clip(local0, 0, text_blen[q]) + text_byte0[q]
+    b1 = np.clip(local0 + tok_len[sel], 0, text_blen[q]) + text_byte0[q]
+    s, e = byte_spans_to_chars(b0, b1, np.cumsum((jb & 0xC0) != 0x80, dtype=np.int64) - 1, int(char0[-1]))
+    starts[sel] = s - char0[q]
+    ends[sel] = e - char0[q]
+    return np.flatnonzero(bad).tolist()

@@ -3,9 +3,9 @@
 Given a peer's response ids ``y`` (tokenizer ``T_j``) with behaviour log-probs ``ℓ_k``, THL returns the
 response in the learner's tokens ``ỹ`` (tokenizer ``T_i``) with log-probs ``ℓ'_n``:
 
-1. **Text** (:mod:`mrl_llm.thl.adapt`): the peer's whole-sequence decode with its special tokens taken
-   out, re-encoded by the learner (after ``prompt_text`` when given). Every peer and learner token
-   gets a character span of the text.
+1. **Text** (:mod:`mrl_llm.thl.adapt`, :mod:`mrl_llm.thl.encode`): the peer's whole-sequence
+   decode with its special tokens taken out, re-encoded by the learner (after ``prompt_text`` when
+   given). Every peer and learner token gets a character span of the text.
 2. **Words** (:mod:`mrl_llm.thl.words`): a word is a run of whitespace followed by a maximal run of
    non-whitespace (whitespace belongs to the next word; trailing whitespace is a last,
    whitespace-only word). A token belongs to every word its span touches; an empty span belongs to
@@ -35,8 +35,10 @@ mass goes to ``unaligned_mass``. Trailing whitespace of the text is its own last
 to the learner tokens that spell it, before the EOS.
 
 **Same vocabulary** (:func:`mrl_llm.thl.vocab.same_vocabulary`): ids and log-probs pass through
-unchanged, no decode/re-encode (the text is decoded for information only); with ``append_eos=False``
-a final EOS is dropped and its mass is unaligned.
+unchanged, no decode/re-encode (the text is decoded for information only). The EOS contract still
+holds: a final peer EOS becomes the learner's EOS id when the two tokenizers name different EOS
+tokens (e.g. a base and a chat tokenizer of one family), and with ``append_eos=False`` or a learner
+without an EOS it is dropped and its mass is unaligned.
 
 **Invariant**: ``Σ target_logprobs + unaligned_mass = Σ source_logprobs`` (float64 rounding only).
 """
@@ -48,7 +50,8 @@ from typing import Any
 
 import numpy as np
 
-from mrl_llm.thl.adapt import SourceSide, TargetSide, adapt_source, as_arrays, decode_batch, encode_target
+from mrl_llm.thl.adapt import Batch, SourceSide, adapt_source, as_arrays, decode_batch
+from mrl_llm.thl.encode import TargetSide, encode_target
 from mrl_llm.thl.trace import AlignedTrace, Residual
 from mrl_llm.thl.vocab import VocabInfo, same_vocabulary, vocab_info
 from mrl_llm.thl.words import codepoints, segment_starts, word_spans
@@ -81,42 +84,42 @@ def align_traces(
 ) -> list[AlignedTrace]:
     """:func:`align_trace` for many sequences at once (batched decode and encode, vectorised pooling)."""
     src, tgt = vocab_info(source_tokenizer), vocab_info(target_tokenizer)
-    ids, lps = as_arrays(src, batch_ids, batch_logprobs)
+    batch = as_arrays(src, batch_ids, batch_logprobs)
     if prompt_texts is not None:
-        if len(prompt_texts) != len(ids):
-            raise ValueError(f"got {len(prompt_texts)} prompt texts for {len(ids)} sequences; pass one prompt per sequence or none")
+        if len(prompt_texts) != len(batch.ids):
+            raise ValueError(f"got {len(prompt_texts)} prompt texts for {len(batch.ids)} sequences; pass one prompt per sequence or none")
         prompt_texts = [str(p) for p in prompt_texts]
     if same_vocabulary(source_tokenizer, target_tokenizer):
-        return _passthrough(source_tokenizer, target_tokenizer, src, ids, lps, prompt_texts, append_eos)
-    source = adapt_source(source_tokenizer, src, ids, lps, append_eos=append_eos)
+        return _passthrough(source_tokenizer, target_tokenizer, src, tgt, batch, prompt_texts, append_eos)
+    source = adapt_source(source_tokenizer, src, batch, append_eos=append_eos)
     target = encode_target(target_tokenizer, tgt, source.texts, prompt_texts)
     return _pool(source, target, tgt.eos_id)
 
 
 def _passthrough(
-    source_tokenizer: Any, target_tokenizer: Any, src: VocabInfo, ids: list[np.ndarray], lps: list[np.ndarray],
-    prompts: list[str] | None, append_eos: bool,
+    source_tokenizer: Any, target_tokenizer: Any, src: VocabInfo, tgt: VocabInfo, batch: Batch, prompts: list[str] | None,
+    append_eos: bool,
 ) -> list[AlignedTrace]:
-    texts = decode_batch(source_tokenizer, [a.tolist() for a in ids])
+    texts = decode_batch(source_tokenizer, [a.tolist() for a in batch.ids])
     if prompts is None:
-        prompt_ids = [np.zeros(0, np.int64)] * len(ids)
+        prompt_ids = [np.zeros(0, np.int64)] * len(texts)
     else:
         prompt_ids = [np.asarray(target_tokenizer(p, add_special_tokens=True)["input_ids"], np.int64) for p in prompts]
     out = []
-    for a, b, text, prm in zip(ids, lps, texts, prompt_ids, strict=True):
+    for a, b, text, prm in zip(batch.ids, batch.logprobs, texts, prompt_ids, strict=True):
+        a, b = a.copy(), b.copy()
         ends_eos = a.size > 0 and src.eos_id is not None and int(a[-1]) == src.eos_id
+        eos_kept = ends_eos and append_eos and tgt.eos_id is not None
         unaligned = 0.0
-        if ends_eos and not append_eos:
+        if eos_kept:
+            a[-1] = tgt.eos_id
+        elif ends_eos:
             a, unaligned, b = a[:-1], float(b[-1]), b[:-1]
-        spans = tuple(word_spans(text))
+        spans = np.array(word_spans(text), dtype=np.int64).reshape(-1, 2)
         res = Residual(word_mass_error=0.0, moved_mass=0.0, unaligned_mass=unaligned, crossing_mass=0.0,
                        n_words=len(spans), n_boundary_conflicts=0, n_split_chars=0)
-        out.append(AlignedTrace(text, a.copy(), b.copy(), prm, spans, res, bool(ends_eos and append_eos), True))
+        out.append(AlignedTrace(text, a, b, prm, spans, res, eos_kept, True))
     return out
-
-
-def _word_of(pos: np.ndarray, word_starts: np.ndarray) -> np.ndarray:
-    return np.searchsorted(word_starts, pos, side="right") - 1
 
 
 def _pool(source: SourceSide, target: TargetSide, target_eos: int | None) -> list[AlignedTrace]:
@@ -130,14 +133,18 @@ def _pool(source: SourceSide, target: TargetSide, target_eos: int | None) -> lis
     n_words = np.bincount(_word_seq(ws, char0), minlength=n)
     word0 = np.concatenate([[0], np.cumsum(n_words)]).astype(np.int64)
     W = ws.size
+    starts_mask = np.zeros(int(char0[-1]) + 1, dtype=bool)
+    starts_mask[ws] = True
+    word_of_char = np.cumsum(starts_mask) - 1  # the word of each character of the joined texts
 
-    def place(seq: np.ndarray, s: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """(first word, last word, placeable, global start, global end) of tokens given local spans."""
+    def place(seq: np.ndarray, s: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, ...]:
+        """(first word, last word, placeable, global start, global end) of tokens given local spans;
+        an empty span belongs to the word at its position (the last word, at the end of the text)."""
         ok = text_len[seq] > 0
         gs, ge = s + char0[seq], e + char0[seq]
-        anchor = np.minimum(gs, char0[seq + 1] - 1)
-        first = _word_of(anchor, ws)
-        last = np.where(ge > gs, _word_of(np.maximum(ge - 1, anchor), ws), first)
+        anchor = np.maximum(np.minimum(gs, char0[seq + 1] - 1), 0)
+        first = word_of_char[anchor]
+        last = np.where(ge > gs, word_of_char[np.maximum(ge - 1, anchor)], first)
         return np.where(ok, first, -1), np.where(ok, last, -1), ok, gs, ge
 
     s_first, s_last, s_ok, s_gs, s_ge = place(source.seq, source.starts, source.ends)
@@ -156,7 +163,7 @@ def _pool(source: SourceSide, target: TargetSide, target_eos: int | None) -> lis
     recipient = _recipients(cover > 0, word_seq)
     placed = recipient >= 0
     m_w = np.bincount(recipient[placed], s_w[placed], minlength=W)
-    t_lp = np.bincount(t_rep, t_share * m_w[t_word] / cover[t_word], minlength=t_first.size)
+    t_lp = np.bincount(t_rep, t_share * m_w[t_word] / cover[t_word], minlength=t_first.size).astype(np.float64)
     t_w = np.bincount(t_word, t_share * t_lp[t_rep], minlength=W)
 
     unaligned = source.special_mass.copy()
@@ -172,29 +179,28 @@ def _pool(source: SourceSide, target: TargetSide, target_eos: int | None) -> lis
     moved = 0.5 * _segment_reduce(np.add, err, word0)
     s_cross = s_last[s_ok] > s_first[s_ok]
     t_cross = t_last > t_first
-    crossing_mass = np.bincount(source.seq[s_ok][s_cross], np.abs(s_lp[s_cross]), minlength=n)
+    crossing_mass = np.bincount(source.seq[s_ok][s_cross], np.abs(s_lp[s_cross]), minlength=n).astype(np.float64)
     conflicts = np.bincount(source.seq[s_ok][s_cross], minlength=n) + np.bincount(target.seq[t_cross], minlength=n) + target.straddle
     split = _split_chars(source.seq, source.starts, source.ends, n) + _split_chars(target.seq, target.starts, target.ends, n)
 
-    t_bounds = np.concatenate([[0], np.cumsum([a.size for a in target.ids])]).astype(np.int64)
+    # outputs: learner ids and log-probs with the EOS counterpart inserted, cut per sequence
+    t_sizes = np.fromiter((a.size for a in target.ids), dtype=np.int64, count=n)
+    at = np.cumsum(t_sizes)[eos_ok]
+    all_ids = np.insert(np.concatenate(target.ids) if n else np.zeros(0, np.int64), at, target_eos if target_eos is not None else 0)
+    all_lp = np.insert(t_lp, at, source.eos_logprob[eos_ok])
+    bounds = np.concatenate([[0], np.cumsum(t_sizes + eos_ok)]).tolist()
+    spans_all = np.stack([ws - char0[word_seq], word_end - char0[word_seq]], axis=1) if W else np.zeros((0, 2), np.int64)
+    w0 = word0.tolist()
+    columns = zip(max_err.tolist(), moved.tolist(), unaligned.tolist(), crossing_mass.tolist(), n_words.tolist(),
+                  conflicts.tolist(), split.tolist(), strict=True)
     out = []
-    for i in range(n):
-        lp = t_lp[t_bounds[i] : t_bounds[i + 1]]
-        tid = target.ids[i]
-        if eos_ok[i]:
-            tid = np.append(tid, np.int64(target_eos))
-            lp = np.append(lp, source.eos_logprob[i])
-        spans = tuple(zip((ws[word0[i] : word0[i + 1]] - char0[i]).tolist(), (word_end[word0[i] : word0[i + 1]] - char0[i]).tolist(), strict=True))
-        res = Residual(
-            word_mass_error=float(max_err[i]),
-            moved_mass=float(moved[i]),
-            unaligned_mass=float(unaligned[i]),
-            n_words=int(n_words[i]),
-            crossing_mass=float(crossing_mass[i]),
-            n_boundary_conflicts=int(conflicts[i]),
-            n_split_chars=int(split[i]),
-        )
-        out.append(AlignedTrace(texts[i], tid.astype(np.int64), lp.astype(np.float64), target.prompt_ids[i].copy(), spans, res, bool(eos_ok[i]), False))
+    for i, (err_i, moved_i, unal_i, cross_i, words_i, conf_i, split_i) in enumerate(columns):
+        a, b = bounds[i], bounds[i + 1]
+        res = Residual(err_i, moved_i, unal_i, cross_i, words_i, conf_i, split_i)
+        out.append(AlignedTrace(  # copies: a cached trace must not keep the whole batch alive
+            texts[i], all_ids[a:b].copy(), all_lp[a:b].copy(), target.prompt_ids[i].copy(), spans_all[w0[i] : w0[i + 1]].copy(),
+            res, bool(eos_ok[i]), False,
+        ))
     return out
 
 
@@ -221,6 +227,8 @@ def _shares(first: np.ndarray, last: np.ndarray, gs: np.ndarray, ge: np.ndarray,
     """(token, word, share) triples: each token's share of each word it touches, by characters
     (1 for a token inside one word, or with an empty span)."""
     count = last - first + 1
+    if not (count > 1).any():  # no token crosses a boundary: one (token, word, 1.0) each
+        return np.arange(first.size), first, np.ones(first.size)
     rep = np.repeat(np.arange(first.size), count)
     step = np.arange(rep.size) - np.repeat(np.cumsum(count) - count, count)
     word = first[rep] + step

@@ -16,7 +16,8 @@ THL places every token on a character span ``[start, end)`` of its text. Three s
    prefixes of the text with the decodes of ``ids[:k-1]`` and ``ids[:k]``. A token that completes no
    character (a partial byte) covers the character it contributes to. Quadratic in the length, so
    THL uses it only where 1. and 2. are unavailable (invalid UTF-8, an unknown decoder, a tokenizer
-   without offsets).
+   without offsets). Its one blind spot: a partial character decodes to U+FFFD, so where the text
+   holds a real U+FFFD a partial byte token may be placed on the character after it.
 """
 
 from __future__ import annotations

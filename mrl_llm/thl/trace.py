@@ -45,8 +45,8 @@ class AlignedTrace:
     ``target_ids`` / ``target_logprobs`` are the learner's response tokens and their aligned log-probs
     (ending with the learner's EOS when ``eos_appended``); ``prompt_ids`` are the learner's prompt
     tokens when a prompt was given (``prompt_ids + target_ids`` is the learner's encoding of
-    prompt + response), else empty. ``word_spans`` are the ``[start, end)`` character spans of the
-    words of ``text`` (:mod:`mrl_llm.thl.words`). ``passthrough`` is True when both sides share a
+    prompt + response), else empty. ``word_spans`` is an ``(n_words, 2)`` int array of the
+    ``[start, end)`` character spans of the words of ``text`` (:mod:`mrl_llm.thl.words`). ``passthrough`` is True when both sides share a
     vocabulary and ids / log-probs were passed through unchanged. Arrays are read-only.
     """
 
@@ -54,11 +54,11 @@ class AlignedTrace:
     target_ids: np.ndarray
     target_logprobs: np.ndarray
     prompt_ids: np.ndarray
-    word_spans: tuple[tuple[int, int], ...]
+    word_spans: np.ndarray
     residual: Residual
     eos_appended: bool
     passthrough: bool
 
     def __post_init__(self) -> None:
-        for a in (self.target_ids, self.target_logprobs, self.prompt_ids):
+        for a in (self.target_ids, self.target_logprobs, self.prompt_ids, self.word_spans):
             a.flags.writeable = False

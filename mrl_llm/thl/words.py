@@ -56,5 +56,7 @@ def segment_starts(cps: np.ndarray, text_starts: np.ndarray) -> np.ndarray:
 
 def word_spans(text: str) -> list[tuple[int, int]]:
     """The ``(start, end)`` character spans of the segments of one text (see the module rule)."""
+    if not text:
+        return []
     starts = segment_starts(codepoints(text), np.zeros(1, dtype=np.int64)).tolist()
     return list(zip(starts, starts[1:] + [len(text)], strict=True))

@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 import unicodedata
 from itertools import permutations
+from pathlib import Path
 
 import pytest
 
 from tests.thl import tiny_tokenizers as tiny
 
+REPO_ROOT = Path(__file__).resolve().parents[2]
 REAL = ("qwen1.5", "llama2", "mistral", "gpt2")
 REAL_PAIRS = list(permutations(REAL, 2))
 
