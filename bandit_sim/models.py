@@ -51,7 +51,7 @@ class TabularModel:
         self.shape = (R, S, P, C, K)
         self.theta = init_logits.permute(1, 0, 2)[None, :, None].expand(S, C, R, P, K).contiguous()
         self.flat = self.theta.view(S * C, R * P * K)
-        self.opt = _Optimizer(self.theta, optimizer, lr)
+        self.opt = _Optimizer(self.flat, optimizer, lr)
         self.sparse = optimizer == "sgd"
 
     def _rows(self, ctx: torch.Tensor) -> torch.Tensor:
