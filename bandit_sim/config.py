@@ -43,7 +43,7 @@ class RunConfig:
     batch_prompts: int = 32
     group_size: int = 8
     epochs: int = 1
-    lr: float = 20.0
+    lr: float = 5.0
     optimizer: Literal["sgd", "adam"] = "sgd"
     model: Literal["tabular", "loglinear"] = "tabular"
     feature_dim: int = 16

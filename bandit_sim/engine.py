@@ -9,7 +9,10 @@ A step (:meth:`Engine.step`):
    ``r ~ Bernoulli(rewards[c, a])``; its log-probs are the behaviour trace;
 3. learn — per regime, one call of the core (:func:`bandit_sim.batching.plan_batch` -> ``regime_plan``
    over ``[S, B, P, G]``) gives each learner its rows; then for ``epochs`` passes, one call of the core's
-   ``regime_loss`` over ``[R, S, P, N, T=1]``, autograd to the batch logits, an optimizer step.
+   ``regime_loss`` over ``[S, P, N, T=1]``, autograd to the batch logits, an optimizer step.
+
+Steps 2-3 run one regime at a time, each vectorised over seeds, policies, prompts and samples (the
+regime loop keeps the working set in cache; the regimes share step 1's draw).
 
 PRP peer rows use the core's behaviour correction with ``mu`` = the learner's snapshot (``prp_snapshot``)
 or the peer's recorded log-prob plus the THL residual ``thl_bias + thl_sigma * xi`` (``prp_thl``).
@@ -34,24 +37,24 @@ from shared_interfaces.losses import regime_loss
 from shared_interfaces.regimes import behaviour_correction
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
-_STACKED = ("advantages", "pg_mask", "sample_weight", "sgt_mask", "use_mu", "gate")
 
 
 @dataclass
 class Draw:
     """One step's randomness: prompts ``ctx [S, B]``, sampling and reward uniforms ``[S, P, B, G]``,
-    THL residual normals ``xi [S, P, N]``."""
+    THL residual normals ``xi [S, P, N]``; and the prompts' reward probabilities ``[S, P, B, K]``."""
 
     ctx: torch.Tensor
     u_arm: torch.Tensor
     u_reward: torch.Tensor
     xi: torch.Tensor
+    reward_prob: torch.Tensor
 
 
 @dataclass
 class Rollout:
-    """``actions``, ``rewards`` (0/1) and behaviour log-probs, each ``[R, S, P, B, G]``; the batch
-    logits ``[R, S, P, B, K]`` they were sampled from (a leaf requiring grad) and their log-softmax."""
+    """One regime's ``actions``, ``rewards`` (0/1) and behaviour log-probs, each ``[S, P, B, G]``; the
+    batch logits ``[S, P, B, K]`` they were sampled from (a leaf requiring grad) and their log-softmax."""
 
     actions: torch.Tensor
     rewards: torch.Tensor
@@ -102,9 +105,9 @@ class Engine:
             for k, name in enumerate(("ctx", "arm", "reward", "thl"))
         }
         self.needs_xi = cfg.thl_sigma > 0 and any(s.denominator == "thl" for s in self.specs)
-        self.sgt_groups = self._sgt_groups()
         self.sgt_rngs = [np.random.default_rng([cfg.seed, zlib.crc32(s.name.encode())]) for s in self.specs]
         self.t = 0
+        self.last_draw: Draw | None = None
 
     # -- 1. draw -----------------------------------------------------------------------------------
     def draw(self) -> Draw:
@@ -118,119 +121,96 @@ class Engine:
             xi = torch.randn(S, P, self.N, generator=g["thl"], dtype=self.dtype)
         else:
             xi = torch.zeros((), dtype=self.dtype)
-        return Draw(ctx, u_arm, u_reward, xi)
+        return Draw(ctx, u_arm, u_reward, xi, self.rewards[ctx].unsqueeze(1).expand(-1, P, -1, -1))
 
     # -- 2. rollout ----------------------------------------------------------------------------------
-    def rollout(self, d: Draw) -> Rollout:
-        """Inverse-CDF sampling; an arm whose probability is below the dtype's resolution (2^-24 of the
-        total in float32) is never drawn."""
-        z = self.model.batch_logits(d.ctx).requires_grad_(True)  # [R, S, P, B, K], a leaf for learn()
+    def rollout(self, d: Draw, r: int) -> Rollout:
+        """Regime ``r``'s policies sample by inverse CDF; an arm whose probability is below the dtype's
+        resolution (2^-24 of the total in float32) is never drawn."""
+        z = self.model.batch_logits(r, d.ctx).requires_grad_(True)  # [S, P, B, K], a leaf for learn()
         logp = torch.log_softmax(z, dim=-1)  # tracked: learn()'s first epoch reuses it
         cdf = logp.detach().exp().cumsum(dim=-1)
         total = cdf[..., -1:]
-        x = torch.minimum(d.u_arm[None] * total, torch.nextafter(total, torch.zeros_like(total)))
+        x = torch.minimum(d.u_arm * total, torch.nextafter(total, torch.zeros_like(total)))
         actions = torch.searchsorted(cdf, x, right=True).clamp_(max=self.K - 1)
-        p_reward = self.rewards[d.ctx][None, :, None].expand(self.R, -1, self.P, -1, -1).gather(-1, actions)
-        rewards = (d.u_reward[None] < p_reward).to(self.dtype)
+        p_reward = d.reward_prob.gather(-1, actions)
+        rewards = (d.u_reward < p_reward).to(self.dtype)
         return Rollout(actions, rewards, logp.detach().gather(-1, actions), z, logp)
 
     # -- 3. learn ------------------------------------------------------------------------------------
-    def plan(self, rewards: torch.Tensor) -> list[LearnerBatch]:
-        """One core call per regime over ``[S, B, P, G]``."""
-        r = rewards.permute(0, 1, 3, 2, 4).numpy()  # [R, S, B, P, G]
+    def plan(self, r: int, rewards: torch.Tensor) -> LearnerBatch:
+        """The core's decisions for regime ``r``'s rollouts: one ``regime_plan`` call over ``[S, B, P, G]``."""
         np_dtype = np.float32 if self.dtype == torch.float32 else np.float64
-        return [plan_batch(spec, r[i], rng=self.sgt_rngs[i], dtype=np_dtype) for i, spec in enumerate(self.specs)]
+        return plan_batch(self.specs[r], rewards.transpose(1, 2).numpy(), rng=self.sgt_rngs[r], dtype=np_dtype)
 
     def _rows(self, x: torch.Tensor) -> torch.Tensor:
-        """``[R, S, P_src, B, G] -> [R, S, 1, N]`` in ``(b, j, g)`` row order."""
-        R, S = x.shape[:2]
-        return x.permute(0, 1, 3, 2, 4).reshape(R, S, 1, self.N)
+        """``[S, P_src, B, G] -> [S, 1, N]`` in ``(b, j, g)`` row order."""
+        return x.transpose(1, 2).reshape(x.shape[0], 1, self.N)
 
-    def learn(self, d: Draw, ro: Rollout, diagnose: bool = True) -> dict[str, torch.Tensor]:
-        """Plan, then ``epochs`` optimizer passes on the batch. Returns step diagnostics ``[R, S, P]``
-        (the density-ratio variances only when ``diagnose``)."""
-        R, S, P, B, N = self.R, self.S, self.P, self.B, self.N
-        batches = self.plan(ro.rewards)
-        st = {k: torch.stack([getattr(b, k) for b in batches]) for k in _STACKED}
-        adv, weight = st["advantages"], st["sample_weight"]
-        pg_mask, sgt_mask = st["pg_mask"].unsqueeze(-1), st["sgt_mask"].unsqueeze(-1)
-        idx = self._rows(ro.actions).reshape(R, S, 1, B, -1).expand(R, S, P, B, -1)
-        src_logp = self._rows(ro.behaviour_logp).expand(R, S, P, N)
-        mu = src_logp + self.cfg.thl_bias + self.cfg.thl_sigma * d.xi[None]
+    def learn(self, d: Draw, ro: Rollout, r: int, diagnose: bool = True) -> dict[str, torch.Tensor]:
+        """Regime ``r``: plan, then ``epochs`` optimizer passes on the batch with the core's loss. Returns
+        step diagnostics ``[S, P]`` (the density-ratio variances only when ``diagnose``)."""
+        S, P, B, N, cfg = self.S, self.P, self.B, self.N, self.cfg
+        batch = self.plan(r, ro.rewards)
+        pg_mask, sgt_mask = batch.pg_mask.unsqueeze(-1), batch.sgt_mask.unsqueeze(-1)
+        idx = self._rows(ro.actions).reshape(S, 1, B, -1).expand(S, P, B, -1)
+        src_logp = self._rows(ro.behaviour_logp).expand(S, P, N)
+        mu = src_logp + cfg.thl_bias + cfg.thl_sigma * d.xi
         ref = None
-        if self.cfg.loss.kl_coef > 0:
-            ref = self.init_logp[:, d.ctx].permute(1, 0, 2, 3)[None].expand(R, -1, -1, -1, -1)
-            ref = ref.gather(-1, idx).reshape(R, S, P, N, 1)
-        clip = torch.zeros(R, S, P, dtype=torch.float64)
-        gnorm = torch.zeros(R, S, P, dtype=torch.float64)
-        for epoch in range(self.cfg.epochs):
+        if cfg.loss.kl_coef > 0:
+            ref = self.init_logp[:, d.ctx].transpose(0, 1).gather(-1, idx).reshape(S, P, N, 1)
+        clip = torch.zeros(S, P, dtype=torch.float64)
+        gnorm = torch.zeros(S, P, dtype=torch.float64)
+        for epoch in range(cfg.epochs):
             if epoch == 0:
                 z, logp_all = ro.logits, ro.logp_all
             else:
-                z = self.model.batch_logits(d.ctx).requires_grad_(True)
+                z = self.model.batch_logits(r, d.ctx).requires_grad_(True)
                 logp_all = torch.log_softmax(z, dim=-1)
-            logp = logp_all.gather(-1, idx).reshape(R, S, P, N)
+            logp = logp_all.gather(-1, idx).reshape(S, P, N)
             if epoch == 0:
                 old = logp.detach()
-                coef = torch.ones_like(old)
-                for i, b in enumerate(batches):
-                    if b.denominator == "thl":
-                        coef[i] = behaviour_coef(b, old[i], mu[i])
-            total = logp.new_zeros(())
-            for lam, rs in self.sgt_groups:
-                sl = (lambda x: x) if len(rs) == R else (lambda x, rs=rs: x[rs])
-                out = regime_loss(
-                    sl(logp).unsqueeze(-1), sl(old).unsqueeze(-1), sl(adv), sl(pg_mask), self.cfg.loss,
-                    behaviour_coef=sl(coef).unsqueeze(-1), sample_weight=sl(weight), sgt_mask=sl(sgt_mask),
-                    sgt_weight=lam, ref_logp=None if ref is None else sl(ref),
-                )
-                total = total + out.loss.sum()
-                clip[rs] += out.clip_fraction.double()
-            total.backward()
-            gnorm += self.model.apply(d.ctx, z.grad).double()
-        stats = {
-            "grad_norm": gnorm / self.cfg.epochs,
-            "clip_fraction": clip / self.cfg.epochs,
-            "sgt_activations": st["gate"].sum(-1).double(),
-        }
+                coef = behaviour_coef(batch, old, mu) if batch.denominator == "thl" else None
+            out = regime_loss(
+                logp.unsqueeze(-1), old.unsqueeze(-1), batch.advantages, pg_mask, cfg.loss,
+                behaviour_coef=None if coef is None else coef.unsqueeze(-1), sample_weight=batch.sample_weight,
+                sgt_mask=sgt_mask, sgt_weight=batch.sgt_weight, ref_logp=ref,
+            )
+            out.loss.sum().backward()
+            clip += out.clip_fraction.double()
+            if diagnose:
+                gnorm += self.model.grad_norm(d.ctx, z.grad).double()
+            self.model.apply(r, d.ctx, z.grad)
+        stats = {"clip_fraction": clip / cfg.epochs, "sgt_activations": batch.gate.sum(-1).double()}
         if diagnose:
+            stats["grad_norm"] = gnorm / cfg.epochs
             # Var[pi_old / mu] over the learner's peer rows (PRP): mu = the peer trace as THL delivers it
             # (with the residual), and without the residual. Untruncated: the core's correction, cap = inf.
-            peer = st["pg_mask"] & batches[0].is_peer
+            peer = batch.pg_mask & batch.is_peer
             stats["ratio_variance"] = masked_var(behaviour_correction(old, mu, math.inf), peer).double()
             stats["true_ratio_variance"] = masked_var(behaviour_correction(old, src_logp, math.inf), peer).double()
         return stats
 
-    def _sgt_groups(self) -> list[tuple[float, list[int]]]:
-        """Regimes grouped by SGT weight (the core's loss takes one lambda per call); regimes without SGT
-        have no SGT rows, so they join the first group."""
-        lams: dict[float, list[int]] = {}
-        plain = []
-        for i, s in enumerate(self.specs):
-            if s.sgt_enabled:
-                lams.setdefault(s.sgt.weight, []).append(i)
-            else:
-                plain.append(i)
-        groups = [(lam, rs) for lam, rs in lams.items()] or [(0.0, [])]
-        groups[0] = (groups[0][0], sorted(groups[0][1] + plain))
-        return groups
-
     def step(self, diagnose: bool = True) -> dict[str, torch.Tensor]:
-        d = self.draw()
-        stats = self.learn(d, self.rollout(d), diagnose)
+        """One step of every regime on the same draw; diagnostics stacked to ``[R, S, P]``."""
+        d = self.last_draw = self.draw()
+        per = [self.learn(d, self.rollout(d, r), r, diagnose) for r in range(self.R)]
         self.t += 1
-        return stats
+        return {k: torch.stack([p[k] for p in per]) for k in per[0]}
 
     # -- metrics and the run -------------------------------------------------------------------------
     def policy_metrics(self) -> dict[str, torch.Tensor]:
+        """Policy metrics ``[R, S, P]``, one regime at a time (cache-sized chunks)."""
         with torch.no_grad():
-            return policy_metrics(self.model.all_logits(), self.init_logp, self.rewards, self.correct,
-                                  self.rescue, self.cfg.support_eps)
+            per = [policy_metrics(self.model.logits(r).contiguous(), self.init_logp, self.rewards, self.correct,
+                                  self.rescue, self.cfg.support_eps) for r in range(self.R)]
+        return {k: torch.stack([p[k] for p in per]) for k in per[0]}
 
     def run(self, progress=None) -> RunResult:
         """All ``cfg.steps`` steps; metrics at step 0, every ``record_every`` steps and at the end.
         Step diagnostics are averaged (NaN-aware) over the steps since the previous record, except the
-        density-ratio variances, measured on the recorded step's batch only (they cost a pass each)."""
+        gradient norm and the density-ratio variances, measured on the recorded step's batch only (they
+        cost a pass each)."""
         cfg = self.cfg
         rec_steps = sorted({0, *range(cfg.record_every, cfg.steps + 1, cfg.record_every), cfg.steps})
         rec_set = set(rec_steps)

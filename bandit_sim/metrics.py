@@ -5,7 +5,9 @@ Policy metrics of ``pi = softmax(z)`` over all contexts (:func:`policy_metrics`)
 * ``accuracy`` = ``mean_c sum_a pi(a|c) rewards[c, a]`` (the expected verified reward);
 * ``rescue_accuracy`` = the same mean over the policy's rescue set (NaN when it is empty);
 * ``support`` = share of solvable contexts with ``pi(correct|c) > support_eps``;
-* ``kl_to_init`` = ``mean_c KL(pi_t(.|c) || pi_0(.|c))``; ``entropy`` = ``mean_c H(pi_t(.|c))``.
+* ``kl_to_init`` = ``mean_c KL(pi_t(.|c) || pi_0(.|c))``, and ``kl_outside_rescue`` the same mean over the
+  contexts outside the policy's rescue set (rescuing a context from pi_0(correct) = 1e-17 alone costs
+  about 40 nats there); ``entropy`` = ``mean_c H(pi_t(.|c))``.
 
 Step diagnostics (:func:`masked_var` for PRP's density ratios; gradient norms, clip fractions and SGT
 activations come from the engine). :func:`seed_summary` reduces ``[..., S, ...]`` to mean, 95 % half
@@ -19,7 +21,7 @@ import math
 import numpy as np
 import torch
 
-POLICY_METRICS = ("accuracy", "rescue_accuracy", "support", "kl_to_init", "entropy")
+POLICY_METRICS = ("accuracy", "rescue_accuracy", "support", "kl_to_init", "kl_outside_rescue", "entropy")
 STEP_METRICS = (
     "grad_norm",
     "clip_fraction",
@@ -55,9 +57,13 @@ def policy_metrics(
     rescue_acc = torch.where(n_rescue > 0, rescue_acc, torch.full_like(rescue_acc, math.nan))
     solvable = correct.any(-1).to(exp_reward.dtype)  # [C]
     support = ((pc > support_eps).to(exp_reward.dtype) * solvable).sum(-1) / solvable.sum().clamp(min=1)
-    kl = (neg_ent - cross).mean(-1)
+    kl_c = neg_ent - cross  # [M, P, C]
+    kl = kl_c.mean(-1)
+    outside = 1.0 - rmask
+    kl_out = (kl_c * outside).sum(-1) / outside.sum(-1).clamp(min=1)
     ent = -neg_ent.mean(-1)
-    out = {"accuracy": acc, "rescue_accuracy": rescue_acc, "support": support, "kl_to_init": kl, "entropy": ent}
+    out = {"accuracy": acc, "rescue_accuracy": rescue_acc, "support": support, "kl_to_init": kl,
+           "kl_outside_rescue": kl_out, "entropy": ent}
     return {k: v.double().reshape(lead + v.shape[-1:]) for k, v in out.items()}
 
 

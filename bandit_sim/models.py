@@ -6,15 +6,13 @@
   shared by all contexts, ``w`` starting at 0 (so ``pi_0`` is the scenario's): learning on one prompt
   moves every other prompt whose features overlap.
 
-Both expose the logits of a batch of contexts ``ctx [S, B]`` as ``[R, S, P, B, K]``, all logits
-``[R, S, P, C, K]``, and :meth:`apply` of the loss gradient with respect to the batch logits (chain rule
-onto the parameters, then an SGD or Adam step). Contexts in a batch are distinct (sampled without
+Both expose, per regime r, the logits of a batch of contexts ``ctx [S, B]`` as ``[S, P, B, K]``, all
+logits ``[S, P, C, K]``, and :meth:`apply` of the loss gradient with respect to the batch logits (chain
+rule onto the parameters, then an SGD or Adam step). Contexts in a batch are distinct (sampled without
 replacement), so the tabular scatter is exact.
 """
 
 from __future__ import annotations
-
-import math
 
 import torch
 
@@ -44,39 +42,49 @@ class _Optimizer:
 
 
 class TabularModel:
-    """Logits stored ``[S, C, R, P, K]`` so that a seed's batch of contexts is a row gather."""
+    """Logits stored ``[R, S, C, P, K]``: regime-major, and a seed's batch of contexts is a row gather."""
 
     def __init__(self, init_logits: torch.Tensor, R: int, S: int, optimizer: str, lr: float):
         P, C, K = init_logits.shape
         self.shape = (R, S, P, C, K)
-        self.theta = init_logits.permute(1, 0, 2)[None, :, None].expand(S, C, R, P, K).contiguous()
-        self.flat = self.theta.view(S * C, R * P * K)
-        self.opt = _Optimizer(self.flat, optimizer, lr)
+        self.theta = init_logits.permute(1, 0, 2)[None, None].expand(R, S, C, P, K).contiguous()
+        self.opts = [_Optimizer(self._flat(r), optimizer, lr) for r in range(R)]
         self.sparse = optimizer == "sgd"
+
+    def _flat(self, r: int) -> torch.Tensor:
+        R, S, P, C, K = self.shape
+        return self.theta[r].view(S * C, P * K)
 
     def _rows(self, ctx: torch.Tensor) -> torch.Tensor:
         S, B = ctx.shape
         return (ctx + torch.arange(S).unsqueeze(1) * self.shape[3]).reshape(S * B)
 
-    def batch_logits(self, ctx: torch.Tensor) -> torch.Tensor:
+    def batch_logits(self, r: int, ctx: torch.Tensor) -> torch.Tensor:
+        """Regime ``r``'s logits of the batch ``ctx [S, B]``: ``[S, P, B, K]``."""
         R, S, P, C, K = self.shape
-        z = self.flat.index_select(0, self._rows(ctx)).view(S, -1, R, P, K)
-        return z.permute(2, 0, 3, 1, 4).contiguous()
+        z = self._flat(r).index_select(0, self._rows(ctx)).view(S, -1, P, K)
+        return z.transpose(1, 2).contiguous()
+
+    def logits(self, r: int) -> torch.Tensor:
+        """Regime ``r``'s logits of every context, ``[S, P, C, K]``."""
+        return self.theta[r].transpose(1, 2)
 
     def all_logits(self) -> torch.Tensor:
-        return self.theta.permute(2, 0, 3, 1, 4)
+        return self.theta.permute(0, 1, 3, 2, 4)
 
-    def apply(self, ctx: torch.Tensor, grad_z: torch.Tensor) -> torch.Tensor:
-        """Step on ``dL/dz`` of the batch logits; returns the gradient norm per ``[R, S, P]``."""
-        norm = grad_z.square().sum(dim=(-2, -1)).sqrt()
+    def grad_norm(self, ctx: torch.Tensor, grad_z: torch.Tensor) -> torch.Tensor:
+        """``||dL/dtheta||`` per ``[S, P]``: the batch rows' gradient is ``dL/dz`` itself."""
+        return grad_z.square().sum(dim=(-2, -1)).sqrt()
+
+    def apply(self, r: int, ctx: torch.Tensor, grad_z: torch.Tensor) -> None:
+        """Step on ``dL/dz [S, P, B, K]`` of the batch logits (which is the gradient of the batch rows)."""
         R, S, P, C, K = self.shape
-        g = grad_z.permute(1, 3, 0, 2, 4).reshape(-1, R * P * K)
+        g = grad_z.transpose(1, 2).reshape(-1, P * K)
+        opt, flat = self.opts[r], self._flat(r)
         if self.sparse:  # SGD touches only the batch's rows (distinct contexts per seed)
-            self.flat.index_add_(0, self._rows(ctx), g, alpha=-self.opt.lr)
+            flat.index_add_(0, self._rows(ctx), g, alpha=-opt.lr)
         else:
-            dense = torch.zeros_like(self.flat).index_copy_(0, self._rows(ctx), g)
-            self.opt.step(self.flat, dense)
-        return norm
+            opt.step(flat, torch.zeros_like(flat).index_copy_(0, self._rows(ctx), g))
 
 
 class LogLinearModel:
@@ -87,23 +95,24 @@ class LogLinearModel:
         self.init = init_logits
         self.phi = features
         self.w = torch.zeros(R, S, P, features.shape[-1], dtype=init_logits.dtype)
-        self.opt = _Optimizer(self.w, optimizer, lr)
+        self.opts = [_Optimizer(self.w[r], optimizer, lr) for r in range(R)]
 
-    def _batch_parts(self, ctx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def batch_logits(self, r: int, ctx: torch.Tensor) -> torch.Tensor:
         base = self.init[:, ctx].permute(1, 0, 2, 3)  # [S, P, B, K]
-        return base, self.phi[ctx]  # [S, B, K, D]
+        return base + torch.einsum("sbkd,spd->spbk", self.phi[ctx], self.w[r])
 
-    def batch_logits(self, ctx: torch.Tensor) -> torch.Tensor:
-        base, phi = self._batch_parts(ctx)
-        return base[None] + torch.einsum("sbkd,rspd->rspbk", phi, self.w)
+    def logits(self, r: int) -> torch.Tensor:
+        return self.init[None] + torch.einsum("ckd,spd->spck", self.phi, self.w[r])
 
     def all_logits(self) -> torch.Tensor:
-        return self.init[None, None] + torch.einsum("ckd,rspd->rspck", self.phi, self.w)
+        return torch.stack([self.logits(r) for r in range(self.w.shape[0])])
 
-    def apply(self, ctx: torch.Tensor, grad_z: torch.Tensor) -> torch.Tensor:
-        grad_w = torch.einsum("rspbk,sbkd->rspd", grad_z, self.phi[ctx])
-        self.opt.step(self.w, grad_w)
-        return grad_w.square().sum(dim=-1).sqrt()
+    def grad_norm(self, ctx: torch.Tensor, grad_z: torch.Tensor) -> torch.Tensor:
+        return torch.einsum("spbk,sbkd->spd", grad_z, self.phi[ctx]).square().sum(dim=-1).sqrt()
+
+    def apply(self, r: int, ctx: torch.Tensor, grad_z: torch.Tensor) -> None:
+        """Chain rule ``dL/dw = sum_{b,k} dL/dz[b, k] phi[ctx_b, k]``, then the optimizer step."""
+        self.opts[r].step(self.w[r], torch.einsum("spbk,sbkd->spd", grad_z, self.phi[ctx]))
 
 
 def make_model(kind: str, init_logits: torch.Tensor, R: int, S: int, optimizer: str, lr: float,
@@ -115,8 +124,3 @@ def make_model(kind: str, init_logits: torch.Tensor, R: int, S: int, optimizer: 
             raise ValueError("the log-linear model needs features [C, K, D]")
         return LogLinearModel(init_logits, features, R, S, optimizer, lr)
     raise ValueError(f"unknown model {kind!r}; use tabular or loglinear")
-
-
-def param_count(model) -> int:
-    t = model.theta if isinstance(model, TabularModel) else model.w
-    return math.prod(t.shape)

@@ -26,7 +26,7 @@ PAPER_SCENARIO = ScenarioSpec(
 RUN_PRESETS: dict[str, RunConfig] = {
     "paper": RunConfig(
         generator=PAPER_SCENARIO, regimes=STANDARD_REGIMES, steps=1000, seeds=64, seed=0, batch_prompts=64,
-        group_size=8, epochs=1, lr=20.0, thl_sigma=0.5, record_every=10, sgt=SGTConfig(weight=1.0),
+        group_size=8, epochs=1, lr=5.0, thl_sigma=0.5, record_every=10, sgt=SGTConfig(weight=1.0),
     ),
     "smoke": RunConfig(
         generator=replace(PAPER_SCENARIO, n_contexts=32, n_arms=8), regimes=STANDARD_REGIMES, steps=40,

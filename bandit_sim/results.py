@@ -27,7 +27,7 @@ from bandit_sim.metrics import ALL_METRICS, seed_summary
 SUMMARY_KEYS = (
     "accuracy", "rescue_accuracy", "support", "kl_to_init", "entropy", "ratio_variance", "sgt_activations",
 )
-EXTRA_KEYS = ("true_ratio_variance", "grad_norm", "grad_norm_seed_var", "clip_fraction")
+EXTRA_KEYS = ("kl_outside_rescue", "true_ratio_variance", "grad_norm", "grad_norm_seed_var", "clip_fraction")
 
 
 def _num(x: float) -> float | None:

@@ -30,8 +30,8 @@ def test_engine_step_equals_naive_loop():
     eng = Engine(sc, _cfg())
     theta = eng.model.all_logits().numpy().copy()
     for _ in range(2):
-        d = eng.draw()
-        stats = eng.learn(d, eng.rollout(d))
+        stats = eng.step()
+        d = eng.last_draw
         naive_step(theta, eng.specs, sc.rewards, d.ctx.numpy(), d.u_arm.numpy(), d.u_reward.numpy(),
                    d.xi.numpy(), lr=3.0, epochs=3, clip_low=0.2, clip_high=0.2, thl_sigma=0.7, thl_bias=0.1)
     np.testing.assert_allclose(eng.model.all_logits().numpy(), theta, rtol=1e-9, atol=1e-9)
@@ -66,15 +66,13 @@ def test_loglinear_learning_on_one_prompt_moves_others():
     sc = random_scenario(P=2, C=12, K=6, seed=6)
     cfg = _cfg(regimes=("grpo",), model="loglinear", batch_prompts=1, steps=1, epochs=1, lr=50.0, seeds=8)
     eng = Engine(sc, cfg)
-    d = eng.draw()
-    eng.learn(d, eng.rollout(d))
+    eng.step()
     moved = ~np.isclose(eng.model.all_logits().numpy(), sc.init_logits[None, None]).all(axis=-1)  # [R, S, P, C]
     learned = moved.any(axis=-1)  # seeds/policies whose batch had a non-degenerate group
     assert learned.any()
     assert (moved.sum(axis=-1)[learned] > 1).all()  # ... moved more contexts than the one trained on
     tab = Engine(sc, replace(cfg, model="tabular"))
-    d = tab.draw()
-    tab.learn(d, tab.rollout(d))
+    tab.step()
     moved_t = ~np.isclose(tab.model.all_logits().numpy(), sc.init_logits[None, None]).all(axis=-1)
     assert moved_t.sum(axis=-1).max() == 1  # tabular: only the trained context
 
