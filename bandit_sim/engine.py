@@ -152,7 +152,8 @@ class Engine:
         step diagnostics ``[S, P]`` (the density-ratio variances only when ``diagnose``)."""
         S, P, B, N, cfg = self.S, self.P, self.B, self.N, self.cfg
         batch = self.plan(r, ro.rewards)
-        pg_mask, sgt_mask = batch.pg_mask.unsqueeze(-1), batch.sgt_mask.unsqueeze(-1)
+        # masks as floats once (the core's loss would convert bool masks on every use)
+        pg_mask, sgt_mask = (m.to(self.dtype).unsqueeze(-1) for m in (batch.pg_mask, batch.sgt_mask))
         idx = self._rows(ro.actions).reshape(S, 1, B, -1).expand(S, P, B, -1)
         src_logp = self._rows(ro.behaviour_logp).expand(S, P, N)
         mu = src_logp + cfg.thl_bias + cfg.thl_sigma * d.xi
