@@ -104,15 +104,16 @@ class Engine:
             name: torch.Generator().manual_seed(int(np.random.SeedSequence([cfg.seed, k]).generate_state(1)[0]))
             for k, name in enumerate(("ctx", "arm", "reward", "thl"))
         }
-        self.needs_xi = cfg.thl_sigma > 0 and any(s.denominator == "thl" for s in self.specs)
+        # PRP regimes report Var[pi / mu] with THL's mu, so every PRP regime needs the residual draws
+        self.needs_xi = cfg.thl_sigma > 0 and any(s.uses_peer_samples for s in self.specs)
         self.sgt_rngs = [np.random.default_rng([cfg.seed, zlib.crc32(s.name.encode())]) for s in self.specs]
         self.t = 0
         self.last_draw: Draw | None = None
 
     # -- 1. draw -----------------------------------------------------------------------------------
     def draw(self) -> Draw:
-        """Each stream has its own generator, so skipping one (no ``prp_thl`` regime, or sigma = 0)
-        leaves the others — and every other regime's trajectory — unchanged."""
+        """Each stream has its own generator, so skipping one (no PRP regime, or sigma = 0) leaves the
+        others — and every other regime's trajectory — unchanged."""
         S, P, B, G, g = self.S, self.P, self.B, self.G, self.gens
         ctx = torch.rand(S, self.C, generator=g["ctx"]).argsort(dim=1)[:, :B]
         u_arm = 1.0 - torch.rand(S, P, B, G, generator=g["arm"], dtype=self.dtype)  # in (0, 1]

@@ -46,7 +46,7 @@ def test_engine_step_equals_naive_loop():
 
 def test_sharding_over_workers_is_exact():
     sc = random_scenario(P=2, C=10, K=6, seed=4)
-    cfg = _cfg(regimes=("grpo", "prp_thl", "sgt"), steps=6, dtype="float32")
+    cfg = _cfg(regimes=("grpo", "prp_thl", "prp_snapshot", "sgt"), steps=6, dtype="float32")
     one = run_config(cfg, sc, workers=1)
     two = run_config(cfg, sc, workers=2)
     assert one.regimes == two.regimes
