@@ -1,17 +1,20 @@
 """A step's rollouts -> each learner's training batch, through the regime core.
 
 The engine samples rollouts laid out ``[..., B, P, G]`` (B prompts, P policies in scenario order, G
-samples each). :func:`plan_batch` hands them to :func:`shared_interfaces.regimes.math.regime_plan` once
-(vectorised over every leading dim: seeds, prompts) and lays the plan out as rows: learner i's batch is
-``N = B * P * G`` rows ordered ``(b, j, g)`` — sample g of policy j on prompt b — with the advantage,
-policy-gradient mask, sample weight and SGT target flag the core decided for it. :func:`behaviour_coef`
-turns log-probs into the core's behaviour correction for those rows. ``bandit_sim.contract`` feeds raw
-records through these same two functions.
+samples each); sample ``(b, j, g)`` has the flat index ``n = (b * P + j) * G + g``. :func:`plan_batch`
+hands them to :func:`shared_interfaces.regimes.math.regime_plan` once (vectorised over every leading
+dim: seeds, prompts) and lays the plan out as learner rows: learner i's rows are its own samples
+``(b, i, g)`` for every b and g, then the peers' samples ``(b, j != i, g)`` — the latter only when some
+learner trains on one (a PRP policy-gradient row or an SGT target), so GRPO and XGRPO batches carry
+half the rows. Each row has the advantage, policy-gradient mask, sample weight and SGT target flag the
+core decided for it. :func:`behaviour_coef` turns log-probs into the core's behaviour correction for
+those rows. ``bandit_sim.contract`` feeds raw records through these same two functions.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 import torch
@@ -22,31 +25,41 @@ from shared_interfaces.regimes import RegimeSpec, regime_plan
 
 @dataclass(frozen=True)
 class LearnerBatch:
-    """Rows of every learner's batch, ``[..., P_learner, N]`` with ``N = B * P * G`` in ``(b, j, g)`` order.
+    """Rows of every learner's batch, ``[..., P_learner, N]`` (``N = B * G`` own rows, plus ``B * (P - 1) * G``
+    peer rows when any learner uses one).
 
-    ``advantages`` (float64, 0 off ``pg_mask``), ``pg_mask``, ``sample_weight``, ``sgt_mask`` (the row is
-    an SGT target), ``use_mu`` (the row's behaviour correction uses the peer's recorded trace: PRP peer
-    rows under the ``thl`` denominator), ``is_peer [P, N]`` and ``gate [..., P, B]`` (SGT gate per prompt).
+    ``src [P, N]``: each row's sample index ``n = (b * P + j) * G + g``; ``is_peer [P, N]``;
+    ``advantages`` (0 off ``pg_mask``), ``pg_mask``, ``sample_weight``, ``sgt_mask`` (the row is an SGT
+    target), ``use_mu`` (the row's behaviour correction uses the peer's recorded trace: PRP peer rows
+    under the ``thl`` denominator) and ``gate [..., P, B]`` (SGT gate per prompt).
     """
 
+    src: torch.Tensor
+    is_peer: torch.Tensor
     advantages: torch.Tensor
     pg_mask: torch.Tensor
     sample_weight: torch.Tensor
     sgt_mask: torch.Tensor
     use_mu: torch.Tensor
-    is_peer: torch.Tensor
     gate: torch.Tensor
     sgt_weight: float
     ratio_cap: float
     denominator: str | None
 
 
-def _rows(x: np.ndarray, dtype=None) -> np.ndarray:
-    """``[..., B, i, j, g] -> [..., i, B * j * g]`` (one copy, cast to ``dtype`` on the way)."""
-    nd = x.ndim
-    lead = list(range(nd - 4))
-    y = np.transpose(x, lead + [nd - 3, nd - 4, nd - 2, nd - 1])
-    return np.ascontiguousarray(y, dtype=dtype).reshape(y.shape[:-3] + (-1,))
+@lru_cache(maxsize=32)
+def row_layout(B: int, P: int, G: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For each learner i, its rows own-first: ``plan_idx [P, B*P*G]`` (flat index into the plan's
+    ``[B, i, j, g]``), ``src [P, B*P*G]`` (flat sample index ``(b, j, g)``) and ``is_peer``."""
+    b, j, g = np.meshgrid(np.arange(B), np.arange(P), np.arange(G), indexing="ij")  # [B, P, G]
+    plan_idx, src, peer = [], [], []
+    for i in range(P):
+        order = np.argsort(j.ravel() != i, kind="stable")  # own samples first, then peers, (b, j, g) order
+        bb, jj, gg = b.ravel()[order], j.ravel()[order], g.ravel()[order]
+        plan_idx.append(((bb * P + i) * P + jj) * G + gg)
+        src.append((bb * P + jj) * G + gg)
+        peer.append(jj != i)
+    return np.stack(plan_idx), np.stack(src), np.stack(peer)
 
 
 def plan_batch(
@@ -72,21 +85,26 @@ def plan_batch(
     verified = np.ones(r.shape, dtype=bool) if verified is None else verified
     lengths = np.ones(r.shape, dtype=np.int64) if lengths is None else lengths
     plan = regime_plan(spec, r, verified, lengths, mask, rng=rng)
-    P, G = r.shape[-2:]
-    eye = np.eye(P, dtype=bool)[:, :, None]
-    is_peer = np.broadcast_to(~eye, (P, P, G)).reshape(P, 1, P * G)
-    B = r.shape[-3]
-    is_peer = np.broadcast_to(is_peer, (P, B, P * G)).reshape(P, B * P * G).copy()
-    adv = _rows(plan.learner_advantages(), dtype)
-    pg_mask = _rows(plan.pg_mask)
+    B, P, G = r.shape[-3:]
+    lead = r.shape[:-3]
+    plan_idx, src, is_peer = row_layout(B, P, G)
+    flat = lambda x: x.reshape(lead + (-1,))  # noqa: E731 - [..., B, i, j, g] -> [..., B*i*j*g]
+    pg_all, sgt_all = flat(plan.pg_mask), flat(plan.sgt_targets)
+    take = lambda x, idx: np.take(x, idx, axis=-1)  # noqa: E731 - (much faster than fancy indexing)
+    peers_used = take(pg_all | sgt_all, plan_idx[is_peer]).any()
+    n = plan_idx.shape[1] if peers_used else B * G
+    plan_idx, src, is_peer = plan_idx[:, :n], src[:, :n], is_peer[:, :n]
+    pg_mask = take(pg_all, plan_idx)
     use_mu = pg_mask & is_peer if plan.denominator == "thl" else np.zeros_like(pg_mask)
+    adv = take(plan.advantages.reshape(lead + (-1,)), src)  # each row's sample's advantage
     return LearnerBatch(
-        advantages=torch.from_numpy(adv),
-        pg_mask=torch.from_numpy(pg_mask),
-        sample_weight=torch.from_numpy(_rows(plan.sample_weight, dtype)),
-        sgt_mask=torch.from_numpy(_rows(plan.sgt_targets)),
-        use_mu=torch.from_numpy(use_mu),
+        src=torch.from_numpy(src),
         is_peer=torch.from_numpy(is_peer),
+        advantages=torch.from_numpy(np.where(pg_mask, adv, 0.0).astype(dtype)),
+        pg_mask=torch.from_numpy(pg_mask),
+        sample_weight=torch.from_numpy(take(flat(plan.sample_weight), plan_idx).astype(dtype)),
+        sgt_mask=torch.from_numpy(take(sgt_all, plan_idx)),
+        use_mu=torch.from_numpy(use_mu),
         gate=torch.from_numpy(np.swapaxes(plan.sgt_gate, -1, -2).copy()),
         sgt_weight=plan.sgt_weight,
         ratio_cap=plan.ratio_cap,

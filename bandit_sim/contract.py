@@ -67,23 +67,22 @@ def run_contract_case(case: ContractCase) -> ContractOutput:
             for g in range(G):
                 if ids[b][p][g] is not None:
                     beh[0, b, p, g] = sum(by_id[ids[b][p][g]].token_logprobs)
-    mu = torch.from_numpy(beh.reshape(1, 1, -1)).expand(1, P, B * P * G)
+    mu = torch.from_numpy(beh.reshape(1, -1))[:, batch.src]  # [1, P, N] per learner row
     coef = behaviour_coef(batch, torch.zeros_like(mu), mu)
     for i, learner in enumerate(pids):
         dec = out[learner]
         for b in range(B):
             dec.sgt_gates[prompts[b]] = bool(batch.gate[0, i, b])
-            for j in range(P):
-                for g in range(G):
-                    rid = ids[b][j][g]
-                    if rid is None:
-                        continue
-                    n = (b * P + j) * G + g
-                    if batch.pg_mask[0, i, n]:
-                        dec.advantages[rid] = float(batch.advantages[0, i, n])
-                        dec.weights[rid] = float(batch.sample_weight[0, i, n])
-                        if batch.is_peer[i, n] and batch.denominator == "snapshot":
-                            dec.snapshot_coef[rid] = float(coef[0, i, n])
-                    if batch.sgt_mask[0, i, n]:
-                        dec.sgt_targets.add(rid)
+        for row, n in enumerate(batch.src[i].tolist()):
+            b, rest = divmod(n, P * G)
+            rid = ids[b][rest // G][rest % G]
+            if rid is None:
+                continue
+            if batch.pg_mask[0, i, row]:
+                dec.advantages[rid] = float(batch.advantages[0, i, row])
+                dec.weights[rid] = float(batch.sample_weight[0, i, row])
+                if batch.is_peer[i, row] and batch.denominator == "snapshot":
+                    dec.snapshot_coef[rid] = float(coef[0, i, row])
+            if batch.sgt_mask[0, i, row]:
+                dec.sgt_targets.add(rid)
     return out

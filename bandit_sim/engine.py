@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import time
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -41,8 +41,9 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 @dataclass
 class Draw:
-    """One step's randomness: prompts ``ctx [S, B]``, sampling and reward uniforms ``[S, P, B, G]``,
-    THL residual normals ``xi [S, P, N]``; and the prompts' reward probabilities ``[S, P, B, K]``."""
+    """One step's randomness: prompts ``ctx [S, B]``, sampling and reward uniforms ``[S, B, P, G]``,
+    THL residual normals ``xi [S, P_learner, B * P * G]`` (per learner and sample ``(b, j, g)``); and
+    the prompts' reward probabilities ``[S, B, P, K]``."""
 
     ctx: torch.Tensor
     u_arm: torch.Tensor
@@ -53,8 +54,9 @@ class Draw:
 
 @dataclass
 class Rollout:
-    """One regime's ``actions``, ``rewards`` (0/1) and behaviour log-probs, each ``[S, P, B, G]``; the
-    batch logits ``[S, P, B, K]`` they were sampled from (a leaf requiring grad) and their log-softmax."""
+    """One regime's ``actions``, ``rewards`` (0/1) and behaviour log-probs, each ``[S, B, P, G]`` (the
+    core's layout); the batch logits ``[S, B, P, K]`` they were sampled from (a leaf requiring grad) and
+    their log-softmax."""
 
     actions: torch.Tensor
     rewards: torch.Tensor
@@ -74,17 +76,24 @@ class RunResult:
     metrics: dict[str, np.ndarray]
     rescue_sizes: np.ndarray
     wall_s: float = 0.0
-    extra: dict = field(default_factory=dict)
 
 
 class Engine:
-    def __init__(self, scenario: Scenario, cfg: RunConfig):
+    """Runs ``cfg`` on ``scenario``. ``seed_range=(lo, hi)`` runs only seeds ``lo..hi-1`` of the
+    ``cfg.seeds``: the draws are made for all seeds and sliced, so a seed's trajectory does not depend on
+    the slice (this is how :mod:`bandit_sim.runner` shards a run over processes)."""
+
+    def __init__(self, scenario: Scenario, cfg: RunConfig, seed_range: tuple[int, int] | None = None):
         torch.set_num_threads(cfg.threads)
         self.cfg = cfg
         self.specs = cfg.regime_specs()
         self.scenario = scenario
         self.dtype = DTYPES[cfg.dtype]
-        self.R, self.S = len(self.specs), cfg.seeds
+        lo, hi = seed_range or (0, cfg.seeds)
+        if not 0 <= lo < hi <= cfg.seeds:
+            raise ValueError(f"seed_range {seed_range} is not within the run's {cfg.seeds} seeds")
+        self.seed_slice = slice(lo, hi)
+        self.R, self.S = len(self.specs), hi - lo
         self.P, self.C, self.K = scenario.init_logits.shape
         self.B, self.G = cfg.batch_prompts, cfg.group_size
         if self.B > self.C:
@@ -114,21 +123,21 @@ class Engine:
     def draw(self) -> Draw:
         """Each stream has its own generator, so skipping one (no PRP regime, or sigma = 0) leaves the
         others — and every other regime's trajectory — unchanged."""
-        S, P, B, G, g = self.S, self.P, self.B, self.G, self.gens
-        ctx = torch.rand(S, self.C, generator=g["ctx"]).argsort(dim=1)[:, :B]
-        u_arm = 1.0 - torch.rand(S, P, B, G, generator=g["arm"], dtype=self.dtype)  # in (0, 1]
-        u_reward = torch.rand(S, P, B, G, generator=g["reward"], dtype=self.dtype)
+        S, P, B, G, g, sl = self.cfg.seeds, self.P, self.B, self.G, self.gens, self.seed_slice
+        ctx = torch.rand(S, self.C, generator=g["ctx"]).argsort(dim=1)[sl, :B]
+        u_arm = 1.0 - torch.rand(S, B, P, G, generator=g["arm"], dtype=self.dtype)[sl]  # in (0, 1]
+        u_reward = torch.rand(S, B, P, G, generator=g["reward"], dtype=self.dtype)[sl]
         if self.needs_xi:
-            xi = torch.randn(S, P, self.N, generator=g["thl"], dtype=self.dtype)
+            xi = torch.randn(S, P, self.N, generator=g["thl"], dtype=self.dtype)[sl]
         else:
             xi = torch.zeros((), dtype=self.dtype)
-        return Draw(ctx, u_arm, u_reward, xi, self.rewards[ctx].unsqueeze(1).expand(-1, P, -1, -1))
+        return Draw(ctx, u_arm, u_reward, xi, self.rewards[ctx].unsqueeze(2).expand(-1, -1, P, -1))
 
     # -- 2. rollout ----------------------------------------------------------------------------------
     def rollout(self, d: Draw, r: int) -> Rollout:
         """Regime ``r``'s policies sample by inverse CDF; an arm whose probability is below the dtype's
         resolution (2^-24 of the total in float32) is never drawn."""
-        z = self.model.batch_logits(r, d.ctx).requires_grad_(True)  # [S, P, B, K], a leaf for learn()
+        z = self.model.batch_logits(r, d.ctx).requires_grad_(True)  # [S, B, P, K], a leaf for learn()
         logp = torch.log_softmax(z, dim=-1)  # tracked: learn()'s first epoch reuses it
         cdf = logp.detach().exp().cumsum(dim=-1)
         total = cdf[..., -1:]
@@ -142,25 +151,31 @@ class Engine:
     def plan(self, r: int, rewards: torch.Tensor) -> LearnerBatch:
         """The core's decisions for regime ``r``'s rollouts: one ``regime_plan`` call over ``[S, B, P, G]``."""
         np_dtype = np.float32 if self.dtype == torch.float32 else np.float64
-        return plan_batch(self.specs[r], rewards.transpose(1, 2).numpy(), rng=self.sgt_rngs[r], dtype=np_dtype)
+        return plan_batch(self.specs[r], rewards.numpy(), rng=self.sgt_rngs[r], dtype=np_dtype)
 
-    def _rows(self, x: torch.Tensor) -> torch.Tensor:
-        """``[S, P_src, B, G] -> [S, 1, N]`` in ``(b, j, g)`` row order."""
-        return x.transpose(1, 2).reshape(x.shape[0], 1, self.N)
+    def _rows(self, x: torch.Tensor, batch: LearnerBatch) -> torch.Tensor:
+        """Per-sample values ``[S, B, P_src, G]`` -> each learner's rows ``[S, P, N]`` (``batch.src``)."""
+        flat = x.reshape(x.shape[0], -1)  # [S, B * P * G] in (b, j, g) order
+        return flat.index_select(1, batch.src.reshape(-1)).view(x.shape[0], *batch.src.shape)
 
     def learn(self, d: Draw, ro: Rollout, r: int, diagnose: bool = True) -> dict[str, torch.Tensor]:
         """Regime ``r``: plan, then ``epochs`` optimizer passes on the batch with the core's loss. Returns
         step diagnostics ``[S, P]`` (the density-ratio variances only when ``diagnose``)."""
-        S, P, B, N, cfg = self.S, self.P, self.B, self.N, self.cfg
+        S, P, K, cfg = self.S, self.P, self.K, self.cfg
         batch = self.plan(r, ro.rewards)
         # masks as floats once (the core's loss would convert bool masks on every use)
         pg_mask, sgt_mask = (m.to(self.dtype).unsqueeze(-1) for m in (batch.pg_mask, batch.sgt_mask))
-        idx = self._rows(ro.actions).reshape(S, 1, B, -1).expand(S, P, B, -1)
-        src_logp = self._rows(ro.behaviour_logp).expand(S, P, N)
-        mu = src_logp + cfg.thl_bias + cfg.thl_sigma * d.xi
+        # row (b, j, g) of learner i reads log pi_i(a | c_b): index (b * P + i) * K + a into [S, B * P * K]
+        lane = (batch.src // (P * self.G)) * P + torch.arange(P).unsqueeze(1)
+        idx = (lane * K + self._rows(ro.actions, batch)).view(S, -1)
+        src_logp = self._rows(ro.behaviour_logp, batch)
+        mu = src_logp + cfg.thl_bias
+        if self.needs_xi:  # the THL residual of (learner i, sample n) is xi[s, i, n]
+            mu = mu + cfg.thl_sigma * d.xi.gather(-1, batch.src.expand(S, -1, -1))
         ref = None
         if cfg.loss.kl_coef > 0:
-            ref = self.init_logp[:, d.ctx].transpose(0, 1).gather(-1, idx).reshape(S, P, N, 1)
+            ref = self.init_logp[:, d.ctx].permute(1, 2, 0, 3).reshape(S, -1).gather(-1, idx)
+            ref = ref.view(S, P, -1, 1)
         clip = torch.zeros(S, P, dtype=torch.float64)
         gnorm = torch.zeros(S, P, dtype=torch.float64)
         for epoch in range(cfg.epochs):
@@ -169,7 +184,7 @@ class Engine:
             else:
                 z = self.model.batch_logits(r, d.ctx).requires_grad_(True)
                 logp_all = torch.log_softmax(z, dim=-1)
-            logp = logp_all.gather(-1, idx).reshape(S, P, N)
+            logp = logp_all.view(S, -1).gather(-1, idx).view(S, P, -1)
             if epoch == 0:
                 old = logp.detach()
                 coef = behaviour_coef(batch, old, mu) if batch.denominator == "thl" else None

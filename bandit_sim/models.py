@@ -6,7 +6,7 @@
   shared by all contexts, ``w`` starting at 0 (so ``pi_0`` is the scenario's): learning on one prompt
   moves every other prompt whose features overlap.
 
-Both expose, per regime r, the logits of a batch of contexts ``ctx [S, B]`` as ``[S, P, B, K]``, all
+Both expose, per regime r, the logits of a batch of contexts ``ctx [S, B]`` as ``[S, B, P, K]``, all
 logits ``[S, P, C, K]``, and :meth:`apply` of the loss gradient with respect to the batch logits (chain
 rule onto the parameters, then an SGD or Adam step). Contexts in a batch are distinct (sampled without
 replacement), so the tabular scatter is exact.
@@ -60,10 +60,9 @@ class TabularModel:
         return (ctx + torch.arange(S).unsqueeze(1) * self.shape[3]).reshape(S * B)
 
     def batch_logits(self, r: int, ctx: torch.Tensor) -> torch.Tensor:
-        """Regime ``r``'s logits of the batch ``ctx [S, B]``: ``[S, P, B, K]``."""
+        """Regime ``r``'s logits of the batch ``ctx [S, B]``: ``[S, B, P, K]``."""
         R, S, P, C, K = self.shape
-        z = self._flat(r).index_select(0, self._rows(ctx)).view(S, -1, P, K)
-        return z.transpose(1, 2).contiguous()
+        return self._flat(r).index_select(0, self._rows(ctx)).view(S, -1, P, K)
 
     def logits(self, r: int) -> torch.Tensor:
         """Regime ``r``'s logits of every context, ``[S, P, C, K]``."""
@@ -73,13 +72,13 @@ class TabularModel:
         return self.theta.permute(0, 1, 3, 2, 4)
 
     def grad_norm(self, ctx: torch.Tensor, grad_z: torch.Tensor) -> torch.Tensor:
-        """``||dL/dtheta||`` per ``[S, P]``: the batch rows' gradient is ``dL/dz`` itself."""
-        return grad_z.square().sum(dim=(-2, -1)).sqrt()
+        """``||dL/dtheta||`` per ``[S, P]``: the batch rows' gradient is ``dL/dz [S, B, P, K]`` itself."""
+        return grad_z.square().sum(dim=(1, 3)).sqrt()
 
     def apply(self, r: int, ctx: torch.Tensor, grad_z: torch.Tensor) -> None:
-        """Step on ``dL/dz [S, P, B, K]`` of the batch logits (which is the gradient of the batch rows)."""
+        """Step on ``dL/dz [S, B, P, K]`` of the batch logits (which is the gradient of the batch rows)."""
         R, S, P, C, K = self.shape
-        g = grad_z.transpose(1, 2).reshape(-1, P * K)
+        g = grad_z.reshape(-1, P * K)
         opt, flat = self.opts[r], self._flat(r)
         if self.sparse:  # SGD touches only the batch's rows (distinct contexts per seed)
             flat.index_add_(0, self._rows(ctx), g, alpha=-opt.lr)
@@ -98,8 +97,8 @@ class LogLinearModel:
         self.opts = [_Optimizer(self.w[r], optimizer, lr) for r in range(R)]
 
     def batch_logits(self, r: int, ctx: torch.Tensor) -> torch.Tensor:
-        base = self.init[:, ctx].permute(1, 0, 2, 3)  # [S, P, B, K]
-        return base + torch.einsum("sbkd,spd->spbk", self.phi[ctx], self.w[r])
+        base = self.init[:, ctx].permute(1, 2, 0, 3)  # [S, B, P, K]
+        return base + torch.einsum("sbkd,spd->sbpk", self.phi[ctx], self.w[r])
 
     def logits(self, r: int) -> torch.Tensor:
         return self.init[None] + torch.einsum("ckd,spd->spck", self.phi, self.w[r])
@@ -108,11 +107,11 @@ class LogLinearModel:
         return torch.stack([self.logits(r) for r in range(self.w.shape[0])])
 
     def grad_norm(self, ctx: torch.Tensor, grad_z: torch.Tensor) -> torch.Tensor:
-        return torch.einsum("spbk,sbkd->spd", grad_z, self.phi[ctx]).square().sum(dim=-1).sqrt()
+        return torch.einsum("sbpk,sbkd->spd", grad_z, self.phi[ctx]).square().sum(dim=-1).sqrt()
 
     def apply(self, r: int, ctx: torch.Tensor, grad_z: torch.Tensor) -> None:
         """Chain rule ``dL/dw = sum_{b,k} dL/dz[b, k] phi[ctx_b, k]``, then the optimizer step."""
-        self.opts[r].step(self.w[r], torch.einsum("spbk,sbkd->spd", grad_z, self.phi[ctx]))
+        self.opts[r].step(self.w[r], torch.einsum("sbpk,sbkd->spd", grad_z, self.phi[ctx]))
 
 
 def make_model(kind: str, init_logits: torch.Tensor, R: int, S: int, optimizer: str, lr: float,

@@ -27,7 +27,7 @@ def naive_step(theta: np.ndarray, specs: list[RegimeSpec], rewards_table: np.nda
                u_arm: np.ndarray, u_reward: np.ndarray, xi: np.ndarray, *, lr: float, epochs: int,
                clip_low: float, clip_high: float, thl_sigma: float, thl_bias: float) -> None:
     """One step, in place on ``theta [R, S, P, C, K]`` (float64). Draws as the engine's: ``ctx [S, B]``,
-    ``u_arm, u_reward [S, P, B, G]`` (``u_arm`` in (0, 1]), ``xi [S, P, B * P * G]``."""
+    ``u_arm, u_reward [S, B, P, G]`` (``u_arm`` in (0, 1]), ``xi [S, P, B * P * G]`` (learner, sample)."""
     R, S, P, C, K = theta.shape
     B, G = ctx.shape[1], u_arm.shape[-1]
     for r, spec in enumerate(specs):
@@ -39,10 +39,10 @@ def naive_step(theta: np.ndarray, specs: list[RegimeSpec], rewards_table: np.nda
                 for b in range(B):
                     pi = _softmax(theta[r, s, p, ctx[s, b]])
                     cdf = np.cumsum(pi)
-                    x = np.minimum(u_arm[s, p, b] * cdf[-1], np.nextafter(cdf[-1], 0.0))
+                    x = np.minimum(u_arm[s, b, p] * cdf[-1], np.nextafter(cdf[-1], 0.0))
                     a = np.minimum(np.searchsorted(cdf, x, side="right"), K - 1)
                     actions[b, p] = a
-                    rew[b, p] = u_reward[s, p, b] < rewards_table[ctx[s, b], a]
+                    rew[b, p] = u_reward[s, b, p] < rewards_table[ctx[s, b], a]
                     beh[b, p] = np.log(pi[a])
             plans = [regime_plan(spec, rew[b], np.ones((P, G), bool), np.ones((P, G), np.int64)) for b in range(B)]
             for i in range(P):

@@ -115,13 +115,13 @@ def test_prp_snapshot_with_identical_peer_is_grpo_on_2g_samples():
     ro = prp.rollout(d, 0)
     # the peer weights: sample weight and behaviour coefficient exactly 1 on every peer row
     batch = prp.plan(0, ro.rewards)
-    src = prp._rows(ro.behaviour_logp).expand(-1, 2, -1)
+    src = prp._rows(ro.behaviour_logp, batch)
     coef = behaviour_coef(batch, src, src)
     peer = batch.pg_mask & batch.is_peer
     assert peer.sum() == 3 * 2 * 5 * G
     assert (coef[peer] == 1.0).all() and (batch.sample_weight[peer] == 1.0).all()
     # GRPO's group of 2G on prompt b = learner 0's own G samples, then the identical peer's G samples
-    cat = lambda x: torch.cat([x[:, 0], x[:, 1]], dim=-1)[:, None]  # noqa: E731
+    cat = lambda x: torch.cat([x[:, :, 0], x[:, :, 1]], dim=-1)[:, :, None]  # noqa: E731
     z = grpo.model.batch_logits(0, d.ctx).requires_grad_(True)
     ro_g = Rollout(cat(ro.actions), cat(ro.rewards), cat(ro.behaviour_logp), z, torch.log_softmax(z, -1))
     prp.learn(d, ro, 0)

@@ -11,7 +11,7 @@ from bandit_sim.config import RunConfig
 from bandit_sim.engine import Engine
 from bandit_sim.runner import run_config
 from experiments.bench.naive_bandit import naive_metrics, naive_step
-from shared_interfaces.regimes import PRPConfig
+from shared_interfaces.regimes import PRPConfig, SGTConfig
 from tests.bandit.helpers import random_scenario
 
 REGIMES = ("grpo", "xgrpo", "prp_snapshot", "prp_thl", "sgt", "prp_thl+sgt")
@@ -44,9 +44,11 @@ def test_engine_step_equals_naive_loop():
     np.testing.assert_allclose(m["entropy"].numpy(), ent, rtol=1e-9)
 
 
-def test_sharding_over_workers_is_exact():
+@pytest.mark.parametrize("selection", ["shortest", "random"])  # seed shards; regime shards
+def test_sharding_over_workers_is_exact(selection):
     sc = random_scenario(P=2, C=10, K=6, seed=4)
-    cfg = _cfg(regimes=("grpo", "prp_thl", "prp_snapshot", "sgt"), steps=6, dtype="float32")
+    cfg = _cfg(regimes=("grpo", "prp_thl", "prp_snapshot", "sgt"), steps=6, seeds=5, dtype="float32",
+               sgt=SGTConfig(selection=selection))
     one = run_config(cfg, sc, workers=1)
     two = run_config(cfg, sc, workers=2)
     assert one.regimes == two.regimes
