@@ -225,12 +225,9 @@ class Engine:
 
     def run(self, progress=None) -> RunResult:
         """All ``cfg.steps`` steps; metrics at step 0, every ``record_every`` steps and at the end.
-        Step diagnostics are averaged (NaN-aware) over the steps since the previous record, except the
-        gradient norm and the density-ratio variances, measured on the recorded step's batch only (they
-        cost a pass each)."""
+        Step diagnostics are averaged (NaN-aware) over the steps since the previous record."""
         cfg = self.cfg
         rec_steps = sorted({0, *range(cfg.record_every, cfg.steps + 1, cfg.record_every), cfg.steps})
-        rec_set = set(rec_steps)
         shape = (len(rec_steps), self.R, self.S, self.P)
         out = {k: np.full(shape, np.nan) for k in ALL_METRICS}
         acc: dict[str, torch.Tensor] = {}
@@ -240,7 +237,7 @@ class Engine:
         k = 0
         for t in range(cfg.steps + 1):
             if t > 0:
-                stats = self.step(diagnose=t in rec_set)
+                stats = self.step()
                 total_gates += stats["sgt_activations"]
                 for name, v in stats.items():
                     ok = ~torch.isnan(v)

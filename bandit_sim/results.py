@@ -10,6 +10,8 @@ intervals, ``metrics.npz`` with every seed) and, via :mod:`bandit_sim.plots`, th
 Values are final-step means over seeds, null where a metric does not apply (rescue accuracy without a
 rescue set, ratio variance for regimes that train on no peer samples); policies in scenario order.
 ``sgt_activations`` is the total number of SGT gate openings per seed over the run (mean over seeds).
+Step diagnostics (ratio variances, gradient norm, clip fraction) are means over the last
+``record_every`` steps; ``ratio_variance_median`` is their median over seeds (the ratio is heavy-tailed).
 """
 
 from __future__ import annotations
@@ -27,7 +29,10 @@ from bandit_sim.metrics import ALL_METRICS, seed_summary
 SUMMARY_KEYS = (
     "accuracy", "rescue_accuracy", "support", "kl_to_init", "entropy", "ratio_variance", "sgt_activations",
 )
-EXTRA_KEYS = ("kl_outside_rescue", "true_ratio_variance", "grad_norm", "grad_norm_seed_var", "clip_fraction")
+EXTRA_KEYS = (
+    "kl_outside_rescue", "ratio_variance_median", "true_ratio_variance", "grad_norm", "grad_norm_seed_var",
+    "clip_fraction",
+)
 
 
 def _num(x: float) -> float | None:
@@ -43,6 +48,10 @@ def final_policy_stats(result: RunResult, r: int, p: int) -> dict[str, float | N
             vals = m["sgt_activations_total"][-1, r, :, p]
         elif key == "grad_norm_seed_var":
             out[key] = _num(seed_summary(m["grad_norm"][-1, r, :, p], axis=0)["var"])
+            continue
+        elif key == "ratio_variance_median":  # the density ratio is heavy-tailed: a robust companion
+            vals = m["ratio_variance"][-1, r, :, p]
+            out[key] = None if np.isnan(vals).all() else _num(np.nanmedian(vals))
             continue
         else:
             vals = m[key][-1, r, :, p]

@@ -16,6 +16,7 @@ COLUMNS = (
     ("kl_outside_rescue", "KL outside rescue", 2),
     ("entropy", "entropy", 3),
     ("ratio_variance", "Var[π/μ] (PRP)", 2),
+    ("ratio_variance_median", "median over seeds", 2),
     ("true_ratio_variance", "Var[π/π_peer]", 2),
     ("sgt_activations", "SGT gates / seed", 0),
 )
