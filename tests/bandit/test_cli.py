@@ -88,3 +88,17 @@ def test_sweep_smoke_grid(tmp_path):
 def test_unknown_grid(tmp_path, capsys):
     assert main(["sweep", "--grid", "huge", "--out", str(tmp_path)]) == 2
     assert "unknown sweep grid" in capsys.readouterr().err
+
+
+def test_single_policy_run_reports_nulls(tmp_path):
+    """P = 1 is allowed: no rescue set and no peer samples, so those metrics are null, not 0."""
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "one.npz", init_logits=rng.normal(size=(1, 6, 4)), rewards=(rng.random((6, 4)) < 0.4) * 1.0)
+    out = tmp_path / "o"
+    assert main(["run", "--scenario", str(tmp_path / "one.npz"), "--regimes", "grpo,xgrpo,prp_thl,sgt", "--steps", "5",
+                 "--seeds", "2", "--batch-prompts", "3", "--out", str(out), "--quiet"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    for reg in summary["regimes"].values():
+        (pol,) = reg["policies"]
+        assert pol["rescue_accuracy"] is None and pol["ratio_variance"] is None and pol["sgt_activations"] == 0
+    assert (out / "learning_curves.png").exists()
