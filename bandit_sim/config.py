@@ -9,6 +9,8 @@ Choices not given by the paper (documented here, swept by ``bandit_sim sweep``):
 step's update is divided by the learner's number of policy-gradient rows, and ``L_SGT`` by its number of
 SGT targets in the batch; the THL residual on PRP's aligned peer denominator is log-normal,
 ``log mu = log pi_peer(a) + thl_bias + thl_sigma * xi`` with ``xi ~ N(0, 1)`` per (learner, peer sample).
+``threads`` is torch's intra-op thread count; on a shared 2-core machine one thread per process and
+``--workers 2`` (two processes) is faster than two threads, which stall whenever the other core is busy.
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ class RunConfig:
     support_eps: float = 1e-3
     rescue_eps: float = 1e-6
     rescue_peer_min: float = 0.05
-    threads: int = 2
+    threads: int = 1
     advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
     prp: PRPConfig = field(default_factory=PRPConfig)
     sgt: SGTConfig = field(default_factory=SGTConfig)
@@ -85,19 +87,6 @@ class RunConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return to_mapping(self)
-
-
-#: command-line flag -> config key (the flags of ``bandit_sim run``)
-FLAG_KEYS = {
-    "lr": "lr",
-    "group_size": "group_size",
-    "batch_prompts": "batch_prompts",
-    "epochs": "epochs",
-    "thl_sigma": "thl_sigma",
-    "seed": "seed",
-    "steps": "steps",
-    "seeds": "seeds",
-}
 
 
 def config_from_mapping(data: Mapping[str, Any], base: RunConfig | None = None, *, where: str = "config") -> RunConfig:
