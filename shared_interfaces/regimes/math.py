@@ -138,6 +138,9 @@ def sgt_select(
         raise ValueError(f"unknown sgt selection rule {rule!r}; use shortest, first or random")
     flat_cand = cand.reshape(cand.shape[:-2] + (P * G,))
     flat_key = np.where(flat_cand, key.reshape(flat_cand.shape), np.inf)
+    if k == 1:  # rank 0 of the stable sort = the first minimum in canonical order (argmin's tie rule)
+        rank0 = np.arange(P * G) == np.argmin(flat_key, axis=-1)[..., None]
+        return (flat_cand & rank0 & gate[..., None]).reshape(cand.shape)
     order = np.argsort(flat_key, axis=-1, kind="stable")
     rank = np.empty_like(order)
     np.put_along_axis(rank, order, np.arange(P * G), axis=-1)

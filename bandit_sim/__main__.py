@@ -1,0 +1,5 @@
+import sys
+
+from bandit_sim.cli import main
+
+sys.exit(main())

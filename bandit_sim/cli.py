@@ -1,0 +1,110 @@
+"""Command line: ``python -m bandit_sim run | sweep | scenario`` (also the ``bandit-sim`` script).
+
+``run``: ``--scenario FILE.npz`` or ``--preset NAME`` (``paper``, ``smoke``), ``--regimes grpo,xgrpo,...``,
+``--steps``, ``--seeds``, ``--out DIR``; ``--lr``, ``--group-size``, ``--batch-prompts``, ``--epochs``,
+``--sgt-weight``, ``--thl-sigma``, ``--seed`` override the preset, which a ``--config FILE.yaml`` (keys of
+:class:`bandit_sim.config.RunConfig`) also overrides: preset < config file < flags.
+``sweep --grid NAME --out DIR``: the grid's full product with a progress bar, one table and one plot.
+``scenario --preset NAME --out FILE.npz``: write the preset's generated scenario, to edit or calibrate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from bandit_sim.config import RunConfig, config_from_mapping, with_overrides
+from bandit_sim.presets import RUN_PRESETS, SWEEP_GRIDS, get_grid, get_preset
+from bandit_sim.scenario import ScenarioError, save_scenario
+from shared_interfaces.config_io import ConfigError, load_yaml
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="bandit_sim", description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run regimes on one scenario")
+    src = run.add_mutually_exclusive_group()
+    src.add_argument("--scenario", help="scenario .npz (init_logits [P, C, K], rewards [C, K])")
+    src.add_argument("--preset", help=f"named run preset: {', '.join(sorted(RUN_PRESETS))}")
+    run.add_argument("--config", help="YAML file with RunConfig keys (over the preset)")
+    run.add_argument("--regimes", help="comma-separated regimes, e.g. grpo,xgrpo,prp_snapshot,prp_thl,sgt")
+    run.add_argument("--out", required=True, help="output directory")
+    for flag, typ in (("--steps", int), ("--seeds", int), ("--lr", float), ("--group-size", int),
+                      ("--batch-prompts", int), ("--epochs", int), ("--sgt-weight", float),
+                      ("--thl-sigma", float), ("--seed", int)):
+        run.add_argument(flag, type=typ)
+    run.add_argument("--workers", type=int, default=1, help="processes (regimes are sharded; exact)")
+    run.add_argument("--no-plots", action="store_true")
+    run.add_argument("--quiet", action="store_true", help="no progress bar")
+    sw = sub.add_parser("sweep", help="run a grid of configs")
+    sw.add_argument("--grid", required=True, help=f"named grid: {', '.join(sorted(SWEEP_GRIDS))}")
+    sw.add_argument("--out", required=True)
+    sw.add_argument("--workers", type=int, default=1)
+    sc = sub.add_parser("scenario", help="write a preset's generated scenario as .npz")
+    sc.add_argument("--preset", required=True)
+    sc.add_argument("--out", required=True)
+    return ap
+
+
+def build_config(args: argparse.Namespace) -> RunConfig:
+    cfg = get_preset(args.preset) if args.preset else RunConfig()
+    if args.config:
+        cfg = config_from_mapping(load_yaml(args.config), cfg, where=f"config {args.config}")
+    if args.scenario:
+        cfg = replace(cfg, scenario=args.scenario)
+    if cfg.scenario is None and not (args.preset or args.config):
+        raise ConfigError("give a scenario: --scenario FILE.npz or --preset NAME (e.g. --preset smoke)")
+    regimes = None if args.regimes is None else [r.strip() for r in args.regimes.split(",") if r.strip()]
+    return with_overrides(
+        cfg, regimes=regimes, steps=args.steps, seeds=args.seeds, lr=args.lr, group_size=args.group_size,
+        batch_prompts=args.batch_prompts, epochs=args.epochs, sgt_weight=args.sgt_weight,
+        thl_sigma=args.thl_sigma, seed=args.seed,
+    )
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from bandit_sim.results import write_run
+    from bandit_sim.runner import run_config, scenario_of
+
+    cfg = build_config(args)
+    scenario = scenario_of(cfg)
+    res = run_config(cfg, scenario, workers=args.workers, progress=not args.quiet)
+    info = {"source": cfg.scenario or "generator", "shape": list(scenario.init_logits.shape)}
+    summary = write_run(res, args.out, info, plots=not args.no_plots)
+    print(f"{res.steps[-1]} steps x {cfg.seeds} seeds x {len(res.regimes)} regimes in {res.wall_s:.1f} s -> {args.out}")
+    for name, reg in summary["regimes"].items():
+        accs = ", ".join(f"{p['accuracy']:.3f}" for p in reg["policies"])
+        print(f"  {name:>14}: accuracy {accs}")
+    return 0
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from bandit_sim.sweep import run_sweep
+
+    rows = run_sweep(get_grid(args.grid), args.out, workers=args.workers)
+    print(f"{len(rows)} rows -> {Path(args.out) / 'sweep.csv'}")
+    return 0
+
+
+def cmd_scenario(args: argparse.Namespace) -> int:
+    from bandit_sim.runner import scenario_of
+
+    path = save_scenario(args.out, scenario_of(get_preset(args.preset)))
+    print(json.dumps({"written": str(path)}))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return {"run": cmd_run, "sweep": cmd_sweep, "scenario": cmd_scenario}[args.command](args)
+    except (ConfigError, ScenarioError, ValueError) as err:
+        print(f"bandit_sim: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

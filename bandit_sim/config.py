@@ -1,0 +1,111 @@
+"""The run configuration of the simulator: one frozen dataclass, every number a user can change.
+
+A run is a scenario (a ``.npz`` file, or a :class:`ScenarioSpec` to generate one), a list of regimes
+(names of :mod:`shared_interfaces.regimes.config`, e.g. ``grpo,xgrpo,sgt+xgrpo``) and the settings below.
+It maps onto a YAML file one to one (unknown keys are errors) and onto the command-line flags.
+
+Choices not given by the paper (documented here, swept by ``bandit_sim sweep``): plain SGD on the logits
+(``optimizer: adam`` is available); the loss is the core's token-mean clipped surrogate (``loss``), so a
+step's update is divided by the learner's number of policy-gradient rows, and ``L_SGT`` by its number of
+SGT targets in the batch; the THL residual on PRP's aligned peer denominator is log-normal,
+``log mu = log pi_peer(a) + thl_bias + thl_sigma * xi`` with ``xi ~ N(0, 1)`` per (learner, peer sample).
+``threads`` is torch's intra-op thread count; on a shared 2-core machine one thread per process and
+``--workers 2`` (two processes) is faster than two threads, which stall whenever the other core is busy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+from bandit_sim.scenario import ScenarioSpec
+from shared_interfaces.config_io import ConfigError, from_mapping, to_mapping
+from shared_interfaces.regimes import (
+    STANDARD_REGIMES,
+    AdvantageConfig,
+    LossConfig,
+    PRPConfig,
+    RegimeSpec,
+    SGTConfig,
+    parse_regime,
+)
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Every setting of a run (see the module docstring)."""
+
+    scenario: str | None = None
+    generator: ScenarioSpec = field(default_factory=ScenarioSpec)
+    regimes: tuple[str, ...] = STANDARD_REGIMES
+    steps: int = 200
+    seeds: int = 8
+    seed: int = 0
+    batch_prompts: int = 32
+    group_size: int = 8
+    epochs: int = 1
+    lr: float = 5.0
+    optimizer: Literal["sgd", "adam"] = "sgd"
+    model: Literal["tabular", "loglinear"] = "tabular"
+    feature_dim: int = 16
+    thl_sigma: float = 0.0
+    thl_bias: float = 0.0
+    record_every: int = 10
+    dtype: Literal["float32", "float64"] = "float32"
+    support_eps: float = 1e-3
+    rescue_eps: float = 1e-6
+    rescue_peer_min: float = 0.05
+    threads: int = 1
+    advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
+    prp: PRPConfig = field(default_factory=PRPConfig)
+    sgt: SGTConfig = field(default_factory=SGTConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+
+    def __post_init__(self) -> None:
+        ints = ("steps", "seeds", "batch_prompts", "group_size", "epochs", "record_every", "feature_dim", "threads")
+        for name in ints:
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not self.lr > 0:
+            raise ConfigError(f"lr must be > 0, got {self.lr}")
+        if not self.thl_sigma >= 0:
+            raise ConfigError(f"thl_sigma must be >= 0, got {self.thl_sigma}")
+        if not self.regimes:
+            raise ConfigError("regimes: give at least one regime, e.g. grpo,xgrpo,sgt")
+        self.regime_specs()  # unknown or invalid regime names fail here, naming the regime
+
+    def regime_specs(self) -> list[RegimeSpec]:
+        """The parsed regimes, each with this run's advantage / PRP / SGT settings."""
+        settings = {"advantage": to_mapping(self.advantage), "prp": to_mapping(self.prp), "sgt": to_mapping(self.sgt)}
+        specs = [parse_regime(name, settings) for name in self.regimes]
+        names = [s.name for s in specs]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ConfigError(f"regimes: {dup} listed twice (names are compared in canonical form)")
+        return specs
+
+    def to_dict(self) -> dict[str, Any]:
+        return to_mapping(self)
+
+
+def config_from_mapping(data: Mapping[str, Any], base: RunConfig | None = None, *, where: str = "config") -> RunConfig:
+    """``base`` (defaults when None) updated by ``data``; nested sections (``generator``, ``sgt``, ...) are
+    merged key by key. Unknown keys raise :class:`ConfigError` naming them."""
+    merged = to_mapping(base or RunConfig())
+    for key, value in dict(data).items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), dict):
+            merged[key] = {**merged[key], **value}
+        else:
+            merged[key] = value
+    if isinstance(merged.get("regimes"), str):
+        merged["regimes"] = [r for r in merged["regimes"].split(",") if r.strip()]
+    return from_mapping(RunConfig, merged, where=where)
+
+
+def with_overrides(cfg: RunConfig, **changes: Any) -> RunConfig:
+    """``cfg`` with top-level keys replaced; ``sgt_weight=`` sets ``sgt.weight``."""
+    changes = {k: v for k, v in changes.items() if v is not None}
+    if "sgt_weight" in changes:
+        changes["sgt"] = replace(cfg.sgt, weight=float(changes.pop("sgt_weight")))
+    return config_from_mapping(to_mapping(changes), cfg)

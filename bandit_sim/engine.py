@@ -1,0 +1,268 @@
+"""The vectorised engine: every regime x seed x policy of a run advances together, one step at a time.
+
+A step (:meth:`Engine.step`):
+
+1. draw — per seed, B distinct prompts shared by all policies; uniforms for sampling, rewards and the
+   THL residual. The draws do not depend on which regimes run (common random numbers), so a regime's
+   trajectory is the same whether it runs alone or beside others;
+2. rollout — each policy samples G arms per prompt by inverse CDF (cumsum + searchsorted) and gets
+   ``r ~ Bernoulli(rewards[c, a])``; its log-probs are the behaviour trace;
+3. learn — per regime, one call of the core (:func:`bandit_sim.batching.plan_batch` -> ``regime_plan``
+   over ``[S, B, P, G]``) gives each learner its rows; then for ``epochs`` passes, one call of the core's
+   ``regime_loss`` over ``[S, P, N, T=1]``, autograd to the batch logits, an optimizer step.
+
+Steps 2-3 run one regime at a time, each vectorised over seeds, policies, prompts and samples (the
+regime loop keeps the working set in cache; the regimes share step 1's draw).
+
+PRP peer rows use the core's behaviour correction with ``mu`` = the learner's snapshot (``prp_snapshot``)
+or the peer's recorded log-prob plus the THL residual ``thl_bias + thl_sigma * xi`` (``prp_thl``).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from bandit_sim.batching import LearnerBatch, behaviour_coef, plan_batch
+from bandit_sim.config import RunConfig
+from bandit_sim.metrics import ALL_METRICS, masked_var, policy_metrics
+from bandit_sim.models import make_model
+from bandit_sim.scenario import Scenario, load_features, rescue_sets
+from shared_interfaces.losses import regime_loss
+from shared_interfaces.regimes import behaviour_correction
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+@dataclass
+class Draw:
+    """One step's randomness: prompts ``ctx [S, B]``, sampling and reward uniforms ``[S, B, P, G]``,
+    THL residual normals ``xi [S, P_learner, B * P * G]`` (per learner and sample ``(b, j, g)``); and
+    the prompts' reward probabilities ``[S, B, P, K]``."""
+
+    ctx: torch.Tensor
+    u_arm: torch.Tensor
+    u_reward: torch.Tensor
+    xi: torch.Tensor
+    reward_prob: torch.Tensor
+
+
+@dataclass
+class Rollout:
+    """One regime's ``actions``, ``rewards`` (0/1) and behaviour log-probs, each ``[S, B, P, G]`` (the
+    core's layout); the batch logits ``[S, B, P, K]`` they were sampled from (a leaf requiring grad) and
+    their log-softmax."""
+
+    actions: torch.Tensor
+    rewards: torch.Tensor
+    behaviour_logp: torch.Tensor
+    logits: torch.Tensor
+    logp_all: torch.Tensor
+
+
+@dataclass
+class RunResult:
+    """Recorded metrics ``metrics[name][t, r, s, p]`` at ``steps[t]`` (step 0 = before any update)."""
+
+    config: RunConfig
+    regimes: list[str]
+    policy_names: tuple[str, ...]
+    steps: np.ndarray
+    metrics: dict[str, np.ndarray]
+    rescue_sizes: np.ndarray
+    wall_s: float = 0.0
+
+
+class Engine:
+    """Runs ``cfg`` on ``scenario``. ``seed_range=(lo, hi)`` runs only seeds ``lo..hi-1`` of the
+    ``cfg.seeds``: the draws are made for all seeds and sliced, so a seed's trajectory does not depend on
+    the slice (this is how :mod:`bandit_sim.runner` shards a run over processes)."""
+
+    def __init__(self, scenario: Scenario, cfg: RunConfig, seed_range: tuple[int, int] | None = None):
+        torch.set_num_threads(cfg.threads)
+        self.cfg = cfg
+        self.specs = cfg.regime_specs()
+        self.scenario = scenario
+        self.dtype = DTYPES[cfg.dtype]
+        lo, hi = seed_range or (0, cfg.seeds)
+        if not 0 <= lo < hi <= cfg.seeds:
+            raise ValueError(f"seed_range {seed_range} is not within the run's {cfg.seeds} seeds")
+        self.seed_slice = slice(lo, hi)
+        self.R, self.S = len(self.specs), hi - lo
+        self.P, self.C, self.K = scenario.init_logits.shape
+        self.B, self.G = cfg.batch_prompts, cfg.group_size
+        if self.B > self.C:
+            raise ValueError(f"batch_prompts = {self.B} exceeds the scenario's {self.C} contexts; lower --batch-prompts")
+        self.N = self.B * self.P * self.G
+        init = torch.tensor(scenario.init_logits, dtype=self.dtype)
+        self.init_logp = torch.log_softmax(init, dim=-1)
+        self.rewards = torch.tensor(scenario.rewards, dtype=self.dtype)
+        self.correct = torch.from_numpy(scenario.correct)
+        self.rescue_np = rescue_sets(scenario, cfg.rescue_eps, cfg.rescue_peer_min)
+        self.rescue = torch.from_numpy(self.rescue_np)
+        feats = None
+        if cfg.model == "loglinear":
+            feats = torch.tensor(load_features(scenario, cfg.feature_dim, cfg.seed + 7919), dtype=self.dtype)
+        self.model = make_model(cfg.model, init, self.R, self.S, cfg.optimizer, cfg.lr, feats)
+        self.gens = {
+            name: torch.Generator().manual_seed(int(np.random.SeedSequence([cfg.seed, k]).generate_state(1)[0]))
+            for k, name in enumerate(("ctx", "arm", "reward", "thl"))
+        }
+        # PRP regimes report Var[pi / mu] with THL's mu, so every PRP regime needs the residual draws
+        self.needs_xi = cfg.thl_sigma > 0 and any(s.uses_peer_samples for s in self.specs)
+        self.sgt_rngs = [np.random.default_rng([cfg.seed, zlib.crc32(s.name.encode())]) for s in self.specs]
+        self.t = 0
+        self.last_draw: Draw | None = None
+
+    # -- 1. draw -----------------------------------------------------------------------------------
+    def draw(self) -> Draw:
+        """Each stream has its own generator, so skipping one (no PRP regime, or sigma = 0) leaves the
+        others — and every other regime's trajectory — unchanged."""
+        S, P, B, G, g, sl = self.cfg.seeds, self.P, self.B, self.G, self.gens, self.seed_slice
+        ctx = torch.rand(S, self.C, generator=g["ctx"]).argsort(dim=1)[sl, :B]
+        u_arm = 1.0 - torch.rand(S, B, P, G, generator=g["arm"], dtype=self.dtype)[sl]  # in (0, 1]
+        u_reward = torch.rand(S, B, P, G, generator=g["reward"], dtype=self.dtype)[sl]
+        if self.needs_xi:
+            xi = torch.randn(S, P, self.N, generator=g["thl"], dtype=self.dtype)[sl]
+        else:
+            xi = torch.zeros((), dtype=self.dtype)
+        return Draw(ctx, u_arm, u_reward, xi, self.rewards[ctx].unsqueeze(2).expand(-1, -1, P, -1))
+
+    # -- 2. rollout ----------------------------------------------------------------------------------
+    def rollout(self, d: Draw, r: int) -> Rollout:
+        """Regime ``r``'s policies sample by inverse CDF; an arm whose probability is below the dtype's
+        resolution (2^-24 of the total in float32) is never drawn."""
+        z = self.model.batch_logits(r, d.ctx).requires_grad_(True)  # [S, B, P, K], a leaf for learn()
+        logp = torch.log_softmax(z, dim=-1)  # tracked: learn()'s first epoch reuses it
+        cdf = logp.detach().exp().cumsum(dim=-1)
+        total = cdf[..., -1:]
+        x = torch.minimum(d.u_arm * total, torch.nextafter(total, torch.zeros_like(total)))
+        actions = torch.searchsorted(cdf, x, right=True).clamp_(max=self.K - 1)
+        p_reward = d.reward_prob.gather(-1, actions)
+        rewards = (d.u_reward < p_reward).to(self.dtype)
+        return Rollout(actions, rewards, logp.detach().gather(-1, actions), z, logp)
+
+    # -- 3. learn ------------------------------------------------------------------------------------
+    def plan(self, r: int, rewards: torch.Tensor) -> LearnerBatch:
+        """The core's decisions for regime ``r``'s rollouts: one ``regime_plan`` call over ``[S, B, P, G]``."""
+        np_dtype = np.float32 if self.dtype == torch.float32 else np.float64
+        return plan_batch(self.specs[r], rewards.numpy(), rng=self.sgt_rngs[r], dtype=np_dtype)
+
+    def _rows(self, x: torch.Tensor, batch: LearnerBatch) -> torch.Tensor:
+        """Per-sample values ``[S, B, P_src, G]`` -> each learner's rows ``[S, P, N]`` (``batch.src``)."""
+        flat = x.reshape(x.shape[0], -1)  # [S, B * P * G] in (b, j, g) order
+        return flat.index_select(1, batch.src.reshape(-1)).view(x.shape[0], *batch.src.shape)
+
+    def learn(self, d: Draw, ro: Rollout, r: int, diagnose: bool = True) -> dict[str, torch.Tensor]:
+        """Regime ``r``: plan, then ``epochs`` optimizer passes on the batch with the core's loss. Returns
+        step diagnostics ``[S, P]`` (the density-ratio variances only when ``diagnose``)."""
+        S, P, K, cfg = self.S, self.P, self.K, self.cfg
+        batch = self.plan(r, ro.rewards)
+        # masks as floats once (the core's loss would convert bool masks on every use)
+        pg_mask, sgt_mask = (m.to(self.dtype).unsqueeze(-1) for m in (batch.pg_mask, batch.sgt_mask))
+        # row (b, j, g) of learner i reads log pi_i(a | c_b): index (b * P + i) * K + a into [S, B * P * K]
+        lane = (batch.src // (P * self.G)) * P + torch.arange(P).unsqueeze(1)
+        idx = (lane * K + self._rows(ro.actions, batch)).view(S, -1)
+        src_logp = self._rows(ro.behaviour_logp, batch)
+        mu = src_logp + cfg.thl_bias
+        if self.needs_xi:  # the THL residual of (learner i, sample n) is xi[s, i, n]
+            mu = mu + cfg.thl_sigma * d.xi.gather(-1, batch.src.expand(S, -1, -1))
+        ref = None
+        if cfg.loss.kl_coef > 0:
+            ref = self.init_logp[:, d.ctx].permute(1, 2, 0, 3).reshape(S, -1).gather(-1, idx)
+            ref = ref.view(S, P, -1, 1)
+        clip = torch.zeros(S, P, dtype=torch.float64)
+        gnorm = torch.zeros(S, P, dtype=torch.float64)
+        for epoch in range(cfg.epochs):
+            if epoch == 0:
+                z, logp_all = ro.logits, ro.logp_all
+            else:
+                z = self.model.batch_logits(r, d.ctx).requires_grad_(True)
+                logp_all = torch.log_softmax(z, dim=-1)
+            logp = logp_all.view(S, -1).gather(-1, idx).view(S, P, -1)
+            if epoch == 0:
+                old = logp.detach()
+                coef = behaviour_coef(batch, old, mu) if batch.denominator == "thl" else None
+            out = regime_loss(
+                logp.unsqueeze(-1), old.unsqueeze(-1), batch.advantages, pg_mask, cfg.loss,
+                behaviour_coef=None if coef is None else coef.unsqueeze(-1), sample_weight=batch.sample_weight,
+                sgt_mask=sgt_mask, sgt_weight=batch.sgt_weight, ref_logp=ref,
+            )
+            out.loss.sum().backward()
+            clip += out.clip_fraction.double()
+            if diagnose:
+                gnorm += self.model.grad_norm(d.ctx, z.grad).double()
+            self.model.apply(r, d.ctx, z.grad)
+        stats = {"clip_fraction": clip / cfg.epochs, "sgt_activations": batch.gate.sum(-1).double()}
+        if diagnose:
+            stats["grad_norm"] = gnorm / cfg.epochs
+            # Var[pi_old / mu] over the learner's peer rows (PRP): mu = the peer trace as THL delivers it
+            # (with the residual), and without the residual. Untruncated: the core's correction, cap = inf.
+            peer = batch.pg_mask & batch.is_peer
+            stats["ratio_variance"] = masked_var(behaviour_correction(old, mu, math.inf), peer).double()
+            stats["true_ratio_variance"] = masked_var(behaviour_correction(old, src_logp, math.inf), peer).double()
+        return stats
+
+    def step(self, diagnose: bool = True) -> dict[str, torch.Tensor]:
+        """One step of every regime on the same draw; diagnostics stacked to ``[R, S, P]``."""
+        d = self.last_draw = self.draw()
+        per = [self.learn(d, self.rollout(d, r), r, diagnose) for r in range(self.R)]
+        self.t += 1
+        return {k: torch.stack([p[k] for p in per]) for k in per[0]}
+
+    # -- metrics and the run -------------------------------------------------------------------------
+    def policy_metrics(self) -> dict[str, torch.Tensor]:
+        """Policy metrics ``[R, S, P]``, one regime at a time (cache-sized chunks)."""
+        with torch.no_grad():
+            per = [policy_metrics(self.model.logits(r).contiguous(), self.init_logp, self.rewards, self.correct,
+                                  self.rescue, self.cfg.support_eps) for r in range(self.R)]
+        return {k: torch.stack([p[k] for p in per]) for k in per[0]}
+
+    def run(self, progress=None) -> RunResult:
+        """All ``cfg.steps`` steps; metrics at step 0, every ``record_every`` steps and at the end.
+        Step diagnostics are averaged (NaN-aware) over the steps since the previous record."""
+        cfg = self.cfg
+        rec_steps = sorted({0, *range(cfg.record_every, cfg.steps + 1, cfg.record_every), cfg.steps})
+        shape = (len(rec_steps), self.R, self.S, self.P)
+        out = {k: np.full(shape, np.nan) for k in ALL_METRICS}
+        acc: dict[str, torch.Tensor] = {}
+        cnt: dict[str, torch.Tensor] = {}
+        total_gates = torch.zeros(self.R, self.S, self.P, dtype=torch.float64)
+        t0 = time.perf_counter()
+        k = 0
+        for t in range(cfg.steps + 1):
+            if t > 0:
+                stats = self.step()
+                total_gates += stats["sgt_activations"]
+                for name, v in stats.items():
+                    ok = ~torch.isnan(v)
+                    acc[name] = acc.get(name, 0) + torch.where(ok, v, 0.0)
+                    cnt[name] = cnt.get(name, 0) + ok.double()
+                if progress is not None:
+                    progress(1)
+            if t == rec_steps[k]:
+                for name, v in self.policy_metrics().items():
+                    out[name][k] = v.numpy()
+                for name in acc:
+                    out[name][k] = torch.where(cnt[name] > 0, acc[name] / cnt[name].clamp(min=1), math.nan).numpy()
+                out["sgt_activations_total"][k] = total_gates.numpy()
+                acc, cnt = {}, {}
+                k += 1
+        return RunResult(
+            config=cfg,
+            regimes=[s.name for s in self.specs],
+            policy_names=self.scenario.policy_names,
+            steps=np.array(rec_steps),
+            metrics=out,
+            rescue_sizes=self.rescue_np.sum(axis=1),
+            wall_s=time.perf_counter() - t0,
+        )
+
+
+def run(scenario: Scenario, cfg: RunConfig, progress=None) -> RunResult:
+    return Engine(scenario, cfg).run(progress)

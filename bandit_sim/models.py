@@ -1,0 +1,125 @@
+"""Softmax policies for the bandit, stacked over ``[R, S, P]`` (regimes, seeds, policies).
+
+* :class:`TabularModel`: one free logit per (context, arm), ``pi(a|c) = softmax(theta[c])_a``;
+  ``grad_theta[c] log pi(a|c) = e_a - pi(.|c)`` — an update on one context never moves another.
+* :class:`LogLinearModel`: ``z(c, a) = init_logits[c, a] + phi(c, a) . w`` with features ``phi [C, K, D]``
+  shared by all contexts, ``w`` starting at 0 (so ``pi_0`` is the scenario's): learning on one prompt
+  moves every other prompt whose features overlap.
+
+Both expose, per regime r, the logits of a batch of contexts ``ctx [S, B]`` as ``[S, B, P, K]``, all
+logits ``[S, P, C, K]``, and :meth:`apply` of the loss gradient with respect to the batch logits (chain
+rule onto the parameters, then an SGD or Adam step). Contexts in a batch are distinct (sampled without
+replacement), so the tabular scatter is exact.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class _Optimizer:
+    """SGD, or Adam (bias-corrected, elementwise, hence identical to one Adam per stacked model)."""
+
+    def __init__(self, params: torch.Tensor, kind: str, lr: float, betas=(0.9, 0.999), eps: float = 1e-8):
+        if kind not in ("sgd", "adam"):
+            raise ValueError(f"unknown optimizer {kind!r}; use sgd or adam")
+        self.kind, self.lr, self.betas, self.eps = kind, lr, betas, eps
+        self.t = 0
+        if kind == "adam":
+            self.m = torch.zeros_like(params)
+            self.v = torch.zeros_like(params)
+
+    def step(self, params: torch.Tensor, grad: torch.Tensor) -> None:
+        if self.kind == "sgd":
+            params.sub_(self.lr * grad)
+            return
+        self.t += 1
+        b1, b2 = self.betas
+        self.m.mul_(b1).add_(grad, alpha=1 - b1)
+        self.v.mul_(b2).addcmul_(grad, grad, value=1 - b2)
+        denom = (self.v / (1 - b2**self.t)).sqrt_().add_(self.eps)
+        params.addcdiv_(self.m, denom, value=-self.lr / (1 - b1**self.t))
+
+
+class TabularModel:
+    """Logits stored ``[R, S, C, P, K]``: regime-major, and a seed's batch of contexts is a row gather."""
+
+    def __init__(self, init_logits: torch.Tensor, R: int, S: int, optimizer: str, lr: float):
+        P, C, K = init_logits.shape
+        self.shape = (R, S, P, C, K)
+        self.theta = init_logits.permute(1, 0, 2)[None, None].expand(R, S, C, P, K).contiguous()
+        self.opts = [_Optimizer(self._flat(r), optimizer, lr) for r in range(R)]
+        self.sparse = optimizer == "sgd"
+
+    def _flat(self, r: int) -> torch.Tensor:
+        R, S, P, C, K = self.shape
+        return self.theta[r].view(S * C, P * K)
+
+    def _rows(self, ctx: torch.Tensor) -> torch.Tensor:
+        S, B = ctx.shape
+        return (ctx + torch.arange(S).unsqueeze(1) * self.shape[3]).reshape(S * B)
+
+    def batch_logits(self, r: int, ctx: torch.Tensor) -> torch.Tensor:
+        """Regime ``r``'s logits of the batch ``ctx [S, B]``: ``[S, B, P, K]``."""
+        R, S, P, C, K = self.shape
+        return self._flat(r).index_select(0, self._rows(ctx)).view(S, -1, P, K)
+
+    def logits(self, r: int) -> torch.Tensor:
+        """Regime ``r``'s logits of every context, ``[S, P, C, K]``."""
+        return self.theta[r].transpose(1, 2)
+
+    def all_logits(self) -> torch.Tensor:
+        return self.theta.permute(0, 1, 3, 2, 4)
+
+    def grad_norm(self, ctx: torch.Tensor, grad_z: torch.Tensor) -> torch.Tensor:
+        """``||dL/dtheta||`` per ``[S, P]``: the batch rows' gradient is ``dL/dz [S, B, P, K]`` itself."""
+        return grad_z.square().sum(dim=(1, 3)).sqrt()
+
+    def apply(self, r: int, ctx: torch.Tensor, grad_z: torch.Tensor) -> None:
+        """Step on ``dL/dz [S, B, P, K]`` of the batch logits (which is the gradient of the batch rows)."""
+        R, S, P, C, K = self.shape
+        g = grad_z.reshape(-1, P * K)
+        opt, flat = self.opts[r], self._flat(r)
+        if self.sparse:  # SGD touches only the batch's rows (distinct contexts per seed)
+            flat.index_add_(0, self._rows(ctx), g, alpha=-opt.lr)
+        else:
+            opt.step(flat, torch.zeros_like(flat).index_copy_(0, self._rows(ctx), g))
+
+
+class LogLinearModel:
+    def __init__(self, init_logits: torch.Tensor, features: torch.Tensor, R: int, S: int, optimizer: str, lr: float):
+        P, C, K = init_logits.shape
+        if features.shape[:2] != (C, K):
+            raise ValueError(f"features {tuple(features.shape)} do not match the scenario's [C, K] = [{C}, {K}]")
+        self.init = init_logits
+        self.phi = features
+        self.w = torch.zeros(R, S, P, features.shape[-1], dtype=init_logits.dtype)
+        self.opts = [_Optimizer(self.w[r], optimizer, lr) for r in range(R)]
+
+    def batch_logits(self, r: int, ctx: torch.Tensor) -> torch.Tensor:
+        base = self.init[:, ctx].permute(1, 2, 0, 3)  # [S, B, P, K]
+        return base + torch.einsum("sbkd,spd->sbpk", self.phi[ctx], self.w[r])
+
+    def logits(self, r: int) -> torch.Tensor:
+        return self.init[None] + torch.einsum("ckd,spd->spck", self.phi, self.w[r])
+
+    def all_logits(self) -> torch.Tensor:
+        return torch.stack([self.logits(r) for r in range(self.w.shape[0])])
+
+    def grad_norm(self, ctx: torch.Tensor, grad_z: torch.Tensor) -> torch.Tensor:
+        return torch.einsum("sbpk,sbkd->spd", grad_z, self.phi[ctx]).square().sum(dim=-1).sqrt()
+
+    def apply(self, r: int, ctx: torch.Tensor, grad_z: torch.Tensor) -> None:
+        """Chain rule ``dL/dw = sum_{b,k} dL/dz[b, k] phi[ctx_b, k]``, then the optimizer step."""
+        self.opts[r].step(self.w[r], torch.einsum("sbpk,sbkd->spd", grad_z, self.phi[ctx]))
+
+
+def make_model(kind: str, init_logits: torch.Tensor, R: int, S: int, optimizer: str, lr: float,
+               features: torch.Tensor | None = None):
+    if kind == "tabular":
+        return TabularModel(init_logits, R, S, optimizer, lr)
+    if kind == "loglinear":
+        if features is None:
+            raise ValueError("the log-linear model needs features [C, K, D]")
+        return LogLinearModel(init_logits, features, R, S, optimizer, lr)
+    raise ValueError(f"unknown model {kind!r}; use tabular or loglinear")

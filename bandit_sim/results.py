@@ -1,0 +1,112 @@
+"""What a run writes: ``summary.json``, per-step metrics (``metrics.csv`` with seed means and 95 %
+intervals, ``metrics.npz`` with every seed) and, via :mod:`bandit_sim.plots`, the PNG figures.
+
+``summary.json``::
+
+    {"config": {...}, "scenario": {...},
+     "regimes": {NAME: {"policies": [{"accuracy", "rescue_accuracy", "support", "kl_to_init", "entropy",
+                                      "ratio_variance", "sgt_activations", ...}, ...]}}}
+
+Values are final-step means over seeds, null where a metric does not apply (rescue accuracy without a
+rescue set, ratio variance for regimes that train on no peer samples); policies in scenario order.
+``sgt_activations`` is the total number of SGT gate openings per seed over the run (mean over seeds).
+Step diagnostics (ratio variances, gradient norm, clip fraction) are means over the last
+``record_every`` steps; ``ratio_variance_median`` is their median over seeds (the ratio is heavy-tailed).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+from bandit_sim.engine import RunResult
+from bandit_sim.metrics import ALL_METRICS, seed_summary
+
+SUMMARY_KEYS = (
+    "accuracy", "rescue_accuracy", "support", "kl_to_init", "entropy", "ratio_variance", "sgt_activations",
+)
+EXTRA_KEYS = (
+    "kl_outside_rescue", "ratio_variance_median", "true_ratio_variance", "grad_norm", "grad_norm_seed_var",
+    "clip_fraction",
+)
+
+
+def _num(x: float) -> float | None:
+    return None if x is None or not math.isfinite(float(x)) else float(x)
+
+
+def final_policy_stats(result: RunResult, r: int, p: int) -> dict[str, float | None]:
+    """One policy's final-step means over seeds (with ``_ci95`` half widths) under regime ``r``."""
+    m = result.metrics
+    out: dict[str, float | None] = {}
+    for key in SUMMARY_KEYS + EXTRA_KEYS:
+        if key == "sgt_activations":
+            vals = m["sgt_activations_total"][-1, r, :, p]
+        elif key == "grad_norm_seed_var":
+            out[key] = _num(seed_summary(m["grad_norm"][-1, r, :, p], axis=0)["var"])
+            continue
+        elif key == "ratio_variance_median":  # the density ratio is heavy-tailed: a robust companion
+            vals = m["ratio_variance"][-1, r, :, p]
+            out[key] = None if np.isnan(vals).all() else _num(np.nanmedian(vals))
+            continue
+        else:
+            vals = m[key][-1, r, :, p]
+        s = seed_summary(vals, axis=0)
+        out[key] = _num(s["mean"])
+        if key in ("accuracy", "rescue_accuracy", "kl_to_init"):
+            out[key + "_ci95"] = _num(s["ci95"])
+    return out
+
+
+def summary_dict(result: RunResult, scenario_info: dict | None = None) -> dict:
+    return {
+        "config": result.config.to_dict(),
+        "scenario": {
+            "policy_names": list(result.policy_names),
+            "rescue_set_sizes": [int(x) for x in result.rescue_sizes],
+            **(scenario_info or {}),
+        },
+        "wall_seconds": round(result.wall_s, 3),
+        "final_step": int(result.steps[-1]),
+        "regimes": {
+            name: {"policies": [final_policy_stats(result, r, p) for p in range(len(result.policy_names))]}
+            for r, name in enumerate(result.regimes)
+        },
+    }
+
+
+def write_metrics(result: RunResult, out_dir: Path) -> None:
+    np.savez_compressed(
+        out_dir / "metrics.npz", steps=result.steps, regimes=np.array(result.regimes),
+        policies=np.array(result.policy_names), **{k: result.metrics[k] for k in ALL_METRICS},
+    )
+    with open(out_dir / "metrics.csv", "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["step", "regime", "policy", "metric", "mean", "ci95", "seed_var"])
+        for key in ALL_METRICS:
+            s = seed_summary(result.metrics[key], axis=2)  # [T, R, P]
+            for t, step in enumerate(result.steps):
+                for r, name in enumerate(result.regimes):
+                    for p, pol in enumerate(result.policy_names):
+                        mean, ci, var = (s[q][t, r, p] for q in ("mean", "ci95", "var"))
+                        if math.isnan(mean):
+                            continue
+                        w.writerow([int(step), name, pol, key, f"{mean:.6g}", f"{ci:.6g}", f"{var:.6g}"])
+
+
+def write_run(result: RunResult, out_dir: str | Path, scenario_info: dict | None = None, plots: bool = True) -> dict:
+    """Write every output of a run under ``out_dir``; returns the summary."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    summary = summary_dict(result, scenario_info)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, allow_nan=False) + "\n")
+    write_metrics(result, out)
+    if plots:
+        from bandit_sim.plots import plot_run
+
+        plot_run(result, out)
+    return summary

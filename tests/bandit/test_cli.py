@@ -1,0 +1,104 @@
+"""``python -m bandit_sim run | sweep | scenario``: outputs, overrides and errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from bandit_sim.cli import main
+from bandit_sim.results import SUMMARY_KEYS
+from bandit_sim.scenario import load_scenario
+
+
+def test_run_smoke_preset_writes_everything(tmp_path):
+    out = tmp_path / "run"
+    assert main(["run", "--preset", "smoke", "--out", str(out), "--quiet", "--steps", "10", "--seeds", "3",
+                 "--regimes", "grpo,sgt+xgrpo,prp_thl"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["config"]["steps"] == 10 and summary["config"]["seeds"] == 3
+    assert list(summary["regimes"]) == ["grpo", "sgt+xgrpo", "prp_thl"]
+    for name, reg in summary["regimes"].items():
+        assert len(reg["policies"]) == 2
+        for pol in reg["policies"]:
+            assert set(SUMMARY_KEYS) <= set(pol)
+            assert 0.0 <= pol["accuracy"] <= 1.0
+            assert (pol["ratio_variance"] is None) == (name != "prp_thl")
+    m = np.load(out / "metrics.npz")
+    assert m["accuracy"].shape == (len(m["steps"]), 3, 3, 2)
+    assert (out / "metrics.csv").read_text().startswith("step,regime,policy,metric")
+    for png in ("learning_curves.png", "stability_support.png"):
+        assert (out / png).stat().st_size < 300_000
+
+
+def test_overrides_config_file_and_scenario_file(tmp_path):
+    assert main(["scenario", "--preset", "smoke", "--out", str(tmp_path / "s.npz")]) == 0
+    sc = load_scenario(tmp_path / "s.npz")
+    (tmp_path / "c.yaml").write_text("steps: 7\nseeds: 2\nlr: 3.0\nsgt: {weight: 0.25}\nregimes: [grpo, sgt]\n")
+    out = tmp_path / "run"
+    assert main(["run", "--scenario", str(tmp_path / "s.npz"), "--config", str(tmp_path / "c.yaml"), "--out", str(out),
+                 "--lr", "4.0", "--group-size", "3", "--batch-prompts", "5", "--epochs", "2", "--thl-sigma", "0.2",
+                 "--seed", "9", "--sgt-weight", "0.5", "--quiet", "--no-plots"]) == 0
+    cfg = json.loads((out / "summary.json").read_text())["config"]
+    assert (cfg["steps"], cfg["seeds"], cfg["lr"], cfg["group_size"], cfg["batch_prompts"], cfg["epochs"]) == (7, 2, 4.0, 3, 5, 2)
+    assert (cfg["thl_sigma"], cfg["seed"], cfg["sgt"]["weight"], cfg["regimes"]) == (0.2, 9, 0.5, ["grpo", "sgt"])
+    assert cfg["scenario"].endswith("s.npz") and sc.n_contexts == 32
+
+
+@pytest.mark.parametrize("argv, msg", [
+    (["--preset", "nope"], "unknown preset 'nope'"),
+    (["--preset", "smoke", "--regimes", "grpo,ppo"], "unknown regime component"),
+    (["--preset", "smoke", "--regimes", "prp_thl+xgrpo"], "combines bases"),
+    (["--preset", "smoke", "--steps", "0"], "steps must be >= 1"),
+    (["--preset", "smoke", "--batch-prompts", "999"], "exceeds the scenario's"),
+    ([], "give a scenario"),
+    (["--scenario", "/nonexistent.npz"], "does not exist"),
+])
+def test_bad_input_gives_a_clear_error(tmp_path, capsys, argv, msg):
+    assert main(["run", *argv, "--out", str(tmp_path / "o"), "--quiet"]) == 2
+    assert msg in capsys.readouterr().err
+
+
+def test_bad_config_key(tmp_path, capsys):
+    (tmp_path / "c.yaml").write_text("stepz: 3\n")
+    assert main(["run", "--preset", "smoke", "--config", str(tmp_path / "c.yaml"), "--out", str(tmp_path)]) == 2
+    assert "unknown key(s) ['stepz']" in capsys.readouterr().err
+
+
+def test_bad_scenario_values(tmp_path, capsys):
+    np.savez(tmp_path / "b.npz", init_logits=np.zeros((2, 3, 4)), rewards=np.full((3, 4), 2.0))
+    assert main(["run", "--scenario", str(tmp_path / "b.npz"), "--out", str(tmp_path / "o")]) == 2
+    assert "in [0, 1]" in capsys.readouterr().err
+
+
+def test_sweep_smoke_grid(tmp_path):
+    """The smoke grid (4 points; about 10 s on an idle 2-core machine, start-up included)."""
+    proc = subprocess.run([sys.executable, "-m", "bandit_sim", "sweep", "--grid", "smoke", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    rows = (tmp_path / "sweep.csv").read_text().splitlines()
+    assert rows[0].startswith("overlap,thl_sigma,regime,policy,accuracy") and len(rows) == 1 + 4 * 5 * 2
+    assert (tmp_path / "sweep.png").exists()
+    assert "grid points" in proc.stderr  # the progress bar
+
+
+def test_unknown_grid(tmp_path, capsys):
+    assert main(["sweep", "--grid", "huge", "--out", str(tmp_path)]) == 2
+    assert "unknown sweep grid" in capsys.readouterr().err
+
+
+def test_single_policy_run_reports_nulls(tmp_path):
+    """P = 1 is allowed: no rescue set and no peer samples, so those metrics are null, not 0."""
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "one.npz", init_logits=rng.normal(size=(1, 6, 4)), rewards=(rng.random((6, 4)) < 0.4) * 1.0)
+    out = tmp_path / "o"
+    assert main(["run", "--scenario", str(tmp_path / "one.npz"), "--regimes", "grpo,xgrpo,prp_thl,sgt", "--steps", "5",
+                 "--seeds", "2", "--batch-prompts", "3", "--out", str(out), "--quiet"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    for reg in summary["regimes"].values():
+        (pol,) = reg["policies"]
+        assert pol["rescue_accuracy"] is None and pol["ratio_variance"] is None and pol["sgt_activations"] == 0
+    assert (out / "learning_curves.png").exists()
