@@ -156,7 +156,7 @@ class DiskLogExchange(InMemoryExchange):
             )
             with open(self.path, "r+b") as fh:
                 fh.truncate(good_end)
-        for lineno, line in enumerate(data[:good_end].decode("utf-8").splitlines(), start=1):
+        for lineno, line in enumerate(data[:good_end].decode("utf-8").split("\n"), start=1):
             if not line.strip():
                 continue
             try:

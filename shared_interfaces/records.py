@@ -181,8 +181,12 @@ def dump_jsonl(records: Iterable[ExperienceRecord]) -> str:
 
 
 def load_jsonl(text: str) -> list[ExperienceRecord]:
-    """Parse JSON lines written by :func:`dump_jsonl`; blank lines are skipped."""
-    return [ExperienceRecord.from_json(line) for line in text.splitlines() if line.strip()]
+    """Parse JSON lines written by :func:`dump_jsonl`; blank lines are skipped.
+
+    Lines are split on ``"\n"`` only: JSON escapes it inside strings, but not the other characters
+    :meth:`str.splitlines` breaks on (U+2028, U+0085, ...), which may occur raw in a response text.
+    """
+    return [ExperienceRecord.from_json(line) for line in text.split("\n") if line.strip()]
 
 
 def canonical_key(record: ExperienceRecord) -> tuple[str, int, str]:

@@ -91,3 +91,16 @@ def test_disk_log_rejects_invalid_line(tmp_path):
     path.write_text(text)
     with pytest.raises(Exception, match="line"):
         DiskLogExchange(path)
+
+
+def test_disk_log_replays_texts_with_unicode_line_separators(tmp_path):
+    """U+2028 / U+0085 / U+001C stay raw in the JSON text: the log must split on newlines only."""
+    from shared_interfaces.exchange import DiskLogExchange
+    from tests.core.test_records import make
+
+    recs = [make(record_id=f"A/0/p/{i}", sample_index=i, response_text=f"a{sep}b") for i, sep in
+            enumerate(["\u2028", "\x85", "\x1c", "\r"])]
+    with DiskLogExchange(tmp_path / "log.jsonl") as ex:
+        ex.publish(recs)
+    with DiskLogExchange(tmp_path / "log.jsonl") as again:
+        assert list(again.records()) == recs
