@@ -24,6 +24,11 @@ Layout (every key optional unless marked; unknown keys are errors naming the key
         train: {optimizer: adamw, lr: 1e-6, micro_batch: 4, grad_accum: null, grad_clip: 1.0,
                 gradient_checkpointing: true}
     checkpoint_every: 1            # steps between checkpoints (0: only at the end)
+    runtime: {backend: local}      # local | ray (see RuntimeConfig)
+
+Per policy also: ``device`` (cpu | cuda | auto), ``drift`` (the vLLM engine's drift check, see
+:class:`DriftSection`), ``join_step`` / ``leave_step`` (steps ``join_step <= s < leave_step`` the policy
+takes part in; Ray runtime only).
 
 Relative paths are relative to the config file's directory; ``${VAR}`` and ``${VAR:-default}`` are
 expanded from the environment, and ``${MRL_SHARED_DIR}`` falls back to the ``shared/`` folder found
@@ -104,6 +109,23 @@ class TrainSection:
 
 
 @dataclass(frozen=True)
+class DriftSection:
+    """The vLLM engine's drift check after every weight sync (:class:`mrl_llm.rollout.DriftConfig`):
+    mean |engine log-prob - trainer log-prob| over ``n_prompts`` probe responses of ``max_new_tokens``
+    tokens must stay <= ``threshold`` nats (fp32 engine and trainer: ~1e-6; bf16: ~1e-2); above it the
+    run stops with an error. Logged every step as ``drift_mean_abs``."""
+
+    threshold: float = 0.05
+    n_prompts: int = 2
+    max_new_tokens: int = 8
+    enabled: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.threshold > 0 or self.n_prompts < 1 or self.max_new_tokens < 1:
+            raise ConfigError("drift: threshold must be > 0, n_prompts and max_new_tokens >= 1")
+
+
+@dataclass(frozen=True)
 class PolicyConfig:
     """One policy: its weights (``model_dir`` or ``model_config``), tokenizer, prompt template
     (:class:`mrl_llm.templates.TemplateConfig`: the text with the answer-format instruction) and training."""
@@ -120,6 +142,10 @@ class PolicyConfig:
     sampling: SamplingSection = field(default_factory=SamplingSection)
     train: TrainSection = field(default_factory=TrainSection)
     init_seed: int | None = None  # seed of a fresh model_config model (default: derived from run seed)
+    device: Literal["cpu", "cuda", "auto"] = "cpu"  # auto: cuda when available
+    drift: DriftSection = field(default_factory=DriftSection)
+    join_step: int = 0
+    leave_step: int | None = None
 
     def __post_init__(self) -> None:
         if not self.name or "/" in self.name:
@@ -136,6 +162,9 @@ class PolicyConfig:
             raise ConfigError(f"policy {self.name!r}: group_size must be >= 1, got {self.group_size}")
         if self.max_prompt_len < 1:
             raise ConfigError(f"policy {self.name!r}: max_prompt_len must be >= 1")
+        if self.join_step < 0 or (self.leave_step is not None and self.leave_step <= self.join_step):
+            raise ConfigError(f"policy {self.name!r}: need 0 <= join_step < leave_step, got "
+                              f"{self.join_step} and {self.leave_step}")
 
     @property
     def tokenizer_path(self) -> str | None:
@@ -168,6 +197,33 @@ class EvalConfig:
 
 
 @dataclass(frozen=True)
+class RuntimeConfig:
+    """Where the steps run. ``backend: local`` — one process, policies one after the other (the
+    reference). ``backend: ray`` — one Ray actor per policy, the exchange as a Ray actor, placed by the
+    MWRA plan (:mod:`mrl_llm.distributed.ray_trainer`): ``mode: sync`` (a barrier per step) or
+    ``async`` with ``max_staleness`` k (generation runs up to k steps ahead of training; k = 0 is
+    the synchronous schedule). ``address``: an existing Ray cluster (``auto``, ``ray://host:10001``);
+    null starts a local one with ``num_cpus`` CPUs (null: all). ``cluster``: a cluster YAML to plan
+    for (default: the Ray cluster's resources); ``placement``: the plan's layout (auto, colocated,
+    split, cpu)."""
+
+    backend: Literal["local", "ray"] = "local"
+    mode: Literal["sync", "async"] = "sync"
+    max_staleness: int = 0
+    address: str | None = None
+    num_cpus: int | None = None
+    cluster: str | None = None
+    placement: Literal["auto", "colocated", "split", "cpu"] = "auto"
+
+    def __post_init__(self) -> None:
+        if self.max_staleness < 0 or (self.mode == "sync" and self.max_staleness):
+            raise ConfigError(f"runtime.max_staleness must be 0 with mode sync and >= 0 with mode async, "
+                              f"got {self.max_staleness} with {self.mode}")
+        if self.num_cpus is not None and self.num_cpus < 1:
+            raise ConfigError("runtime.num_cpus must be >= 1 or null")
+
+
+@dataclass(frozen=True)
 class RunConfig:
     """A whole experiment (module docstring). ``regime`` is a regime section; :attr:`regime_spec` parses it."""
 
@@ -188,6 +244,7 @@ class RunConfig:
     tensorboard: bool = True
     progress: bool = True
     exchange_fsync: bool = False
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
 
     def __post_init__(self) -> None:
         if not self.policies:
@@ -205,6 +262,10 @@ class RunConfig:
         if not isinstance(self.regime, Mapping):
             raise ConfigError("config: regime must be a mapping like {name: sgt}")
         self.regime_spec  # noqa: B018 - validates the section
+        moving = [p.name for p in self.policies if p.join_step or p.leave_step is not None]
+        if moving and self.runtime.backend != "ray":
+            raise ConfigError(f"config: policies {moving} set join_step/leave_step, which only the Ray runtime "
+                              "honours; add runtime: {backend: ray}")
 
     @property
     def regime_spec(self) -> RegimeSpec:
@@ -228,6 +289,13 @@ class RunConfig:
 
     def with_seed(self, seed: int) -> RunConfig:
         return replace(self, seed=seed)
+
+    def with_membership(self, name: str, *, join_step: int | None = None, leave_step: int | None = None) -> RunConfig:
+        """The same config with policy ``name`` joining / leaving at the given steps (``--join`` / ``--leave``)."""
+        pol = self.policy(name)
+        pol = replace(pol, join_step=pol.join_step if join_step is None else join_step,
+                      leave_step=pol.leave_step if leave_step is None else leave_step)
+        return replace(self, policies=tuple(pol if p.name == name else p for p in self.policies))
 
     def to_dict(self) -> dict[str, Any]:
         return to_mapping(self)

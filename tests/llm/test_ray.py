@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 PROBLEMS = problems(4, verifier="short8")
 FACTORY = "tests.llm.helpers:build_with_short_verifier"
-TIMING = ("thl_s", "update_s")
+TIMING = ("thl_s", "update_s", "sync_s")
 
 
 def batches(step: int):
