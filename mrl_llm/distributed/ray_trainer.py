@@ -35,7 +35,7 @@ from mrl_llm.data import DataCursor, Problem
 from mrl_llm.distributed.actors import FaultInjection, PolicyActorSpec
 from mrl_llm.distributed.cluster import ClusterSpec, NodeSpec, detect_local_cluster, load_cluster
 from mrl_llm.distributed.driver import Membership, RayDriver, wait_status
-from mrl_llm.distributed.memory import GiB
+from mrl_llm.distributed.memory import GiB, PolicyFootprint
 from mrl_llm.distributed.plan_cli import footprints_from_config
 from mrl_llm.distributed.planner import PlacementPlan, plan_placement
 from mrl_llm.evaluate import peer_exclusive_sets, summarize
@@ -69,12 +69,25 @@ def ray_cluster_spec(cluster_file: str | None = None) -> ClusterSpec:
     return ClusterSpec("ray", tuple(nodes))
 
 
+def footprints(config: RunConfig) -> list[PolicyFootprint]:
+    """The planner's view of ``config``'s policies (a ``model_config`` without ``vocab_size`` gets its
+    tokenizer's, as :func:`mrl_llm.models.build_model` does)."""
+    from mrl_llm.models import load_tokenizer
+
+    data = json.loads(json.dumps(to_mapping(config)))
+    for pol, cfg_pol in zip(data["policies"], config.policies, strict=True):
+        mc = pol.get("model_config")
+        if isinstance(mc, dict) and "vocab_size" not in mc:
+            mc["vocab_size"] = len(load_tokenizer(cfg_pol))
+    return footprints_from_config(data)
+
+
 def plan_run(config: RunConfig, cluster: ClusterSpec) -> PlacementPlan:
     """The MWRA plan of ``config``'s policies on ``cluster`` (``runtime.placement`` layout)."""
     if config.runtime.placement == "split":
         raise ConfigError("runtime.placement split needs a rollout actor per policy apart from its trainer, which the "
                           "Ray runtime does not have yet; use colocated (or auto)")
-    fps = footprints_from_config(json.loads(json.dumps(to_mapping(config))))
+    fps = footprints(config)
     mode = config.runtime.placement
     if mode == "auto":
         mode = "cpu" if cluster.n_gpus == 0 else "colocated"
@@ -85,11 +98,10 @@ def ray_specs(config: RunConfig, plan: PlacementPlan, ckpt_root: Path,
               faults: Mapping[str, FaultInjection] | None = None) -> list[PolicyActorSpec]:
     """The policies' actor specs: the local trainer's, with the plan's threads (unless ``threads`` is
     set), checkpoints every ``checkpoint_every`` steps, and a vllm engine's memory settings."""
-    from mrl_llm.distributed.plan_cli import footprints_from_config as fps_of
     from mrl_llm.rollout.vllm_memory import vllm_memory
     from mrl_llm.trainer import actor_specs
 
-    fps = {f.name: f for f in fps_of(json.loads(json.dumps(to_mapping(config))))}
+    fps = {f.name: f for f in footprints(config)}
     out = []
     for s in actor_specs(config, ckpt_root):
         p = plan.for_policy(s.name)
