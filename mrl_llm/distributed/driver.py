@@ -94,7 +94,7 @@ def reserve_placement_group(placement: PolicyPlacement, *, timeout_s: float = 12
     from ray.util.placement_group import placement_group
 
     bundles = [{k: float(v) for k, v in b.items() if v > 0} or {"CPU": 0.001} for b in placement.bundles]
-    pg = placement_group(bundles, strategy="PACK", name=f"mrl-{placement.policy}")
+    pg = placement_group(bundles, strategy="PACK")
     try:
         ray.get(pg.ready(), timeout=timeout_s)
     except Exception as err:
