@@ -145,12 +145,17 @@ class LLMPolicyWorker:
         from mrl_llm.rollout import DriftConfig
 
         d = pol.drift
+        limit = int(getattr(self.model.config, "max_position_embeddings", 0) or 10**9)
+        max_len = min(pol.max_prompt_len + pol.sampling.max_new_tokens, limit)
+        engine_args = dict(self.cfg.engine_args)
+        if "max_model_len" in engine_args:  # the plan's sequence length, within the model's positions
+            engine_args["max_model_len"] = min(int(engine_args["max_model_len"]), limit)
         options = {"dtype": {"bf16": "bfloat16", "fp32": "float32"}[pol.dtype],
                    "seed": derive_seed(self.seed, self.name, "engine") % 2**31,
-                   "max_model_len": pol.max_prompt_len + pol.sampling.max_new_tokens,
+                   "max_model_len": max_len,
                    "drift": DriftConfig(threshold=d.threshold, n_prompts=d.n_prompts, max_new_tokens=d.max_new_tokens,
                                         temperature=pol.sampling.temperature, enabled=d.enabled),
-                   "engine_args": dict(self.cfg.engine_args)}
+                   "engine_args": engine_args}
         if pol.model_dir is not None and pol.tokenizer_path == pol.model_dir:
             # vLLM loads the initial weights itself; updates arrive by sync_weights
             return make_engine("vllm", model_dir=pol.model_dir, **options)
