@@ -19,6 +19,7 @@ import importlib.util
 import json
 import os
 from collections import defaultdict
+from dataclasses import replace
 
 import pytest
 from safetensors.torch import load_file
@@ -159,3 +160,32 @@ def test_vllm_run_equals_the_hf_engine_path_on_the_same_responses(tmp_path, monk
         wh = load_file(tmp_path / "hf" / "policies" / n / "model.safetensors")
         assert wv.keys() == wh.keys()
         assert max(float((wv[k] - wh[k]).abs().max()) for k in wv) <= 1e-4, n
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    _require_vllm()
+    ray = pytest.importorskip("ray")
+    if ray.is_initialized():
+        ray.shutdown()
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, namespace="mrl-tests-vllm",
+             runtime_env={"worker_process_setup_hook": "tests.llm.helpers.register_test_verifiers"})
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+
+
+@pytest.mark.ray
+def test_vllm_engines_live_in_the_policy_actors_under_ray(ray_cluster, tmp_path):
+    _require_vllm()
+    cfg = run_config("vllm")
+    cfg = replace(cfg, runtime=replace(cfg.runtime, backend="ray"),
+                  policies=tuple(replace(p, max_prompt_len=64) for p in cfg.policies))
+    summary = train(cfg, tmp_path, problems=PROBLEMS)
+    rows = {(r["step"], r["policy"]): r for r in map(json.loads, (tmp_path / "metrics.jsonl").read_text().splitlines())}
+    assert sorted(rows) == [(s, n) for s in (0, 1) for n in NAMES]
+    assert all(0 <= r["drift_mean_abs"] <= 1e-3 and r["sync_s"] > 0 and r["grad_norm"] > 0 for r in rows.values())
+    assert all(rows[(s, "a")]["reward_mean"] == 1.0 and rows[(s, "b")]["sgt_activations"] > 0 for s in (0, 1))
+    assert "mode=cpu" in (tmp_path / "plan.txt").read_text() and summary["events"] == []
+    assert all((tmp_path / "policies" / n / "model.safetensors").is_file() for n in NAMES)
