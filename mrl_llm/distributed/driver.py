@@ -62,6 +62,7 @@ class RunResult:
     metrics: list[dict[str, Any]] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
+    step_wall_s: dict[int, float] = field(default_factory=dict)  # driver time between finished steps
 
     def events_of(self, kind: str) -> list[dict[str, Any]]:
         return [e for e in self.events if e["event"] == kind]
@@ -260,6 +261,9 @@ class RayDriver:
         return ok
 
     def _record(self, step: int, gens: dict[str, dict[str, Any]], rows: dict[str, dict[str, Any]]) -> None:
+        now = time.perf_counter()
+        self.result.step_wall_s[step] = now - self._t_last
+        self._t_last = now
         self.result.metrics.extend(rows[name] for name in sorted(rows))
         if self.on_step is not None:
             self.on_step(step, gens, rows)
@@ -271,7 +275,7 @@ class RayDriver:
     # -- running -----------------------------------------------------------------------------
     def run(self, steps: int) -> RunResult:
         """Run steps ``next_step .. steps - 1``; may be called again with more steps (after add/remove)."""
-        t0 = time.perf_counter()
+        t0 = self._t_last = time.perf_counter()
         if self.mode == "sync":
             self._run_sync(steps)
         else:
@@ -279,7 +283,8 @@ class RayDriver:
         self.result.timings["run_s"] = self.result.timings.get("run_s", 0.0) + time.perf_counter() - t0
         (self.out / self.summary_file).write_text(json.dumps(
             {"steps": self.next_step, "mode": self.mode, "max_staleness": self.k,
-             "policies": sorted(self.actors), "events": self.result.events}, indent=1))
+             "policies": sorted(self.actors), "events": self.result.events,
+             "step_wall_s": self.result.step_wall_s}, indent=1))
         return self.result
 
     def _run_sync(self, steps: int) -> None:

@@ -96,8 +96,8 @@ def plan_run(config: RunConfig, cluster: ClusterSpec) -> PlacementPlan:
 
 def ray_specs(config: RunConfig, plan: PlacementPlan, ckpt_root: Path,
               faults: Mapping[str, FaultInjection] | None = None) -> list[PolicyActorSpec]:
-    """The policies' actor specs: the local trainer's, with the plan's threads (unless ``threads`` is
-    set), checkpoints every ``checkpoint_every`` steps, and a vllm engine's memory settings."""
+    """The policies' actor specs: the local trainer's, with the plan's threads (``threads``, when set,
+    may lower them), checkpoints every ``checkpoint_every`` steps, and a vllm engine's memory settings."""
     from mrl_llm.rollout.vllm_memory import vllm_memory
     from mrl_llm.trainer import actor_specs
 
@@ -111,7 +111,7 @@ def ray_specs(config: RunConfig, plan: PlacementPlan, ckpt_root: Path,
         cfg = dict(s.config)
         if config.policy(s.name).engine == "vllm":
             cfg["engine_args"] = {**vllm_memory(plan, fps[s.name]).engine_args(), **dict(cfg.get("engine_args") or {})}
-        out.append(replace(s, config=cfg, threads=config.threads or p.threads,
+        out.append(replace(s, config=cfg, threads=min(config.threads or p.threads, p.threads),
                            checkpoint_every=config.checkpoint_every, fault=(faults or {}).get(s.name)))
     return out
 
