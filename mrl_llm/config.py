@@ -27,7 +27,8 @@ Layout (every key optional unless marked; unknown keys are errors naming the key
     runtime: {backend: local}      # local | ray (see RuntimeConfig)
 
 Per policy also: ``device`` (cpu | cuda | auto), ``drift`` (the vLLM engine's drift check, see
-:class:`DriftSection`), ``join_step`` / ``leave_step`` (steps ``join_step <= s < leave_step`` the policy
+:class:`DriftSection`), ``engine_args`` (keyword arguments for ``vllm.LLM``, e.g.
+``{gpu_memory_utilization: 0.3}``; under Ray they win over the MWRA plan's memory settings), ``join_step`` / ``leave_step`` (steps ``join_step <= s < leave_step`` the policy
 takes part in; Ray runtime only).
 
 Relative paths are relative to the config file's directory; ``${VAR}`` and ``${VAR:-default}`` are
@@ -144,6 +145,7 @@ class PolicyConfig:
     init_seed: int | None = None  # seed of a fresh model_config model (default: derived from run seed)
     device: Literal["cpu", "cuda", "auto"] = "cpu"  # auto: cuda when available
     drift: DriftSection = field(default_factory=DriftSection)
+    engine_args: dict[str, Any] = field(default_factory=dict)  # vllm.LLM kwargs; win over the MWRA plan's
     join_step: int = 0
     leave_step: int | None = None
 

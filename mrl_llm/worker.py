@@ -147,7 +147,7 @@ class LLMPolicyWorker:
         d = pol.drift
         limit = int(getattr(self.model.config, "max_position_embeddings", 0) or 10**9)
         max_len = min(pol.max_prompt_len + pol.sampling.max_new_tokens, limit)
-        engine_args = dict(self.cfg.engine_args)
+        engine_args = {**self.cfg.engine_args, **pol.engine_args}  # the plan's, then the policy's own
         if "max_model_len" in engine_args:  # the plan's sequence length, within the model's positions
             engine_args["max_model_len"] = min(int(engine_args["max_model_len"]), limit)
         options = {"dtype": {"bf16": "bfloat16", "fp32": "float32"}[pol.dtype],

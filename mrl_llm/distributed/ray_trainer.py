@@ -110,7 +110,7 @@ def ray_specs(config: RunConfig, plan: PlacementPlan, ckpt_root: Path,
                         "single-device), the others stay reserved", s.name, len(p.bundles))
         cfg = dict(s.config)
         if config.policy(s.name).engine == "vllm":
-            cfg["engine_args"] = {**vllm_memory(plan, fps[s.name]).engine_args(), **dict(cfg.get("engine_args") or {})}
+            cfg["engine_args"] = vllm_memory(plan, fps[s.name]).engine_args()  # policies[].engine_args win
         out.append(replace(s, config=cfg, threads=min(config.threads or p.threads, p.threads),
                            checkpoint_every=config.checkpoint_every, fault=(faults or {}).get(s.name)))
     return out
