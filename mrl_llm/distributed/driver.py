@@ -28,7 +28,8 @@ reserved within ``placement_timeout_s`` is an error naming the policy and its bu
 
 Output (``out_dir``): ``events.jsonl`` (join, leave, gap, rejoin) as the run goes; per finished step
 either ``on_step(step, generate_results, train_results)`` or, without it, one ``metrics.jsonl`` row per
-policy; the run's outline in ``summary_file`` at the end of :meth:`RayDriver.run`.
+policy; the run's outline in ``summary_file`` at the end of :meth:`RayDriver.run`. ``on_leave(name,
+actor)`` runs before a leaving policy's actor is stopped (e.g. to export its weights).
 """
 
 from __future__ import annotations
@@ -137,6 +138,7 @@ class RayDriver:
         exchange_fsync: bool = True,
         on_step: Callable[[int, dict[str, dict[str, Any]], dict[str, dict[str, Any]]], None] | None = None,
         summary_file: str = "summary.json",
+        on_leave: Callable[[str, Any], None] | None = None,
         placement_timeout_s: float = 120.0,
     ) -> None:
         import ray
@@ -155,6 +157,7 @@ class RayDriver:
         self.placement_timeout_s = placement_timeout_s
         self.placement_groups: dict[str, Any] = {}
         self.on_step = on_step
+        self.on_leave = on_leave
         self.summary_file = summary_file
         self.exchange_handle = start_exchange(self.out / "exchange.jsonl", fsync=exchange_fsync)
         self.exchange = RemoteExchange(self.exchange_handle, producer="driver")
@@ -226,6 +229,8 @@ class RayDriver:
                 self.baselines[name] = step - st["version"]
                 self._event(event="join", step=step, policy=name, version=st["version"])
             elif not active and name in self.actors:
+                if self.on_leave is not None:
+                    self.on_leave(name, self.actors[name])
                 self._stop(name)
                 self._event(event="leave", step=step, policy=name)
                 continue

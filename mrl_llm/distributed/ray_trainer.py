@@ -15,7 +15,8 @@ run-directory files (``config.json``, ``metrics.jsonl``, ``eval.jsonl``, ``summa
    their ``join_step`` / ``leave_step``. Evaluation runs on the actors before training, every
    ``eval.every`` steps and at the end (the driver drains its pipeline there). Each actor checkpoints
    its policy every ``checkpoint_every`` steps, which is where Ray restarts a crashed actor from
-   (the ``gap`` / ``rejoin`` events go to ``events.jsonl``).
+   (the ``gap`` / ``rejoin`` events go to ``events.jsonl``). A policy that leaves is exported to
+   ``policies/<name>/`` as it leaves, the others at the end.
 
 With ``mode: sync`` and the same ``threads`` the files equal the local loop's up to timings.
 """
@@ -201,7 +202,8 @@ def train_on_ray(config: RunConfig, out_dir: str | Path, *, problems: Sequence[P
         cursor = DataCursor(list(problems), config.prompts_per_step, seed=config.seed)
         with RayDriver(specs, _Batches(cursor), out, mode=rt.mode, max_staleness=rt.max_staleness,
                        membership=membership, placement=plan, exchange_fsync=config.exchange_fsync,
-                       on_step=on_step, summary_file="runtime.json") as drv:
+                       on_step=on_step, summary_file="runtime.json",
+                       on_leave=lambda n, actor: ray.get(actor.export.remote(str(out / "policies" / n)))) as drv:
             evaluate(drv, 0)
             t = 0
             while t < config.steps:
