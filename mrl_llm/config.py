@@ -28,8 +28,9 @@ Layout (every key optional unless marked; unknown keys are errors naming the key
 
 Per policy also: ``device`` (cpu | cuda | auto), ``drift`` (the vLLM engine's drift check, see
 :class:`DriftSection`), ``engine_args`` (keyword arguments for ``vllm.LLM``, e.g.
-``{gpu_memory_utilization: 0.3}``; under Ray they win over the MWRA plan's memory settings), ``join_step`` / ``leave_step`` (steps ``join_step <= s < leave_step`` the policy
-takes part in; Ray runtime only).
+``{gpu_memory_utilization: 0.3}``; under Ray they win over the MWRA plan's memory settings),
+``join_step`` / ``leave_step`` (the steps ``join_step <= s < leave_step`` the policy takes part in; Ray
+runtime only).
 
 Relative paths are relative to the config file's directory; ``${VAR}`` and ``${VAR:-default}`` are
 expanded from the environment, and ``${MRL_SHARED_DIR}`` falls back to the ``shared/`` folder found

@@ -22,9 +22,10 @@ Membership: :meth:`RayDriver.add_policy` / :meth:`RayDriver.remove_policy` betwe
 
 Placement: with a :class:`~mrl_llm.distributed.planner.PlacementPlan`, each policy gets a Ray placement
 group made of its planned bundles (``{"GPU": fraction, "CPU": c}`` per device; strategy PACK) and its
-actor is scheduled into bundle 0 with that bundle's CPUs and (fractional) GPUs; the plan's thread
-count becomes the actor's torch threads (see :func:`actor_options`). A placement group that cannot be
-reserved within ``placement_timeout_s`` is an error naming the policy and its bundles.
+actor is scheduled into bundle 0 with that bundle's CPUs and (fractional) GPUs (:func:`actor_options`;
+the plan's thread count goes into the specs' ``threads``, see
+:func:`mrl_llm.distributed.ray_trainer.ray_specs`). Only planned policies can join. A placement group
+that cannot be reserved within ``placement_timeout_s`` is an error naming the policy and its bundles.
 
 Output (``out_dir``): ``events.jsonl`` (join, leave, gap, rejoin) as the run goes; per finished step
 either ``on_step(step, generate_results, train_results)`` or, without it, one ``metrics.jsonl`` row per
