@@ -181,8 +181,9 @@ def dump_jsonl(records: Iterable[ExperienceRecord]) -> str:
 
 
 def load_jsonl(text: str) -> list[ExperienceRecord]:
-    """Parse JSON lines written by :func:`dump_jsonl`; blank lines are skipped."""
-    return [ExperienceRecord.from_json(line) for line in text.splitlines() if line.strip()]
+    """Parse JSON lines written by :func:`dump_jsonl`; blank lines are skipped. Lines end at ``\n`` only
+    (not ``str.splitlines()``: the JSON carries U+0085 / U+2028 / U+2029 raw, ``ensure_ascii=False``)."""
+    return [ExperienceRecord.from_json(line) for line in text.split("\n") if line.strip()]
 
 
 def canonical_key(record: ExperienceRecord) -> tuple[str, int, str]:

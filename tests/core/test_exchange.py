@@ -69,6 +69,18 @@ def test_disk_log_replays_to_identical_state(tmp_path):
         assert len(ex3) == 12
 
 
+def test_disk_log_replays_responses_with_unicode_line_separators(tmp_path):
+    """U+0085 (a byte-level model's C2 85), U+2028 and U+2029 are line breaks for str.splitlines() but
+    not for JSON lines: the log must replay them inside their records."""
+    path = tmp_path / "see.jsonl"
+    odd = [make(record_id=f"A/0/p/{g}", sample_index=g, response_text=t, prompt_id="p")
+           for g, t in enumerate(["a\x85b", "c\u2028d\u2029e", "f\x1cg\x1dh\x1ei"])]
+    with DiskLogExchange(path) as ex:
+        ex.publish(odd)
+    with DiskLogExchange(path) as again:
+        assert [r.response_text for r in again.records()] == [r.response_text for r in odd]
+
+
 def test_disk_log_drops_torn_last_line(tmp_path):
     path = tmp_path / "see.jsonl"
     with DiskLogExchange(path) as ex:
