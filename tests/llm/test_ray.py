@@ -65,7 +65,7 @@ def run_files(d, names):
     rows = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]
     evals = [json.loads(x) for x in (d / "eval.jsonl").read_text().splitlines()]
     weights = {n: load_file(d / "policies" / n / "model.safetensors") for n in names}
-    records = sorted((d / "exchange.jsonl").read_text().splitlines())  # publishers run concurrently under Ray
+    records = sorted((d / "exchange.jsonl").read_text().split("\n")[:-1])  # publishers run concurrently under Ray
     return [{k: v for k, v in r.items() if k not in TIMING} for r in rows], evals, weights, records
 
 
@@ -104,7 +104,7 @@ def test_three_policies_async_with_a_late_joiner(ray_llm, tmp_path):
     assert sorted(rows) == sorted([(0, "a"), (0, "b"), (1, "a"), (1, "b"), (1, "c"), (2, "a"), (2, "b"), (2, "c")])
     assert rows[(2, "c")]["version"] == 2 and rows[(2, "a")]["version"] == 3
     assert all(r["stale_dropped"] == 0 for r in rows.values())
-    recs = [json.loads(x) for x in (tmp_path / "exchange.jsonl").read_text().splitlines()]
+    recs = [json.loads(x) for x in (tmp_path / "exchange.jsonl").read_text().split("\n")[:-1]]
     lags = {r["step"] - r["policy_version"] for r in recs if r["policy_id"] != "c"}
     assert lags <= {0, 1} and 1 in lags  # generation really ran one step ahead of training
     assert {r["step"] for r in recs if r["policy_id"] == "c"} == {1, 2}
@@ -128,7 +128,7 @@ def test_a_crashed_llm_policy_restarts_from_its_checkpoint_and_the_run_finishes(
     assert sorted(rows) == [(0, "a"), (0, "b"), (1, "a"), (1, "b"), (2, "a"), (3, "a"), (3, "b")]
     assert rows[(3, "b")]["version"] == 3 and rows[(3, "a")]["version"] == 4
     assert rows[(3, "a")]["peer_rows"] > 0  # b's records are back in a's batch after the rejoin
-    recs = [json.loads(x) for x in (tmp_path / "exchange.jsonl").read_text().splitlines()]
+    recs = [json.loads(x) for x in (tmp_path / "exchange.jsonl").read_text().split("\n")[:-1]]
     assert {r["policy_version"] for r in recs if r["policy_id"] == "b" and r["step"] == 3} == {2}
     assert (tmp_path / "policies" / "b" / "model.safetensors").is_file()
     assert [(e["event"], e["policy"]) for e in summary["events"]] == [("gap", "b"), ("rejoin", "b")]
