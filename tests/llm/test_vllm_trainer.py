@@ -88,10 +88,15 @@ class ReplayEngine(RolloutEngine):
         assert model is self.model
 
 
+def read_lines(path):
+    """A JSON-lines file's lines (at ``\n`` only: record texts may hold U+2028 & co.)."""
+    return path.read_text().split("\n")[:-1]
+
+
 def replay_table(run_dir, seed):
     """``{rollout seed: [[record per sample] per prompt in call order]}`` from a run's exchange log."""
     by_call = defaultdict(dict)
-    for line in (run_dir / "exchange.jsonl").read_text().split("\n")[:-1]:
+    for line in read_lines(run_dir / "exchange.jsonl"):
         r = json.loads(line)
         key = derive_seed(seed, r["policy_id"], "rollout", r["step"])
         by_call[key].setdefault(r["prompt_id"], []).append(r)  # one policy's records come in prompt order
@@ -126,7 +131,7 @@ def test_vllm_run_equals_the_hf_engine_path_on_the_same_responses(tmp_path, monk
     cfg_h = run_config("hf")
     train(cfg_h, tmp_path / "hf", problems=PROBLEMS)
 
-    recs = {d: {r["record_id"]: r for r in map(json.loads, (tmp_path / d / "exchange.jsonl").read_text().split("\n")[:-1])}
+    recs = {d: {r["record_id"]: r for r in map(json.loads, read_lines(tmp_path / d / "exchange.jsonl"))}
             for d in ("vllm", "hf")}
     assert recs["vllm"].keys() == recs["hf"].keys() and len(recs["vllm"]) == 2 * 2 * 2 * 2
     diffs = []
