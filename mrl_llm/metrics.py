@@ -50,14 +50,15 @@ def train_row(step: int, policy: str, regime: str, gen: Mapping[str, Any], res: 
     :meth:`PolicyActor.generate <mrl_llm.distributed.actors.PolicyActor.generate>` returned, ``res``
     what its ``train`` returned (the same in one process and under Ray). ``exchange_thl_s`` is
     everything of the step that is neither sampling, scoring, the update nor the weight sync: publish,
-    fetch, the core's plans, THL and batch building."""
+    fetch, the core's plans, THL and batch building. ``peer_wait_s`` (asynchronous mode: waiting for the
+    peers' generation of the step) is idle time, reported apart and not part of ``step_s``."""
     g, m, t = gen["timings"], res["metrics"], res["timings"]
     c = res.get("counters") or {}
     update, sync = float(m.get("update_s", 0.0)), float(m.get("sync_s", 0.0))
     row = {"kind": "train", "step": step, "policy": policy, "regime": regime, **m,
            "stale_dropped": res["stale_dropped"], "generation_s": g["generation_s"], "scoring_s": g["scoring_s"],
            "exchange_thl_s": max(0.0, g["publish_s"] + t["fetch_plan_s"] + t["train_step_s"] - update - sync),
-           "update_s": update, "sync_s": sync,
+           "update_s": update, "sync_s": sync, "peer_wait_s": t.get("peer_wait_s", 0.0),
            **{k: g[k] for k in ("samples", "gen_tokens", "skipped_samples", "empty_responses", "truncated_responses")},
            "cum_samples": c.get("samples"), "cum_gen_tokens": c.get("gen_tokens"),
            "cum_train_tokens": c.get("train_tokens"), "cum_flops": c.get("flops")}

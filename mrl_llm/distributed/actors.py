@@ -174,6 +174,7 @@ class PolicyActor:
         """
         t0 = time.perf_counter()
         present = set(peers)
+        wait = 0.0
         if ready is not None:
             import ray
 
@@ -184,6 +185,7 @@ class PolicyActor:
                 except Exception:  # the peer died in this step: it simply has no records here
                     continue
             present.add(self.spec.name)
+            wait = time.perf_counter() - t0  # waiting for the peers' generation, not exchange work
         plans, stale = learner_plans(self.exchange, self.spec.name, self.regime, prompt_ids, step,
                                      present=present, baselines=baselines, max_staleness=max_staleness,
                                      seed=self.spec.seed)
@@ -197,7 +199,7 @@ class PolicyActor:
         counters = getattr(self.worker, "counters", None)
         return {"policy": self.spec.name, "step": step, "version": int(self.worker.version),
                 "peers": learners, "stale_dropped": stale, "metrics": metrics,
-                "timings": {"fetch_plan_s": t1 - t0, "train_step_s": t2 - t1},
+                "timings": {"fetch_plan_s": t1 - t0 - wait, "peer_wait_s": wait, "train_step_s": t2 - t1},
                 "counters": dict(counters) if counters is not None else {}}
 
     def save(self, step: int) -> str:

@@ -30,7 +30,7 @@ from tests.llm.helpers import problems, register_test_verifiers, tiny
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 PROBLEMS = problems(6, verifier="short8")
-TIMING = {"generation_s", "scoring_s", "exchange_thl_s", "update_s", "sync_s", "step_s", "thl_s"}
+TIMING = {"generation_s", "scoring_s", "exchange_thl_s", "update_s", "sync_s", "step_s", "thl_s", "peer_wait_s"}
 
 
 @pytest.fixture(scope="module")
