@@ -113,18 +113,18 @@ class TrainSection:
 @dataclass(frozen=True)
 class DriftSection:
     """The vLLM engine's drift check after every weight sync (:class:`mrl_llm.rollout.DriftConfig`):
-    mean |engine log-prob - trainer log-prob| over ``n_prompts`` probe responses of ``max_new_tokens``
+    mean |engine log-prob - trainer log-prob| over ``probe_prompts`` probe responses of ``probe_tokens``
     tokens must stay <= ``threshold`` nats (fp32 engine and trainer: ~1e-6; bf16: ~1e-2); above it the
     run stops with an error. Logged every step as ``drift_mean_abs``."""
 
     threshold: float = 0.05
-    n_prompts: int = 2
-    max_new_tokens: int = 8
+    probe_prompts: int = 2
+    probe_tokens: int = 8
     enabled: bool = True
 
     def __post_init__(self) -> None:
-        if not self.threshold > 0 or self.n_prompts < 1 or self.max_new_tokens < 1:
-            raise ConfigError("drift: threshold must be > 0, n_prompts and max_new_tokens >= 1")
+        if not self.threshold > 0 or self.probe_prompts < 1 or self.probe_tokens < 1:
+            raise ConfigError("drift: threshold must be > 0, probe_prompts and probe_tokens >= 1")
 
 
 @dataclass(frozen=True)
@@ -210,7 +210,8 @@ class RuntimeConfig:
     the synchronous schedule). ``address``: an existing Ray cluster (``auto``, ``ray://host:10001``);
     null starts a local one with ``num_cpus`` CPUs (null: all). ``cluster``: a cluster YAML to plan
     for (default: the Ray cluster's resources); ``placement``: the plan's layout (auto, colocated,
-    split, cpu)."""
+    split, cpu). The workers of an existing cluster must be able to import this package (install it
+    there); a local cluster inherits this process's environment."""
 
     backend: Literal["local", "ray"] = "local"
     mode: Literal["sync", "async"] = "sync"

@@ -153,7 +153,7 @@ class LLMPolicyWorker:
         options = {"dtype": {"bf16": "bfloat16", "fp32": "float32"}[pol.dtype],
                    "seed": derive_seed(self.seed, self.name, "engine") % 2**31,
                    "max_model_len": max_len,
-                   "drift": DriftConfig(threshold=d.threshold, n_prompts=d.n_prompts, max_new_tokens=d.max_new_tokens,
+                   "drift": DriftConfig(threshold=d.threshold, n_prompts=d.probe_prompts, max_new_tokens=d.probe_tokens,
                                         temperature=pol.sampling.temperature, enabled=d.enabled),
                    "engine_args": engine_args}
         if pol.model_dir is not None and pol.tokenizer_path == pol.model_dir:
