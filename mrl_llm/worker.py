@@ -13,6 +13,10 @@ under the Ray driver. ``config`` is the plain mapping of :class:`WorkerConfig`.
   about regimes. ``version`` counts training steps (a NaN-skipped step counts too, so that a
   policy's lag stays ``step - version`` for the exchange's staleness rule). After ``max_nan_steps``
   consecutive skipped steps it raises.
+* the rollout engine: ``hf`` samples from the trainer's own model; ``vllm`` starts from the policy's
+  ``model_dir`` (a ``model_config`` policy's initial weights are saved to a directory first), takes the
+  new weights in place after every ``train_step`` and checks the drift against the trainer
+  (``policies[].drift``; metrics ``sync_s``, ``drift_mean_abs``). The model lives on ``device``.
 * ``evaluate``: the fixed eval protocol (greedy + ``k`` samples per prompt), see :mod:`mrl_llm.evaluate`.
 """
 

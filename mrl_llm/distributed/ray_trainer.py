@@ -14,7 +14,8 @@ run-directory files (``config.json``, ``metrics.jsonl``, ``eval.jsonl``, ``summa
 3. The driver runs the steps (sync, or async with ``max_staleness``); policies join and leave at
    their ``join_step`` / ``leave_step``. Evaluation runs on the actors before training, every
    ``eval.every`` steps and at the end (the driver drains its pipeline there). Each actor checkpoints
-   its policy every ``checkpoint_every`` steps, which is where Ray restarts a crashed actor from
+   its policy every ``checkpoint_every`` steps (0: never, so a crashed actor restarts from its initial
+   weights), which is where Ray restarts a crashed actor from
    (the ``gap`` / ``rejoin`` events go to ``events.jsonl``). A policy that leaves is exported to
    ``policies/<name>/`` as it leaves, the others at the end.
 
