@@ -5,14 +5,14 @@ A step (:meth:`Engine.step`):
 1. draw — per seed, B distinct prompts shared by all policies; uniforms for sampling, rewards and the
    THL residual. The draws do not depend on which regimes run (common random numbers), so a regime's
    trajectory is the same whether it runs alone or beside others;
-2. rollout — each policy samples G arms per prompt by inverse CDF (cumsum + searchsorted) and gets
-   ``r ~ Bernoulli(rewards[c, a])``; its log-probs are the behaviour trace;
+2. rollout — every regime's policies sample G arms per prompt by inverse CDF
+   (:func:`bandit_sim.sampling.inverse_cdf`) and get ``r ~ Bernoulli(rewards[c, a])``; their log-probs
+   are the behaviour trace. One pass over ``[R, S, B, P, K]`` (all regimes stacked);
 3. learn — per regime, one call of the core (:func:`bandit_sim.batching.plan_batch` -> ``regime_plan``
-   over ``[S, B, P, G]``) gives each learner its rows; then for ``epochs`` passes, one call of the core's
-   ``regime_loss`` over ``[S, P, N, T=1]``, autograd to the batch logits, an optimizer step.
-
-Steps 2-3 run one regime at a time, each vectorised over seeds, policies, prompts and samples (the
-regime loop keeps the working set in cache; the regimes share step 1's draw).
+   over ``[S, B, P, G]``) gives each learner its rows; then for ``epochs`` passes: per regime one call
+   of the core's ``regime_loss`` over ``[S, P, N, T=1]`` on the rows' log-probs, autograd to those
+   rows; then for all regimes at once the chain rule to the batch logits (the gather's scatter-add and
+   the log-softmax backward, exactly what autograd computes) and one optimizer step.
 
 PRP peer rows use the core's behaviour correction with ``mu`` = the learner's snapshot (``prp_snapshot``)
 or the peer's recorded log-prob plus the THL residual ``thl_bias + thl_sigma * xi`` (``prp_thl``).
@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 import time
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,6 +33,7 @@ from bandit_sim.batching import LearnerBatch, behaviour_coef, plan_batch
 from bandit_sim.config import RunConfig
 from bandit_sim.metrics import ALL_METRICS, masked_var, policy_metrics
 from bandit_sim.models import make_model
+from bandit_sim.sampling import inverse_cdf, log_softmax_backward
 from bandit_sim.scenario import Scenario, load_features, rescue_sets
 from shared_interfaces.losses import regime_loss
 from shared_interfaces.regimes import behaviour_correction
@@ -54,15 +56,32 @@ class Draw:
 
 @dataclass
 class Rollout:
-    """One regime's ``actions``, ``rewards`` (0/1) and behaviour log-probs, each ``[S, B, P, G]`` (the
-    core's layout); the batch logits ``[S, B, P, K]`` they were sampled from (a leaf requiring grad) and
-    their log-softmax."""
+    """The rollouts of regimes ``regs`` (the leading dim of every field, in that order): ``actions``,
+    ``rewards`` (0/1) and behaviour log-probs, each ``[R', S, B, P, G]`` (the core's layout behind the
+    regime dim), and the batch log-softmax ``logp_all [R', S, B, P, K]`` they were sampled from."""
 
+    regs: tuple[int, ...]
     actions: torch.Tensor
     rewards: torch.Tensor
     behaviour_logp: torch.Tensor
-    logits: torch.Tensor
     logp_all: torch.Tensor
+
+
+@dataclass
+class _Rows:
+    """One regime's learner rows for a step: the plan, the flat index of each row's log-prob in the batch
+    log-softmax ``[S, B * P * K]``, masks as floats, the behaviour denominators and (after epoch 0) the
+    snapshot log-probs and behaviour coefficients. ``[S, P, N]`` unless noted."""
+
+    batch: LearnerBatch
+    idx: torch.Tensor  # [S, P * N]
+    pg_mask: torch.Tensor  # [S, P, N, 1]
+    sgt_mask: torch.Tensor  # [S, P, N, 1]
+    src_logp: torch.Tensor
+    mu: torch.Tensor
+    ref: torch.Tensor | None
+    old: torch.Tensor | None = None
+    coef: torch.Tensor | None = None
 
 
 @dataclass
@@ -116,6 +135,7 @@ class Engine:
         # PRP regimes report Var[pi / mu] with THL's mu, so every PRP regime needs the residual draws
         self.needs_xi = cfg.thl_sigma > 0 and any(s.uses_peer_samples for s in self.specs)
         self.sgt_rngs = [np.random.default_rng([cfg.seed, zlib.crc32(s.name.encode())]) for s in self.specs]
+        self._lanes: dict[int, torch.Tensor] = {}
         self.t = 0
         self.last_draw: Draw | None = None
 
@@ -134,18 +154,18 @@ class Engine:
         return Draw(ctx, u_arm, u_reward, xi, self.rewards[ctx].unsqueeze(2).expand(-1, -1, P, -1))
 
     # -- 2. rollout ----------------------------------------------------------------------------------
-    def rollout(self, d: Draw, r: int) -> Rollout:
-        """Regime ``r``'s policies sample by inverse CDF; an arm whose probability is below the dtype's
-        resolution (2^-24 of the total in float32) is never drawn."""
-        z = self.model.batch_logits(r, d.ctx).requires_grad_(True)  # [S, B, P, K], a leaf for learn()
-        logp = torch.log_softmax(z, dim=-1)  # tracked: learn()'s first epoch reuses it
-        cdf = logp.detach().exp().cumsum(dim=-1)
-        total = cdf[..., -1:]
-        x = torch.minimum(d.u_arm * total, torch.nextafter(total, torch.zeros_like(total)))
-        actions = torch.searchsorted(cdf, x, right=True).clamp_(max=self.K - 1)
-        p_reward = d.reward_prob.gather(-1, actions)
+    def _regs(self, regs: Sequence[int] | None) -> tuple[int, ...]:
+        return tuple(range(self.R)) if regs is None else tuple(int(r) for r in regs)
+
+    def rollout(self, d: Draw, regs: Sequence[int] | None = None) -> Rollout:
+        """Regimes ``regs`` (default: all) sample by inverse CDF, all in one pass; an arm whose probability
+        is below the dtype's resolution (2^-24 of the total in float32) is never drawn."""
+        regs = self._regs(regs)
+        logp = torch.log_softmax(self.model.batch_logits(regs, d.ctx), dim=-1)  # [R', S, B, P, K]
+        actions = inverse_cdf(logp, d.u_arm)
+        p_reward = d.reward_prob.expand(logp.shape).gather(-1, actions)
         rewards = (d.u_reward < p_reward).to(self.dtype)
-        return Rollout(actions, rewards, logp.detach().gather(-1, actions), z, logp)
+        return Rollout(regs, actions, rewards, logp.gather(-1, actions), logp)
 
     # -- 3. learn ------------------------------------------------------------------------------------
     def plan(self, r: int, rewards: torch.Tensor) -> LearnerBatch:
@@ -158,62 +178,97 @@ class Engine:
         flat = x.reshape(x.shape[0], -1)  # [S, B * P * G] in (b, j, g) order
         return flat.index_select(1, batch.src.reshape(-1)).view(x.shape[0], *batch.src.shape)
 
-    def learn(self, d: Draw, ro: Rollout, r: int, diagnose: bool = True) -> dict[str, torch.Tensor]:
-        """Regime ``r``: plan, then ``epochs`` optimizer passes on the batch with the core's loss. Returns
-        step diagnostics ``[S, P]`` (the density-ratio variances only when ``diagnose``)."""
-        S, P, K, cfg = self.S, self.P, self.K, self.cfg
-        batch = self.plan(r, ro.rewards)
+    def _lane(self, batch: LearnerBatch) -> torch.Tensor:
+        """``(b * P + i) * K`` of row (b, j, g) of learner i: where its context's logits start in the flat
+        batch ``[B * P * K]`` (depends only on the number of rows; cached)."""
+        n = batch.src.shape[-1]
+        if n not in self._lanes:
+            P, K = self.P, self.K
+            self._lanes[n] = ((batch.src // (P * self.G)) * P + torch.arange(P).unsqueeze(1)) * K
+        return self._lanes[n]
+
+    def _prepare(self, d: Draw, ro: Rollout, k: int) -> _Rows:
+        """Regime ``ro.regs[k]``: its plan and the index and denominators of its rows."""
+        S, P, cfg = self.S, self.P, self.cfg
+        batch = self.plan(ro.regs[k], ro.rewards[k])
         # masks as floats once (the core's loss would convert bool masks on every use)
         pg_mask, sgt_mask = (m.to(self.dtype).unsqueeze(-1) for m in (batch.pg_mask, batch.sgt_mask))
         # row (b, j, g) of learner i reads log pi_i(a | c_b): index (b * P + i) * K + a into [S, B * P * K]
-        lane = (batch.src // (P * self.G)) * P + torch.arange(P).unsqueeze(1)
-        idx = (lane * K + self._rows(ro.actions, batch)).view(S, -1)
-        src_logp = self._rows(ro.behaviour_logp, batch)
+        idx = (self._lane(batch) + self._rows(ro.actions[k], batch)).view(S, -1)
+        src_logp = self._rows(ro.behaviour_logp[k], batch)
         mu = src_logp + cfg.thl_bias
         if self.needs_xi:  # the THL residual of (learner i, sample n) is xi[s, i, n]
             mu = mu + cfg.thl_sigma * d.xi.gather(-1, batch.src.expand(S, -1, -1))
         ref = None
         if cfg.loss.kl_coef > 0:
-            ref = self.init_logp[:, d.ctx].permute(1, 2, 0, 3).reshape(S, -1).gather(-1, idx)
-            ref = ref.view(S, P, -1, 1)
-        clip = torch.zeros(S, P, dtype=torch.float64)
-        gnorm = torch.zeros(S, P, dtype=torch.float64)
+            ref = self.init_logp[:, d.ctx].permute(1, 2, 0, 3).reshape(S, -1).gather(-1, idx).view(S, P, -1, 1)
+        return _Rows(batch, idx, pg_mask, sgt_mask, src_logp, mu, ref)
+
+    def learn(self, d: Draw, ro: Rollout, diagnose: bool = True) -> dict[str, torch.Tensor]:
+        """Regimes ``ro.regs``: plan, then ``epochs`` optimizer passes on the batch with the core's loss.
+        Returns step diagnostics ``[R', S, P]`` (the density-ratio variances only when ``diagnose``).
+
+        Per regime the core's loss is differentiated with respect to its rows' log-probs (a leaf); the
+        rest of the chain rule is shared: scatter-add of the rows' gradients into ``[R', S, B * P * K]``
+        and the log-softmax backward, as autograd would do it on the batch logits."""
+        S, P, cfg, regs = self.S, self.P, self.cfg, ro.regs
+        rows = [self._prepare(d, ro, k) for k in range(len(regs))]
+        clip = torch.zeros(len(regs), S, P, dtype=torch.float64)
+        gnorm = torch.zeros(len(regs), S, P, dtype=torch.float64)
+        logp_all = ro.logp_all
         for epoch in range(cfg.epochs):
-            if epoch == 0:
-                z, logp_all = ro.logits, ro.logp_all
-            else:
-                z = self.model.batch_logits(r, d.ctx).requires_grad_(True)
-                logp_all = torch.log_softmax(z, dim=-1)
-            logp = logp_all.view(S, -1).gather(-1, idx).view(S, P, -1)
-            if epoch == 0:
-                old = logp.detach()
-                coef = behaviour_coef(batch, old, mu) if batch.denominator == "thl" else None
-            out = regime_loss(
-                logp.unsqueeze(-1), old.unsqueeze(-1), batch.advantages, pg_mask, cfg.loss,
-                behaviour_coef=None if coef is None else coef.unsqueeze(-1), sample_weight=batch.sample_weight,
-                sgt_mask=sgt_mask, sgt_weight=batch.sgt_weight, ref_logp=ref,
-            )
-            out.loss.sum().backward()
-            clip += out.clip_fraction.double()
+            if epoch > 0:
+                logp_all = torch.log_softmax(self.model.batch_logits(regs, d.ctx), dim=-1)
+            flat = logp_all.view(len(regs), S, -1)
+            grad = torch.zeros_like(flat)
+            for k, rw in enumerate(rows):
+                logp = flat[k].gather(-1, rw.idx).view(S, P, -1).requires_grad_(True)
+                if epoch == 0:
+                    rw.old = logp.detach()
+                    rw.coef = behaviour_coef(rw.batch, rw.old, rw.mu) if rw.batch.denominator == "thl" else None
+                b = rw.batch
+                out = regime_loss(
+                    logp.unsqueeze(-1), rw.old.unsqueeze(-1), b.advantages, rw.pg_mask, cfg.loss,
+                    behaviour_coef=None if rw.coef is None else rw.coef.unsqueeze(-1),
+                    sample_weight=b.sample_weight, sgt_mask=rw.sgt_mask, sgt_weight=b.sgt_weight, ref_logp=rw.ref,
+                )
+                out.loss.sum().backward()
+                grad[k].scatter_add_(-1, rw.idx, logp.grad.view(S, -1))
+                clip[k] += out.clip_fraction.double()
+            grad_z = log_softmax_backward(grad.view_as(logp_all), logp_all)
             if diagnose:
-                gnorm += self.model.grad_norm(d.ctx, z.grad).double()
-            self.model.apply(r, d.ctx, z.grad)
-        stats = {"clip_fraction": clip / cfg.epochs, "sgt_activations": batch.gate.sum(-1).double()}
+                gnorm += self.model.grad_norm(d.ctx, grad_z).double()
+            self.model.apply(regs, d.ctx, grad_z)
+        stats = {"clip_fraction": clip / cfg.epochs,
+                 "sgt_activations": torch.stack([rw.batch.gate.sum(-1).double() for rw in rows])}
         if diagnose:
             stats["grad_norm"] = gnorm / cfg.epochs
-            # Var[pi_old / mu] over the learner's peer rows (PRP): mu = the peer trace as THL delivers it
-            # (with the residual), and without the residual. Untruncated: the core's correction, cap = inf.
-            peer = batch.pg_mask & batch.is_peer
-            stats["ratio_variance"] = masked_var(behaviour_correction(old, mu, math.inf), peer).double()
-            stats["true_ratio_variance"] = masked_var(behaviour_correction(old, src_logp, math.inf), peer).double()
+            stats.update(self._ratio_variances(rows))
         return stats
 
+    def _ratio_variances(self, rows: list[_Rows]) -> dict[str, torch.Tensor]:
+        """Var[pi_old / mu] over each learner's peer rows (PRP): mu = the peer trace as THL delivers it
+        (with the residual), and without the residual. Untruncated: the core's correction, cap = inf.
+        NaN where a learner has fewer than two peer rows (every regime without peer samples)."""
+        out: dict[str, list[torch.Tensor]] = {"ratio_variance": [], "true_ratio_variance": []}
+        for rw in rows:
+            peer = rw.batch.pg_mask & rw.batch.is_peer
+            if not peer.any():
+                nan = torch.full((self.S, self.P), math.nan, dtype=torch.float64)
+                out["ratio_variance"].append(nan)
+                out["true_ratio_variance"].append(nan)
+                continue
+            out["ratio_variance"].append(masked_var(behaviour_correction(rw.old, rw.mu, math.inf), peer).double())
+            out["true_ratio_variance"].append(
+                masked_var(behaviour_correction(rw.old, rw.src_logp, math.inf), peer).double())
+        return {k: torch.stack(v) for k, v in out.items()}
+
     def step(self, diagnose: bool = True) -> dict[str, torch.Tensor]:
-        """One step of every regime on the same draw; diagnostics stacked to ``[R, S, P]``."""
+        """One step of every regime on the same draw; diagnostics ``[R, S, P]``."""
         d = self.last_draw = self.draw()
-        per = [self.learn(d, self.rollout(d, r), r, diagnose) for r in range(self.R)]
+        stats = self.learn(d, self.rollout(d), diagnose)
         self.t += 1
-        return {k: torch.stack([p[k] for p in per]) for k in per[0]}
+        return stats
 
     # -- metrics and the run -------------------------------------------------------------------------
     def policy_metrics(self) -> dict[str, torch.Tensor]:

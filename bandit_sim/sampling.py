@@ -1,0 +1,52 @@
+"""Inverse-CDF sampling of many small categoricals, and the log-softmax backward the engine chains through.
+
+:func:`inverse_cdf`: for each row of log-probs ``logp [..., K]`` and uniforms ``u [..., G]`` in (0, 1],
+``a_g = min(#{k : cdf_k <= x_g}, K - 1)`` with ``cdf = cumsum(exp(logp))`` and
+``x_g = min(u_g * cdf_K, the largest float below cdf_K)`` — the arm whose CDF interval holds ``x_g``; an
+arm whose probability is below the dtype's resolution (2^-24 of the total in float32) is never drawn.
+The count is found by a branch-free binary search over the K entries (``log2 K`` gathers of one entry
+per sample, instead of a per-sample search kernel); it is exactly ``torch.searchsorted(cdf, x,
+right=True)`` for any non-decreasing ``cdf``, which a cumulative sum of non-negative terms is.
+
+:func:`log_softmax_backward`: ``dL/dz = g - exp(logp) * sum_k g`` for ``logp = log_softmax(z)``, by the
+same kernel autograd uses (so the engine's hand-chained gradient equals autograd's bit for bit).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def _steps(K: int) -> list[int]:
+    """Powers of two from the largest one <= K - 1 down to 1 (the bits of a count in [0, K - 1])."""
+    steps, s = [], 1
+    while 2 * s <= K - 1:
+        s *= 2
+    while K > 1 and s >= 1:
+        steps.append(s)
+        s //= 2
+    return steps
+
+
+def inverse_cdf(logp: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Sample arms: ``logp [..., K]`` (log-probs, possibly unnormalised by float rounding), ``u [..., G]``
+    in (0, 1] broadcastable against ``logp``'s leading dims -> ``actions [..., G]`` (int64).
+
+    Binary search: ``count`` collects the bits of ``#{k : cdf_k <= x}``, high to low; bit ``s`` is set
+    when ``cdf[count + s - 1] <= x``. The probe is clamped to ``K - 1``, where ``cdf_K > x`` by the
+    choice of ``x``, so a probe past the end never sets a bit; hence ``count <= K - 1`` too."""
+    K = logp.shape[-1]
+    cdf = logp.exp().cumsum(dim=-1)
+    total = cdf[..., -1:]
+    x = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))
+    count = torch.zeros(x.shape, dtype=torch.int64)
+    for s in _steps(K):
+        probe = (count + (s - 1)).clamp_(max=K - 1)
+        count.add_((cdf.gather(-1, probe) <= x).long(), alpha=s)
+    return count
+
+
+def log_softmax_backward(grad: torch.Tensor, logp: torch.Tensor) -> torch.Tensor:
+    """``dL/dz`` from ``dL/dlogp = grad`` and ``logp = log_softmax(z, dim=-1)``: ``grad - exp(logp) *
+    grad.sum(-1)``, computed by autograd's own kernel for ``log_softmax``."""
+    return torch.ops.aten._log_softmax_backward_data(grad, logp, -1, logp.dtype)
