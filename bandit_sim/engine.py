@@ -33,6 +33,7 @@ from bandit_sim.batching import LearnerBatch, behaviour_coef, plan_batch
 from bandit_sim.config import RunConfig
 from bandit_sim.metrics import ALL_METRICS, masked_var, policy_metrics
 from bandit_sim.models import make_model
+from bandit_sim.plan_table import PlanTable, tabulable
 from bandit_sim.sampling import inverse_cdf, log_softmax_backward
 from bandit_sim.scenario import Scenario, load_features, rescue_sets
 from shared_interfaces.losses import regime_loss
@@ -135,6 +136,9 @@ class Engine:
         # PRP regimes report Var[pi / mu] with THL's mu, so every PRP regime needs the residual draws
         self.needs_xi = cfg.thl_sigma > 0 and any(s.uses_peer_samples for s in self.specs)
         self.sgt_rngs = [np.random.default_rng([cfg.seed, zlib.crc32(s.name.encode())]) for s in self.specs]
+        self.np_dtype = np.float32 if self.dtype == torch.float32 else np.float64
+        self.tables = [PlanTable(s, self.P, self.G, self.np_dtype) if cfg.plan_table and tabulable(s, self.P, self.G)
+                       else None for s in self.specs]
         self._lanes: dict[int, torch.Tensor] = {}
         self.t = 0
         self.last_draw: Draw | None = None
@@ -169,9 +173,11 @@ class Engine:
 
     # -- 3. learn ------------------------------------------------------------------------------------
     def plan(self, r: int, rewards: torch.Tensor) -> LearnerBatch:
-        """The core's decisions for regime ``r``'s rollouts: one ``regime_plan`` call over ``[S, B, P, G]``."""
-        np_dtype = np.float32 if self.dtype == torch.float32 else np.float64
-        return plan_batch(self.specs[r], rewards.numpy(), rng=self.sgt_rngs[r], dtype=np_dtype)
+        """The core's decisions for regime ``r``'s rollouts ``[S, B, P, G]``: one ``regime_plan`` call, or
+        its table of every prompt outcome (:mod:`bandit_sim.plan_table`, the same batch exactly)."""
+        if self.tables[r] is not None:
+            return self.tables[r].batch(rewards)
+        return plan_batch(self.specs[r], rewards.numpy(), rng=self.sgt_rngs[r], dtype=self.np_dtype)
 
     def _rows(self, x: torch.Tensor, batch: LearnerBatch) -> torch.Tensor:
         """Per-sample values ``[S, B, P_src, G]`` -> each learner's rows ``[S, P, N]`` (``batch.src``)."""

@@ -1,0 +1,84 @@
+"""The core's plan memoised over binary outcomes: :func:`plan_batch` once on every 0/1 reward pattern of a
+prompt, then a step's plan is a table lookup.
+
+In the bandit every reward is 0 or 1 and verified, every response one token long, no sample masked. A
+regime's decisions for a prompt (:func:`shared_interfaces.regimes.regime_plan`: advantages, masks,
+weights, SGT gate and targets) are then a function of the prompt's ``P * G`` reward bits alone — unless
+SGT selects at random, whose draws come from a generator (no table then). :class:`PlanTable` runs
+:func:`bandit_sim.batching.plan_batch` (hence the core's ``regime_plan``) ONCE on all ``2^(P G)``
+patterns, one prompt each, and :meth:`PlanTable.batch` assembles a step's :class:`LearnerBatch` from it:
+a pattern id per prompt, one gather per field, and ``plan_batch``'s row order (every prompt's own rows
+first, then the peers' rows). No regime decision is made here; the result equals ``plan_batch`` on the
+step's rewards exactly (``tests/bandit/test_plan_table.py``), because the core's plan of a prompt does
+not depend on the other prompts in the call.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from bandit_sim.batching import LearnerBatch, plan_batch, row_layout
+from shared_interfaces.regimes import RegimeSpec
+
+#: the largest ``P * G`` tabulated (2^16 patterns: a few MB per regime)
+MAX_BITS = 16
+
+
+def tabulable(spec: RegimeSpec, P: int, G: int) -> bool:
+    """Whether ``spec``'s plan of a prompt is a function of its ``P * G`` reward bits that fits a table."""
+    return P * G <= MAX_BITS and not (spec.sgt_enabled and spec.sgt.selection == "random")
+
+
+class PlanTable:
+    """``spec``'s plan for every reward pattern of one prompt with ``P`` policies x ``G`` samples; the
+    pattern id of rewards ``r[j, g]`` is ``sum_k r_k 2^k`` over the flat index ``k = j * G + g``."""
+
+    def __init__(self, spec: RegimeSpec, P: int, G: int, dtype: np.dtype | type = np.float32):
+        if not tabulable(spec, P, G):
+            raise ValueError(f"regime {spec.name} with P * G = {P * G} cannot be tabulated (random SGT "
+                             f"selection, or more than {MAX_BITS} reward bits); use plan_batch")
+        self.P, self.G, n = P, G, P * G
+        bits = (np.arange(2**n)[:, None] >> np.arange(n)) & 1  # [2^n, P * G]
+        b = plan_batch(spec, bits.reshape(-1, 1, P, G).astype(np.float64), dtype=dtype)  # B = 1 per pattern
+        self.M = b.src.shape[-1]  # rows per learner and prompt: G own (+ (P - 1) G peer when used at all)
+        self.pow2 = 2.0 ** torch.arange(n, dtype=torch.float64)
+        self.float_fields = torch.stack([b.advantages, b.sample_weight], dim=-2)  # [2^n, P, 2, M]
+        self.bool_fields = torch.stack([b.pg_mask, b.sgt_mask, b.use_mu], dim=-2)  # [2^n, P, 3, M]
+        peer = b.is_peer  # [P, M]
+        self.peer_used = ((b.pg_mask | b.sgt_mask) & peer).flatten(1).any(-1)  # [2^n]
+        self.gate = b.gate[..., 0]  # [2^n, P]
+        self.sgt_weight, self.ratio_cap, self.denominator = b.sgt_weight, b.ratio_cap, b.denominator
+        self._layouts: dict[tuple[int, bool], tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def _layout(self, B: int, peers: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        if (B, peers) not in self._layouts:
+            _, src, is_peer = row_layout(B, self.P, self.G)
+            n = src.shape[1] if peers else B * self.G
+            self._layouts[B, peers] = (torch.from_numpy(src[:, :n]), torch.from_numpy(is_peer[:, :n]))
+        return self._layouts[B, peers]
+
+    def batch(self, rewards: torch.Tensor) -> LearnerBatch:
+        """The learner batch of rollouts ``rewards [S, B, P, G]`` (exactly 0 or 1), as :func:`plan_batch`."""
+        S, B, P, G = rewards.shape
+        pid = (rewards.reshape(S * B, P * G).double() @ self.pow2).long()  # exact: a sum of distinct powers of 2
+        peers = self.M > G and bool(self.peer_used.index_select(0, pid).any())
+
+        def rows(table: torch.Tensor) -> torch.Tensor:
+            """``table [2^n, P, F, M]`` -> ``[F, S, P, N]`` in plan_batch's order: (b, g) own, then (b, j, g)."""
+            x = table.index_select(0, pid).view(S, B, P, -1, self.M).permute(3, 0, 2, 1, 4)  # [F, S, P, B, M]
+            m = self.M if peers else G
+            out = torch.empty(x.shape[:3] + (B * m,), dtype=table.dtype)
+            out[..., : B * G].view(x.shape[:4] + (G,)).copy_(x[..., :G])
+            if peers:
+                out[..., B * G :].view(x.shape[:4] + (m - G,)).copy_(x[..., G:])
+            return out
+
+        adv, weight = rows(self.float_fields)
+        pg_mask, sgt_mask, use_mu = rows(self.bool_fields)
+        src, is_peer = self._layout(B, peers)
+        return LearnerBatch(
+            src=src, is_peer=is_peer, advantages=adv, pg_mask=pg_mask, sample_weight=weight, sgt_mask=sgt_mask,
+            use_mu=use_mu, gate=self.gate.index_select(0, pid).view(S, B, P).transpose(1, 2).contiguous(),
+            sgt_weight=self.sgt_weight, ratio_cap=self.ratio_cap, denominator=self.denominator,
+        )
