@@ -29,8 +29,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from bandit_sim.batching import LearnerBatch, behaviour_coef, plan_batch
+from bandit_sim.batching import LearnerBatch, plan_batch
 from bandit_sim.config import RunConfig
+from bandit_sim.groups import RegimeRows, RowGroup, group_rows
 from bandit_sim.metrics import ALL_METRICS, masked_var, policy_metrics
 from bandit_sim.models import make_model
 from bandit_sim.plan_table import PlanTable, tabulable
@@ -59,30 +60,15 @@ class Draw:
 class Rollout:
     """The rollouts of regimes ``regs`` (the leading dim of every field, in that order): ``actions``,
     ``rewards`` (0/1) and behaviour log-probs, each ``[R', S, B, P, G]`` (the core's layout behind the
-    regime dim), and the batch log-softmax ``logp_all [R', S, B, P, K]`` they were sampled from."""
+    regime dim), the batch logits ``logits [R', S, B, P, K]`` and their log-softmax ``logp_all`` they were
+    sampled from (:meth:`Engine.learn` steps ``logits`` in place)."""
 
     regs: tuple[int, ...]
     actions: torch.Tensor
     rewards: torch.Tensor
     behaviour_logp: torch.Tensor
+    logits: torch.Tensor
     logp_all: torch.Tensor
-
-
-@dataclass
-class _Rows:
-    """One regime's learner rows for a step: the plan, the flat index of each row's log-prob in the batch
-    log-softmax ``[S, B * P * K]``, masks as floats, the behaviour denominators and (after epoch 0) the
-    snapshot log-probs and behaviour coefficients. ``[S, P, N]`` unless noted."""
-
-    batch: LearnerBatch
-    idx: torch.Tensor  # [S, P * N]
-    pg_mask: torch.Tensor  # [S, P, N, 1]
-    sgt_mask: torch.Tensor  # [S, P, N, 1]
-    src_logp: torch.Tensor
-    mu: torch.Tensor
-    ref: torch.Tensor | None
-    old: torch.Tensor | None = None
-    coef: torch.Tensor | None = None
 
 
 @dataclass
@@ -165,11 +151,12 @@ class Engine:
         """Regimes ``regs`` (default: all) sample by inverse CDF, all in one pass; an arm whose probability
         is below the dtype's resolution (2^-24 of the total in float32) is never drawn."""
         regs = self._regs(regs)
-        logp = torch.log_softmax(self.model.batch_logits(regs, d.ctx), dim=-1)  # [R', S, B, P, K]
+        z = self.model.batch_logits(regs, d.ctx)
+        logp = torch.log_softmax(z, dim=-1)  # [R', S, B, P, K]
         actions = inverse_cdf(logp, d.u_arm)
         p_reward = d.reward_prob.expand(logp.shape).gather(-1, actions)
         rewards = (d.u_reward < p_reward).to(self.dtype)
-        return Rollout(regs, actions, rewards, logp.gather(-1, actions), logp)
+        return Rollout(regs, actions, rewards, logp.gather(-1, actions), z, logp)
 
     # -- 3. learn ------------------------------------------------------------------------------------
     def plan(self, r: int, rewards: torch.Tensor) -> LearnerBatch:
@@ -193,81 +180,83 @@ class Engine:
             self._lanes[n] = ((batch.src // (P * self.G)) * P + torch.arange(P).unsqueeze(1)) * K
         return self._lanes[n]
 
-    def _prepare(self, d: Draw, ro: Rollout, k: int) -> _Rows:
+    def _prepare(self, d: Draw, ro: Rollout, k: int) -> RegimeRows:
         """Regime ``ro.regs[k]``: its plan and the index and denominators of its rows."""
-        S, P, cfg = self.S, self.P, self.cfg
-        batch = self.plan(ro.regs[k], ro.rewards[k])
-        # masks as floats once (the core's loss would convert bool masks on every use)
-        pg_mask, sgt_mask = (m.to(self.dtype).unsqueeze(-1) for m in (batch.pg_mask, batch.sgt_mask))
+        S, P, cfg, r = self.S, self.P, self.cfg, ro.regs[k]
+        batch = self.plan(r, ro.rewards[k])
         # row (b, j, g) of learner i reads log pi_i(a | c_b): index (b * P + i) * K + a into [S, B * P * K]
         idx = (self._lane(batch) + self._rows(ro.actions[k], batch)).view(S, -1)
         src_logp = self._rows(ro.behaviour_logp[k], batch)
-        mu = src_logp + cfg.thl_bias
-        if self.needs_xi:  # the THL residual of (learner i, sample n) is xi[s, i, n]
-            mu = mu + cfg.thl_sigma * d.xi.gather(-1, batch.src.expand(S, -1, -1))
+        mu = None
+        if self.specs[r].uses_peer_samples:  # PRP: the peer trace as THL delivers it
+            mu = src_logp + cfg.thl_bias
+            if self.needs_xi:  # the THL residual of (learner i, sample n) is xi[s, i, n]
+                mu = mu + cfg.thl_sigma * d.xi.gather(-1, batch.src.expand(S, -1, -1))
         ref = None
         if cfg.loss.kl_coef > 0:
             ref = self.init_logp[:, d.ctx].permute(1, 2, 0, 3).reshape(S, -1).gather(-1, idx).view(S, P, -1, 1)
-        return _Rows(batch, idx, pg_mask, sgt_mask, src_logp, mu, ref)
+        return RegimeRows(batch, idx, src_logp, mu, ref)
 
     def learn(self, d: Draw, ro: Rollout, diagnose: bool = True) -> dict[str, torch.Tensor]:
         """Regimes ``ro.regs``: plan, then ``epochs`` optimizer passes on the batch with the core's loss.
         Returns step diagnostics ``[R', S, P]`` (the density-ratio variances only when ``diagnose``).
 
-        Per regime the core's loss is differentiated with respect to its rows' log-probs (a leaf); the
-        rest of the chain rule is shared: scatter-add of the rows' gradients into ``[R', S, B * P * K]``
-        and the log-softmax backward, as autograd would do it on the batch logits."""
+        The core's loss runs once per group of regimes with as many rows (:mod:`bandit_sim.groups`) and is
+        differentiated with respect to the rows' log-probs (a leaf); the rest of the chain rule is shared:
+        scatter-add of the rows' gradients into ``[R', S, B * P * K]`` and the log-softmax backward, as
+        autograd would do it on the batch logits."""
         S, P, cfg, regs = self.S, self.P, self.cfg, ro.regs
         rows = [self._prepare(d, ro, k) for k in range(len(regs))]
+        groups = group_rows(rows, self.dtype)
         clip = torch.zeros(len(regs), S, P, dtype=torch.float64)
         gnorm = torch.zeros(len(regs), S, P, dtype=torch.float64)
-        logp_all = ro.logp_all
+        z, logp_all = ro.logits, ro.logp_all
         for epoch in range(cfg.epochs):
             if epoch > 0:
-                logp_all = torch.log_softmax(self.model.batch_logits(regs, d.ctx), dim=-1)
+                z = self.model.batch_logits(regs, d.ctx)
+                logp_all = torch.log_softmax(z, dim=-1)
             flat = logp_all.view(len(regs), S, -1)
             grad = torch.zeros_like(flat)
-            for k, rw in enumerate(rows):
-                logp = flat[k].gather(-1, rw.idx).view(S, P, -1).requires_grad_(True)
+            for g in groups:
+                logp = torch.stack([flat[k].gather(-1, rows[k].idx) for k in g.ks]).view(len(g.ks), S, P, -1)
+                logp.requires_grad_(True)
                 if epoch == 0:
-                    rw.old = logp.detach()
-                    rw.coef = behaviour_coef(rw.batch, rw.old, rw.mu) if rw.batch.denominator == "thl" else None
-                b = rw.batch
+                    g.snapshot(rows, logp.detach())
                 out = regime_loss(
-                    logp.unsqueeze(-1), rw.old.unsqueeze(-1), b.advantages, rw.pg_mask, cfg.loss,
-                    behaviour_coef=None if rw.coef is None else rw.coef.unsqueeze(-1),
-                    sample_weight=b.sample_weight, sgt_mask=rw.sgt_mask, sgt_weight=b.sgt_weight, ref_logp=rw.ref,
+                    logp.unsqueeze(-1), g.old.unsqueeze(-1), g.advantages, g.pg_mask, cfg.loss, behaviour_coef=g.coef,
+                    sample_weight=g.sample_weight, sgt_mask=g.sgt_mask, sgt_weight=g.sgt_weight, ref_logp=g.ref,
                 )
                 out.loss.sum().backward()
-                grad[k].scatter_add_(-1, rw.idx, logp.grad.view(S, -1))
-                clip[k] += out.clip_fraction.double()
+                for j, k in enumerate(g.ks):
+                    grad[k].scatter_add_(-1, rows[k].idx, logp.grad[j].view(S, -1))
+                    clip[k] += out.clip_fraction[j].double()
             grad_z = log_softmax_backward(grad.view_as(logp_all), logp_all)
             if diagnose:
                 gnorm += self.model.grad_norm(d.ctx, grad_z).double()
-            self.model.apply(regs, d.ctx, grad_z)
+            self.model.apply(regs, d.ctx, grad_z, z)
         stats = {"clip_fraction": clip / cfg.epochs,
                  "sgt_activations": torch.stack([rw.batch.gate.sum(-1).double() for rw in rows])}
         if diagnose:
             stats["grad_norm"] = gnorm / cfg.epochs
-            stats.update(self._ratio_variances(rows))
+            stats.update(self._ratio_variances(rows, groups))
         return stats
 
-    def _ratio_variances(self, rows: list[_Rows]) -> dict[str, torch.Tensor]:
+    def _ratio_variances(self, rows: list[RegimeRows], groups: list[RowGroup]) -> dict[str, torch.Tensor]:
         """Var[pi_old / mu] over each learner's peer rows (PRP): mu = the peer trace as THL delivers it
-        (with the residual), and without the residual. Untruncated: the core's correction, cap = inf.
-        NaN where a learner has fewer than two peer rows (every regime without peer samples)."""
-        out: dict[str, list[torch.Tensor]] = {"ratio_variance": [], "true_ratio_variance": []}
-        for rw in rows:
-            peer = rw.batch.pg_mask & rw.batch.is_peer
-            if not peer.any():
-                nan = torch.full((self.S, self.P), math.nan, dtype=torch.float64)
-                out["ratio_variance"].append(nan)
-                out["true_ratio_variance"].append(nan)
+        (with the residual), and without the residual (``[2, R', S, P]``). Untruncated: the core's
+        correction, cap = inf. NaN where a learner has fewer than two peer rows (every regime without
+        peer samples). One pass per group over its PRP regimes."""
+        out = torch.full((2, len(rows), self.S, self.P), math.nan, dtype=torch.float64)
+        for g in groups:
+            js = [j for j, k in enumerate(g.ks) if rows[k].mu is not None]
+            if not js:
                 continue
-            out["ratio_variance"].append(masked_var(behaviour_correction(rw.old, rw.mu, math.inf), peer).double())
-            out["true_ratio_variance"].append(
-                masked_var(behaviour_correction(rw.old, rw.src_logp, math.inf), peer).double())
-        return {k: torch.stack(v) for k, v in out.items()}
+            ks = [g.ks[j] for j in js]
+            old = g.old[js]
+            den = torch.stack([torch.stack([rows[k].mu for k in ks]), torch.stack([rows[k].src_logp for k in ks])])
+            peer = torch.stack([rows[k].batch.pg_mask & rows[k].batch.is_peer for k in ks])
+            out[:, ks] = masked_var(behaviour_correction(old.expand_as(den), den, math.inf), peer).double()
+        return {"ratio_variance": out[0], "true_ratio_variance": out[1]}
 
     def step(self, diagnose: bool = True) -> dict[str, torch.Tensor]:
         """One step of every regime on the same draw; diagnostics ``[R, S, P]``."""

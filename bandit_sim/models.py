@@ -83,12 +83,15 @@ class TabularModel:
         """``||dL/dtheta||`` per ``[..., S, P]``: the batch rows' gradient is ``dL/dz [..., S, B, P, K]`` itself."""
         return grad_z.square().sum(dim=(-3, -1)).sqrt()
 
-    def apply(self, regs: Sequence[int], ctx: torch.Tensor, grad_z: torch.Tensor) -> None:
-        """Step on ``dL/dz [len(regs), S, B, P, K]`` of the batch logits (the gradient of the batch rows)."""
+    def apply(self, regs: Sequence[int], ctx: torch.Tensor, grad_z: torch.Tensor, z: torch.Tensor | None = None) -> None:
+        """Step on ``dL/dz [len(regs), S, B, P, K]`` of the batch logits (the gradient of the batch rows).
+        ``z``: the batch logits as :meth:`batch_logits` returned them, if at hand (SGD steps them in place
+        instead of gathering the rows again)."""
         R, S, P, C, K = self.shape
         if self.sparse:  # SGD touches only the batch's rows, distinct per (regime, seed): gather, step, scatter
             flat, rows = self.theta.view(R * S * C, P * K), self._rows(regs, ctx)
-            flat.index_copy_(0, rows, flat.index_select(0, rows).add_(grad_z.reshape(-1, P * K), alpha=-self.lr))
+            z = flat.index_select(0, rows) if z is None else z.view(-1, P * K)
+            flat.index_copy_(0, rows, z.add_(grad_z.reshape(-1, P * K), alpha=-self.lr))
             return
         rows = self._rows([0], ctx)  # regime 0's rows = row (s * C + ctx) of one regime's [S * C, P * K]
         for k, r in enumerate(regs):
@@ -120,7 +123,7 @@ class LogLinearModel:
     def grad_norm(self, ctx: torch.Tensor, grad_z: torch.Tensor) -> torch.Tensor:
         return torch.einsum("...sbpk,sbkd->...spd", grad_z, self.phi[ctx]).square().sum(dim=-1).sqrt()
 
-    def apply(self, regs: Sequence[int], ctx: torch.Tensor, grad_z: torch.Tensor) -> None:
+    def apply(self, regs: Sequence[int], ctx: torch.Tensor, grad_z: torch.Tensor, z: torch.Tensor | None = None) -> None:
         """Chain rule ``dL/dw = sum_{b,k} dL/dz[b, k] phi[ctx_b, k]``, then the optimizer step."""
         phi = self.phi[ctx]
         for k, r in enumerate(regs):

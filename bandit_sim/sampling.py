@@ -33,15 +33,22 @@ def inverse_cdf(logp: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     in (0, 1] broadcastable against ``logp``'s leading dims -> ``actions [..., G]`` (int64).
 
     Binary search: ``count`` collects the bits of ``#{k : cdf_k <= x}``, high to low; bit ``s`` is set
-    when ``cdf[count + s - 1] <= x``. The probe is clamped to ``K - 1``, where ``cdf_K > x`` by the
-    choice of ``x``, so a probe past the end never sets a bit; hence ``count <= K - 1`` too."""
+    when ``cdf[count + s - 1] <= x`` (the first probe, ``count = 0``, is a slice, not a gather). Since
+    ``cdf_K > x`` by the choice of ``x``, the count is at most ``K - 1``, so a probe past ``K - 1``
+    would never set a bit: it is clamped to ``K - 1`` (it cannot happen when K is a power of two)."""
     K = logp.shape[-1]
     cdf = logp.exp().cumsum(dim=-1)
     total = cdf[..., -1:]
     x = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))
-    count = torch.zeros(x.shape, dtype=torch.int64)
-    for s in _steps(K):
-        probe = (count + (s - 1)).clamp_(max=K - 1)
+    steps = _steps(K)
+    if not steps:
+        return torch.zeros(x.shape, dtype=torch.int64)
+    count = (cdf[..., steps[0] - 1 : steps[0]] <= x).long().mul_(steps[0])
+    clamp = K & (K - 1) != 0
+    for s in steps[1:]:
+        probe = count + (s - 1)
+        if clamp:
+            probe.clamp_(max=K - 1)
         count.add_((cdf.gather(-1, probe) <= x).long(), alpha=s)
     return count
 

@@ -122,8 +122,8 @@ def test_prp_snapshot_with_identical_peer_is_grpo_on_2g_samples():
     assert (coef[peer] == 1.0).all() and (batch.sample_weight[peer] == 1.0).all()
     # GRPO's group of 2G on prompt b = learner 0's own G samples, then the identical peer's G samples
     cat = lambda x: torch.cat([x[:, :, :, 0], x[:, :, :, 1]], dim=-1)[:, :, :, None]  # noqa: E731 - [R, S, B, P, G]
-    logp_g = torch.log_softmax(grpo.model.batch_logits([0], d.ctx), dim=-1)
-    ro_g = Rollout((0,), cat(ro.actions), cat(ro.rewards), cat(ro.behaviour_logp), logp_g)
+    z_g = grpo.model.batch_logits([0], d.ctx)
+    ro_g = Rollout((0,), cat(ro.actions), cat(ro.rewards), cat(ro.behaviour_logp), z_g, torch.log_softmax(z_g, -1))
     prp.learn(d, ro)
     grpo.learn(d, ro_g)
     np.testing.assert_array_equal(prp.model.all_logits()[0, :, 0].numpy(), grpo.model.all_logits()[0, :, 0].numpy())

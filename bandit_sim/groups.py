@@ -1,0 +1,99 @@
+"""The learn step's rows: each regime's learner rows, and regimes with as many rows stacked for one loss call.
+
+A regime's rows (:class:`RegimeRows`) come from its plan (:class:`bandit_sim.batching.LearnerBatch`):
+where each row's log-prob sits in the regime's flat batch log-softmax, its sample's behaviour
+log-prob and, for PRP, the peer denominator ``mu``. The core's ``regime_loss`` is vectorised over
+leading dims and every aggregate is per (regime, seed, learner), so regimes whose learners have the same
+number of rows N go through ONE call on ``[R_g, S, P, N, T = 1]`` (:class:`RowGroup`, built by
+:func:`group_rows`). That call gives every row the same gradient as the regime's own call, bit for bit:
+a regime without behaviour correction gets coefficient 1 (``x * 1 = x``), and one without SGT targets
+this step adds ``-lambda * 0`` to its rows' gradients (``g + (-0) = g``). Only regimes whose SGT targets
+have different weights are kept apart.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from bandit_sim.batching import LearnerBatch, behaviour_coef
+
+
+@dataclass
+class RegimeRows:
+    """One regime's rows for a step, ``[S, P, N]`` unless noted: ``idx [S, P * N]`` (each row's index in
+    the flat batch log-softmax ``[S, B * P * K]``), the behaviour log-prob ``src_logp`` of the row's
+    sample, the peer denominator ``mu`` (PRP regimes; else None) and reference log-probs ``ref
+    [S, P, N, 1]`` (KL; else None)."""
+
+    batch: LearnerBatch
+    idx: torch.Tensor
+    src_logp: torch.Tensor
+    mu: torch.Tensor | None
+    ref: torch.Tensor | None
+
+
+@dataclass
+class RowGroup:
+    """Regimes ``ks`` (positions in the step's regime list) with N rows per learner, stacked
+    ``[R_g, S, P, N]``: advantages, sample weights, masks as floats ``[..., N, 1]``, the SGT weight,
+    reference log-probs; after epoch 0 the snapshot log-probs ``old`` and behaviour coefficients ``coef``
+    ``[..., N, 1]`` (None when no regime of the group has a ``thl`` denominator)."""
+
+    ks: list[int]
+    advantages: torch.Tensor
+    sample_weight: torch.Tensor
+    pg_mask: torch.Tensor
+    sgt_mask: torch.Tensor
+    sgt_weight: float
+    ref: torch.Tensor | None
+    old: torch.Tensor | None = None
+    coef: torch.Tensor | None = None
+
+    def snapshot(self, rows: list[RegimeRows], old: torch.Tensor) -> None:
+        """Epoch 0: record ``old [R_g, S, P, N]`` and the behaviour coefficients (the core's correction on
+        ``thl`` peer rows, exactly 1 elsewhere)."""
+        self.old = old
+        batches = [rows[k].batch for k in self.ks]
+        if any(b.denominator == "thl" for b in batches):
+            self.coef = torch.stack([
+                behaviour_coef(b, o, rows[k].mu) if b.denominator == "thl" else torch.ones_like(o)
+                for k, b, o in zip(self.ks, batches, old, strict=True)
+            ]).unsqueeze(-1)
+
+
+def _sgt_weight(batch: LearnerBatch) -> float | None:
+    """The weight the regime's SGT term needs this step; None when it has no target (any weight will do)."""
+    return batch.sgt_weight if batch.sgt_weight > 0 and bool(batch.sgt_mask.any()) else None
+
+
+def group_rows(rows: list[RegimeRows], dtype: torch.dtype) -> list[RowGroup]:
+    """Stack regimes with the same number of rows and compatible SGT weights (see the module docstring)."""
+    by_n: dict[int, list[int]] = {}
+    for k, rw in enumerate(rows):
+        by_n.setdefault(rw.batch.src.shape[-1], []).append(k)
+    parts: list[tuple[float, list[int]]] = []
+    for ks in by_n.values():
+        weighted: dict[float, list[int]] = {}
+        free = []  # regimes without SGT targets this step join any part
+        for k in ks:
+            w = _sgt_weight(rows[k].batch)
+            (free if w is None else weighted.setdefault(w, [])).append(k)
+        split = list(weighted.items()) or [(0.0, [])]
+        split[0] = (split[0][0], sorted(split[0][1] + free))
+        parts += split
+    groups = []
+    for w, ks in parts:
+        bs = [rows[k].batch for k in ks]
+        ref = None if rows[ks[0]].ref is None else torch.stack([rows[k].ref for k in ks])
+        groups.append(RowGroup(
+            ks=ks,
+            advantages=torch.stack([b.advantages for b in bs]),
+            sample_weight=torch.stack([b.sample_weight for b in bs]),
+            pg_mask=torch.stack([b.pg_mask for b in bs]).to(dtype).unsqueeze(-1),
+            sgt_mask=torch.stack([b.sgt_mask for b in bs]).to(dtype).unsqueeze(-1),
+            sgt_weight=w,
+            ref=ref,
+        ))
+    return groups
