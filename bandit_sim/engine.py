@@ -31,7 +31,7 @@ import torch
 
 from bandit_sim.batching import LearnerBatch, plan_batch
 from bandit_sim.config import RunConfig
-from bandit_sim.groups import RegimeRows, RowGroup, group_rows
+from bandit_sim.groups import RegimeRows, RowGroup, group_batches
 from bandit_sim.metrics import ALL_METRICS, masked_var, policy_metrics
 from bandit_sim.models import make_model
 from bandit_sim.plan_table import PlanTable, tabulable
@@ -134,7 +134,7 @@ class Engine:
         """Each stream has its own generator, so skipping one (no PRP regime, or sigma = 0) leaves the
         others — and every other regime's trajectory — unchanged."""
         S, P, B, G, g, sl = self.cfg.seeds, self.P, self.B, self.G, self.gens, self.seed_slice
-        ctx = torch.rand(S, self.C, generator=g["ctx"]).argsort(dim=1)[sl, :B]
+        ctx = torch.rand(S, self.C, generator=g["ctx"])[sl].argsort(dim=1)[:, :B]  # (row by row: slice first)
         u_arm = 1.0 - torch.rand(S, B, P, G, generator=g["arm"], dtype=self.dtype)[sl]  # in (0, 1]
         u_reward = torch.rand(S, B, P, G, generator=g["reward"], dtype=self.dtype)[sl]
         if self.needs_xi:
@@ -180,10 +180,15 @@ class Engine:
             self._lanes[n] = ((batch.src // (P * self.G)) * P + torch.arange(P).unsqueeze(1)) * K
         return self._lanes[n]
 
-    def _prepare(self, d: Draw, ro: Rollout, k: int) -> RegimeRows:
-        """Regime ``ro.regs[k]``: its plan and the index and denominators of its rows."""
+    def plan_all(self, ro: Rollout) -> tuple[list[LearnerBatch], list[RowGroup]]:
+        """Every regime's plan of ``ro`` (:meth:`plan`) and the regimes grouped for the loss
+        (:mod:`bandit_sim.groups`)."""
+        batches = {k: self.plan(r, ro.rewards[k]) for k, r in enumerate(ro.regs)}
+        return [batches[k] for k in range(len(ro.regs))], group_batches(batches, self.dtype)
+
+    def _prepare(self, d: Draw, ro: Rollout, k: int, batch: LearnerBatch) -> RegimeRows:
+        """Regime ``ro.regs[k]``: the index and denominators of its rows."""
         S, P, cfg, r = self.S, self.P, self.cfg, ro.regs[k]
-        batch = self.plan(r, ro.rewards[k])
         # row (b, j, g) of learner i reads log pi_i(a | c_b): index (b * P + i) * K + a into [S, B * P * K]
         idx = (self._lane(batch) + self._rows(ro.actions[k], batch)).view(S, -1)
         src_logp = self._rows(ro.behaviour_logp[k], batch)
@@ -206,8 +211,11 @@ class Engine:
         scatter-add of the rows' gradients into ``[R', S, B * P * K]`` and the log-softmax backward, as
         autograd would do it on the batch logits."""
         S, P, cfg, regs = self.S, self.P, self.cfg, ro.regs
-        rows = [self._prepare(d, ro, k) for k in range(len(regs))]
-        groups = group_rows(rows, self.dtype)
+        batches, groups = self.plan_all(ro)
+        rows = [self._prepare(d, ro, k, b) for k, b in enumerate(batches)]
+        if cfg.loss.kl_coef > 0:
+            for g in groups:
+                g.ref = torch.stack([rows[k].ref for k in g.ks])
         clip = torch.zeros(len(regs), S, P, dtype=torch.float64)
         gnorm = torch.zeros(len(regs), S, P, dtype=torch.float64)
         z, logp_all = ro.logits, ro.logp_all

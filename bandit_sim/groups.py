@@ -5,7 +5,7 @@ where each row's log-prob sits in the regime's flat batch log-softmax, its sampl
 log-prob and, for PRP, the peer denominator ``mu``. The core's ``regime_loss`` is vectorised over
 leading dims and every aggregate is per (regime, seed, learner), so regimes whose learners have the same
 number of rows N go through ONE call on ``[R_g, S, P, N, T = 1]`` (:class:`RowGroup`, built by
-:func:`group_rows`). That call gives every row the same gradient as the regime's own call, bit for bit:
+:func:`group_batches`). That call gives every row the same gradient as the regime's own call, bit for bit:
 a regime without behaviour correction gets coefficient 1 (``x * 1 = x``), and one without SGT targets
 this step adds ``-lambda * 0`` to its rows' gradients (``g + (-0) = g``). Only regimes whose SGT targets
 have different weights are kept apart.
@@ -47,7 +47,7 @@ class RowGroup:
     pg_mask: torch.Tensor
     sgt_mask: torch.Tensor
     sgt_weight: float
-    ref: torch.Tensor | None
+    ref: torch.Tensor | None = None
     old: torch.Tensor | None = None
     coef: torch.Tensor | None = None
 
@@ -63,37 +63,44 @@ class RowGroup:
             ]).unsqueeze(-1)
 
 
-def _sgt_weight(batch: LearnerBatch) -> float | None:
+def sgt_weight_needed(batch: LearnerBatch) -> float | None:
     """The weight the regime's SGT term needs this step; None when it has no target (any weight will do)."""
     return batch.sgt_weight if batch.sgt_weight > 0 and bool(batch.sgt_mask.any()) else None
 
 
-def group_rows(rows: list[RegimeRows], dtype: torch.dtype) -> list[RowGroup]:
-    """Stack regimes with the same number of rows and compatible SGT weights (see the module docstring)."""
+def partition(ks: list[int], n_rows: list[int], weights: list[float | None]) -> list[tuple[float, list[int]]]:
+    """Regimes ``ks`` -> groups ``(sgt_weight, members)``: same number of rows, and SGT targets (if any)
+    of one weight; a regime without SGT targets this step (weight None) joins any group of its size."""
     by_n: dict[int, list[int]] = {}
-    for k, rw in enumerate(rows):
-        by_n.setdefault(rw.batch.src.shape[-1], []).append(k)
+    for k, n in zip(ks, n_rows, strict=True):
+        by_n.setdefault(n, []).append(k)
+    w_of = dict(zip(ks, weights, strict=True))
     parts: list[tuple[float, list[int]]] = []
-    for ks in by_n.values():
+    for members in by_n.values():
         weighted: dict[float, list[int]] = {}
-        free = []  # regimes without SGT targets this step join any part
-        for k in ks:
-            w = _sgt_weight(rows[k].batch)
+        free = []
+        for k in members:
+            w = w_of[k]
             (free if w is None else weighted.setdefault(w, [])).append(k)
         split = list(weighted.items()) or [(0.0, [])]
         split[0] = (split[0][0], sorted(split[0][1] + free))
         parts += split
+    return parts
+
+
+def group_batches(batches: dict[int, LearnerBatch], dtype: torch.dtype) -> list[RowGroup]:
+    """Stack the batches of regimes ``k`` (the dict's keys) by :func:`partition` (see the module docstring)."""
+    ks = sorted(batches)
+    parts = partition(ks, [batches[k].src.shape[-1] for k in ks], [sgt_weight_needed(batches[k]) for k in ks])
     groups = []
-    for w, ks in parts:
-        bs = [rows[k].batch for k in ks]
-        ref = None if rows[ks[0]].ref is None else torch.stack([rows[k].ref for k in ks])
+    for w, members in parts:
+        bs = [batches[k] for k in members]
         groups.append(RowGroup(
-            ks=ks,
+            ks=members,
             advantages=torch.stack([b.advantages for b in bs]),
             sample_weight=torch.stack([b.sample_weight for b in bs]),
             pg_mask=torch.stack([b.pg_mask for b in bs]).to(dtype).unsqueeze(-1),
             sgt_mask=torch.stack([b.sgt_mask for b in bs]).to(dtype).unsqueeze(-1),
             sgt_weight=w,
-            ref=ref,
         ))
     return groups

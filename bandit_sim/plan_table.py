@@ -8,9 +8,11 @@ SGT selects at random, whose draws come from a generator (no table then). :class
 :func:`bandit_sim.batching.plan_batch` (hence the core's ``regime_plan``) ONCE on all ``2^(P G)``
 patterns, one prompt each, and :meth:`PlanTable.batch` assembles a step's :class:`LearnerBatch` from it:
 a pattern id per prompt, one gather per field, and ``plan_batch``'s row order (every prompt's own rows
-first, then the peers' rows). No regime decision is made here; the result equals ``plan_batch`` on the
-step's rewards exactly (``tests/bandit/test_plan_table.py``), because the core's plan of a prompt does
-not depend on the other prompts in the call.
+first, then the peers' rows). A field that is the same for every pattern (e.g. the masks and weights
+of every regime but SGT) is stored once and broadcast over the seeds (a view). No regime decision is
+made here; the result equals ``plan_batch`` on the step's rewards exactly
+(``tests/bandit/test_plan_table.py``), because the core's plan of a prompt does not depend on the other
+prompts in the call.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from shared_interfaces.regimes import RegimeSpec
 
 #: the largest ``P * G`` tabulated (2^16 patterns: a few MB per regime)
 MAX_BITS = 16
+
+ROW_FIELDS = ("advantages", "sample_weight", "pg_mask", "sgt_mask", "use_mu")
 
 
 def tabulable(spec: RegimeSpec, P: int, G: int) -> bool:
@@ -43,13 +47,17 @@ class PlanTable:
         b = plan_batch(spec, bits.reshape(-1, 1, P, G).astype(np.float64), dtype=dtype)  # B = 1 per pattern
         self.M = b.src.shape[-1]  # rows per learner and prompt: G own (+ (P - 1) G peer when used at all)
         self.pow2 = 2.0 ** torch.arange(n, dtype=torch.float64)
-        self.float_fields = torch.stack([b.advantages, b.sample_weight], dim=-2)  # [2^n, P, 2, M]
-        self.bool_fields = torch.stack([b.pg_mask, b.sgt_mask, b.use_mu], dim=-2)  # [2^n, P, 3, M]
-        peer = b.is_peer  # [P, M]
-        self.peer_used = ((b.pg_mask | b.sgt_mask) & peer).flatten(1).any(-1)  # [2^n]
-        self.gate = b.gate[..., 0]  # [2^n, P]
+        # per field [2^n, P, M], or [P, M] when every pattern has the same rows
+        self.fields = {f: self._compress(getattr(b, f)) for f in ROW_FIELDS}
+        self.peer_used = ((b.pg_mask | b.sgt_mask) & b.is_peer).flatten(1).any(-1)  # [2^n]
+        self.gate = self._compress(b.gate[..., 0])  # [2^n, P] or [P]
         self.sgt_weight, self.ratio_cap, self.denominator = b.sgt_weight, b.ratio_cap, b.denominator
         self._layouts: dict[tuple[int, bool], tuple[torch.Tensor, torch.Tensor]] = {}
+        self._tiled: dict[tuple[str, int, bool], torch.Tensor] = {}
+
+    @staticmethod
+    def _compress(x: torch.Tensor) -> torch.Tensor:
+        return x[0].clone() if bool((x == x[:1]).all()) else x
 
     def _layout(self, B: int, peers: bool) -> tuple[torch.Tensor, torch.Tensor]:
         if (B, peers) not in self._layouts:
@@ -58,27 +66,36 @@ class PlanTable:
             self._layouts[B, peers] = (torch.from_numpy(src[:, :n]), torch.from_numpy(is_peer[:, :n]))
         return self._layouts[B, peers]
 
+    def _order(self, x: torch.Tensor, B: int, m: int) -> torch.Tensor:
+        """Per-prompt rows ``x [..., B, P, M]`` -> ``[..., P, B * m]`` in plan_batch's order: (b, g) own,
+        then (b, j, g) peers (when ``m > G``)."""
+        G = self.G
+        x = x.transpose(-3, -2)  # [..., P, B, M]
+        out = torch.empty(x.shape[:-2] + (B * m,), dtype=x.dtype)
+        out[..., : B * G].view(x.shape[:-1] + (G,)).copy_(x[..., :G])
+        if m > G:
+            out[..., B * G :].view(x.shape[:-1] + (m - G,)).copy_(x[..., G:m])
+        return out
+
     def batch(self, rewards: torch.Tensor) -> LearnerBatch:
-        """The learner batch of rollouts ``rewards [S, B, P, G]`` (exactly 0 or 1), as :func:`plan_batch`."""
+        """The learner batch of rollouts ``rewards [S, B, P, G]`` (exactly 0 or 1), as :func:`plan_batch`;
+        fields that do not depend on the outcome are views broadcast over the seeds."""
         S, B, P, G = rewards.shape
         pid = (rewards.reshape(S * B, P * G).double() @ self.pow2).long()  # exact: a sum of distinct powers of 2
         peers = self.M > G and bool(self.peer_used.index_select(0, pid).any())
-
-        def rows(table: torch.Tensor) -> torch.Tensor:
-            """``table [2^n, P, F, M]`` -> ``[F, S, P, N]`` in plan_batch's order: (b, g) own, then (b, j, g)."""
-            x = table.index_select(0, pid).view(S, B, P, -1, self.M).permute(3, 0, 2, 1, 4)  # [F, S, P, B, M]
-            m = self.M if peers else G
-            out = torch.empty(x.shape[:3] + (B * m,), dtype=table.dtype)
-            out[..., : B * G].view(x.shape[:4] + (G,)).copy_(x[..., :G])
-            if peers:
-                out[..., B * G :].view(x.shape[:4] + (m - G,)).copy_(x[..., G:])
-            return out
-
-        adv, weight = rows(self.float_fields)
-        pg_mask, sgt_mask, use_mu = rows(self.bool_fields)
+        m = self.M if peers else G
+        rows = {}
+        for f, t in self.fields.items():
+            if t.dim() == 2:  # the same rows for every prompt: tile once per (B, peers), view over the seeds
+                if (f, B, peers) not in self._tiled:
+                    self._tiled[f, B, peers] = self._order(t.expand(B, P, self.M), B, m)
+                rows[f] = self._tiled[f, B, peers].expand(S, P, B * m)
+            else:
+                rows[f] = self._order(t.index_select(0, pid).view(S, B, P, self.M), B, m)
+        if self.gate.dim() == 1:
+            gate = self.gate.view(1, P, 1).expand(S, P, B)
+        else:
+            gate = self.gate.index_select(0, pid).view(S, B, P).transpose(1, 2).contiguous()
         src, is_peer = self._layout(B, peers)
-        return LearnerBatch(
-            src=src, is_peer=is_peer, advantages=adv, pg_mask=pg_mask, sample_weight=weight, sgt_mask=sgt_mask,
-            use_mu=use_mu, gate=self.gate.index_select(0, pid).view(S, B, P).transpose(1, 2).contiguous(),
-            sgt_weight=self.sgt_weight, ratio_cap=self.ratio_cap, denominator=self.denominator,
-        )
+        return LearnerBatch(src=src, is_peer=is_peer, gate=gate, sgt_weight=self.sgt_weight, ratio_cap=self.ratio_cap,
+                            denominator=self.denominator, **rows)
