@@ -159,11 +159,12 @@ class Engine:
         return Rollout(regs, actions, rewards, logp.gather(-1, actions), z, logp)
 
     # -- 3. learn ------------------------------------------------------------------------------------
-    def plan(self, r: int, rewards: torch.Tensor) -> LearnerBatch:
+    def plan(self, r: int, rewards: torch.Tensor, pid: torch.Tensor | None = None) -> LearnerBatch:
         """The core's decisions for regime ``r``'s rollouts ``[S, B, P, G]``: one ``regime_plan`` call, or
-        its table of every prompt outcome (:mod:`bandit_sim.plan_table`, the same batch exactly)."""
+        its table of every prompt outcome (:mod:`bandit_sim.plan_table`, the same batch exactly; ``pid``:
+        the rollouts' pattern ids if at hand)."""
         if self.tables[r] is not None:
-            return self.tables[r].batch(rewards)
+            return self.tables[r].batch(rewards, pid)
         return plan_batch(self.specs[r], rewards.numpy(), rng=self.sgt_rngs[r], dtype=self.np_dtype)
 
     def _rows(self, x: torch.Tensor, batch: LearnerBatch) -> torch.Tensor:
@@ -183,7 +184,9 @@ class Engine:
     def plan_all(self, ro: Rollout) -> tuple[list[LearnerBatch], list[RowGroup]]:
         """Every regime's plan of ``ro`` (:meth:`plan`) and the regimes grouped for the loss
         (:mod:`bandit_sim.groups`)."""
-        batches = {k: self.plan(r, ro.rewards[k]) for k, r in enumerate(ro.regs)}
+        table = next((t for t in self.tables if t is not None), None)
+        pids = table.pattern_ids(ro.rewards) if table is not None else [None] * len(ro.regs)  # all regimes at once
+        batches = {k: self.plan(r, ro.rewards[k], pids[k]) for k, r in enumerate(ro.regs)}
         return [batches[k] for k in range(len(ro.regs))], group_batches(batches, self.dtype)
 
     def _prepare(self, d: Draw, ro: Rollout, k: int, batch: LearnerBatch) -> RegimeRows:

@@ -97,10 +97,18 @@ def group_batches(batches: dict[int, LearnerBatch], dtype: torch.dtype) -> list[
         bs = [batches[k] for k in members]
         groups.append(RowGroup(
             ks=members,
-            advantages=torch.stack([b.advantages for b in bs]),
-            sample_weight=torch.stack([b.sample_weight for b in bs]),
-            pg_mask=torch.stack([b.pg_mask for b in bs]).to(dtype).unsqueeze(-1),
-            sgt_mask=torch.stack([b.sgt_mask for b in bs]).to(dtype).unsqueeze(-1),
+            advantages=_stack([b.advantages for b in bs], dtype),
+            sample_weight=_stack([b.sample_weight for b in bs], dtype),
+            pg_mask=_stack([b.pg_mask for b in bs], dtype).unsqueeze(-1),
+            sgt_mask=_stack([b.sgt_mask for b in bs], dtype).unsqueeze(-1),
             sgt_weight=w,
         ))
     return groups
+
+
+def _stack(xs: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+    """Stack ``[S, P, N]`` fields as ``dtype``; fields that are all broadcast over the seeds (a plan
+    table's outcome-independent rows) stay a broadcast view ``[R_g, S, P, N]``."""
+    if all(x.stride(0) == 0 for x in xs):
+        return torch.stack([x[0] for x in xs]).to(dtype).unsqueeze(1).expand((len(xs),) + tuple(xs[0].shape))
+    return torch.stack(xs).to(dtype)

@@ -91,7 +91,8 @@ class TabularModel:
         if self.sparse:  # SGD touches only the batch's rows, distinct per (regime, seed): gather, step, scatter
             flat, rows = self.theta.view(R * S * C, P * K), self._rows(regs, ctx)
             z = flat.index_select(0, rows) if z is None else z.view(-1, P * K)
-            flat.index_copy_(0, rows, z.add_(grad_z.reshape(-1, P * K), alpha=-self.lr))
+            z.add_(grad_z.reshape(-1, P * K), alpha=-self.lr)
+            flat.numpy()[rows.numpy()] = z.numpy()  # a row copy (numpy's is faster than index_copy_)
             return
         rows = self._rows([0], ctx)  # regime 0's rows = row (s * C + ctx) of one regime's [S * C, P * K]
         for k, r in enumerate(regs):

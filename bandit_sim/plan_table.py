@@ -50,6 +50,7 @@ class PlanTable:
         # per field [2^n, P, M], or [P, M] when every pattern has the same rows
         self.fields = {f: self._compress(getattr(b, f)) for f in ROW_FIELDS}
         self.peer_used = ((b.pg_mask | b.sgt_mask) & b.is_peer).flatten(1).any(-1)  # [2^n]
+        self._peer_used_np = self.peer_used.numpy()
         self.gate = self._compress(b.gate[..., 0])  # [2^n, P] or [P]
         self.sgt_weight, self.ratio_cap, self.denominator = b.sgt_weight, b.ratio_cap, b.denominator
         self._layouts: dict[tuple[int, bool], tuple[torch.Tensor, torch.Tensor]] = {}
@@ -77,12 +78,19 @@ class PlanTable:
             out[..., B * G :].view(x.shape[:-1] + (m - G,)).copy_(x[..., G:m])
         return out
 
-    def batch(self, rewards: torch.Tensor) -> LearnerBatch:
+    def pattern_ids(self, rewards: torch.Tensor) -> torch.Tensor:
+        """``rewards [..., P, G]`` (exactly 0 or 1) -> pattern ids ``[...]`` (int64). Exact: a sum of distinct
+        powers of two below 2^16, in float32 or float64."""
+        r = rewards.reshape(-1, self.P * self.G)
+        return (r @ self.pow2.to(r.dtype)).long().view(rewards.shape[:-2])
+
+    def batch(self, rewards: torch.Tensor, pid: torch.Tensor | None = None) -> LearnerBatch:
         """The learner batch of rollouts ``rewards [S, B, P, G]`` (exactly 0 or 1), as :func:`plan_batch`;
-        fields that do not depend on the outcome are views broadcast over the seeds."""
+        fields that do not depend on the outcome are views broadcast over the seeds. ``pid``: the
+        rollouts' :meth:`pattern_ids`, if at hand."""
         S, B, P, G = rewards.shape
-        pid = (rewards.reshape(S * B, P * G).double() @ self.pow2).long()  # exact: a sum of distinct powers of 2
-        peers = self.M > G and bool(self.peer_used.index_select(0, pid).any())
+        pid = (self.pattern_ids(rewards) if pid is None else pid).reshape(S * B)
+        peers = self.M > G and bool(self._peer_used_np[pid.numpy()].any())
         m = self.M if peers else G
         rows = {}
         for f, t in self.fields.items():
