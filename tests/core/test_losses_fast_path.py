@@ -1,6 +1,7 @@
 """``regime_loss`` computes each divisor once (the token count is shared by the loss, the clip fraction, the
-KL and ``approx_kl_old``; row counts only for the modes that divide by them): it must equal the loss
-written out term by term, as first implemented, bit for bit — values, diagnostics and gradients."""
+KL and ``approx_kl_old``; row counts only for the modes that divide by them) and takes the clipped
+surrogate's min as a select: it must equal the loss written out term by term, as first implemented
+(``torch.minimum``), bit for bit — values, diagnostics and gradients, at the snapshot (ties) too."""
 
 from __future__ import annotations
 
@@ -51,11 +52,15 @@ def _reference(logp, old, adv, pg, cfg, coef, weight, sgt, lam, ref, norm):
 @pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
 @pytest.mark.parametrize("with_norm", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_regime_loss_equals_the_term_by_term_loss(agg, with_norm, dtype):
+@pytest.mark.parametrize("at_snapshot", [False, True])  # rho = 1: every unclipped row is a tie of the min
+def test_regime_loss_equals_the_term_by_term_loss(agg, with_norm, dtype, at_snapshot):
     g = torch.Generator().manual_seed(7)
     shape = (3, 2, 40, 4)  # [S, P, N, T]
     x = torch.randn(shape, generator=g, dtype=dtype) - 1.0
     old = x + 0.3 * torch.randn(shape, generator=g, dtype=dtype)
+    if at_snapshot:
+        old = x.clone()
+        old[..., :3, :] += 0.5  # and a few clipped rows
     ref = x - 0.2 * torch.rand(shape, generator=g, dtype=dtype)
     adv = torch.randn(shape[:-1], generator=g, dtype=dtype)
     pg = torch.rand(shape, generator=g) < 0.8
