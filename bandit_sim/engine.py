@@ -31,7 +31,7 @@ import torch
 
 from bandit_sim.batching import LearnerBatch, plan_batch
 from bandit_sim.config import RunConfig
-from bandit_sim.groups import RegimeRows, RowGroup, group_batches
+from bandit_sim.groups import RowGroup, group_batches
 from bandit_sim.metrics import ALL_METRICS, masked_var, policy_metrics
 from bandit_sim.models import make_model
 from bandit_sim.plan_table import PlanTable, tabulable
@@ -189,21 +189,25 @@ class Engine:
         batches = {k: self.plan(r, ro.rewards[k], pids[k]) for k, r in enumerate(ro.regs)}
         return [batches[k] for k in range(len(ro.regs))], group_batches(batches, self.dtype)
 
-    def _prepare(self, d: Draw, ro: Rollout, k: int, batch: LearnerBatch) -> RegimeRows:
-        """Regime ``ro.regs[k]``: the index and denominators of its rows."""
-        S, P, cfg, r = self.S, self.P, self.cfg, ro.regs[k]
+    def _locate(self, d: Draw, ro: Rollout, g: RowGroup) -> None:
+        """Group ``g``'s rows: where each row's log-prob sits in the step's flat batch log-softmax, its
+        sample's behaviour log-prob, the PRP peer denominator and the KL reference (see :class:`RowGroup`)."""
+        S, P, K, cfg = self.S, self.P, self.K, self.cfg
+        Rg, src = len(g.ks), g.src
+        base = torch.as_tensor(g.ks).view(-1, 1, 1) * S + torch.arange(S).view(1, S, 1)  # (regime, seed)
+        sample = base * (self.B * P * self.G) + src.reshape(1, 1, -1)  # the row's sample in [R', S, B, P, G]
+        actions = ro.actions.view(-1).take(sample)
+        g.src_logp = ro.behaviour_logp.view(-1).take(sample).view(Rg, S, P, -1)
         # row (b, j, g) of learner i reads log pi_i(a | c_b): index (b * P + i) * K + a into [S, B * P * K]
-        idx = (self._lane(batch) + self._rows(ro.actions[k], batch)).view(S, -1)
-        src_logp = self._rows(ro.behaviour_logp[k], batch)
-        mu = None
-        if self.specs[r].uses_peer_samples:  # PRP: the peer trace as THL delivers it
-            mu = src_logp + cfg.thl_bias
+        local = self._lane(g.batches[0]).reshape(1, 1, -1) + actions
+        g.gidx = base * (self.B * P * K) + local
+        if any(b.denominator is not None for b in g.batches):  # PRP: the peer trace as THL delivers it
+            g.mu = g.src_logp + cfg.thl_bias
             if self.needs_xi:  # the THL residual of (learner i, sample n) is xi[s, i, n]
-                mu = mu + cfg.thl_sigma * d.xi.gather(-1, batch.src.expand(S, -1, -1))
-        ref = None
+                g.mu = g.mu + cfg.thl_sigma * d.xi.gather(-1, src.expand(S, -1, -1))
         if cfg.loss.kl_coef > 0:
-            ref = self.init_logp[:, d.ctx].permute(1, 2, 0, 3).reshape(S, -1).gather(-1, idx).view(S, P, -1, 1)
-        return RegimeRows(batch, idx, src_logp, mu, ref)
+            init = self.init_logp[:, d.ctx].permute(1, 2, 0, 3).reshape(S, -1)
+            g.ref = init.expand(Rg, -1, -1).gather(-1, local).view(Rg, S, P, -1, 1)
 
     def learn(self, d: Draw, ro: Rollout, diagnose: bool = True) -> dict[str, torch.Tensor]:
         """Regimes ``ro.regs``: plan, then ``epochs`` optimizer passes on the batch with the core's loss.
@@ -211,14 +215,12 @@ class Engine:
 
         The core's loss runs once per group of regimes with as many rows (:mod:`bandit_sim.groups`) and is
         differentiated with respect to the rows' log-probs (a leaf); the rest of the chain rule is shared:
-        scatter-add of the rows' gradients into ``[R', S, B * P * K]`` and the log-softmax backward, as
+        scatter-add of the rows' gradients into ``[R', S, B, P, K]`` and the log-softmax backward, as
         autograd would do it on the batch logits."""
         S, P, cfg, regs = self.S, self.P, self.cfg, ro.regs
         batches, groups = self.plan_all(ro)
-        rows = [self._prepare(d, ro, k, b) for k, b in enumerate(batches)]
-        if cfg.loss.kl_coef > 0:
-            for g in groups:
-                g.ref = torch.stack([rows[k].ref for k in g.ks])
+        for g in groups:
+            self._locate(d, ro, g)
         clip = torch.zeros(len(regs), S, P, dtype=torch.float64)
         gnorm = torch.zeros(len(regs), S, P, dtype=torch.float64)
         z, logp_all = ro.logits, ro.logp_all
@@ -226,47 +228,44 @@ class Engine:
             if epoch > 0:
                 z = self.model.batch_logits(regs, d.ctx)
                 logp_all = torch.log_softmax(z, dim=-1)
-            flat = logp_all.view(len(regs), S, -1)
+            flat = logp_all.view(-1)
             grad = torch.zeros_like(flat)
             for g in groups:
-                logp = torch.stack([flat[k].gather(-1, rows[k].idx) for k in g.ks]).view(len(g.ks), S, P, -1)
-                logp.requires_grad_(True)
+                logp = flat.take(g.gidx).view(len(g.ks), S, P, -1).requires_grad_(True)
                 if epoch == 0:
-                    g.snapshot(rows, logp.detach())
+                    g.snapshot(logp.detach())
                 out = regime_loss(
                     logp.unsqueeze(-1), g.old.unsqueeze(-1), g.advantages, g.pg_mask, cfg.loss, behaviour_coef=g.coef,
                     sample_weight=g.sample_weight, sgt_mask=g.sgt_mask, sgt_weight=g.sgt_weight, ref_logp=g.ref,
                 )
                 out.loss.sum().backward()
-                for j, k in enumerate(g.ks):
-                    grad[k].scatter_add_(-1, rows[k].idx, logp.grad[j].view(S, -1))
-                    clip[k] += out.clip_fraction[j].double()
+                grad.scatter_add_(0, g.gidx.view(-1), logp.grad.view(-1))  # rows in order, as autograd's gather
+                clip[g.ks] += out.clip_fraction.double()
             grad_z = log_softmax_backward(grad.view_as(logp_all), logp_all)
             if diagnose:
                 gnorm += self.model.grad_norm(d.ctx, grad_z).double()
             self.model.apply(regs, d.ctx, grad_z, z)
         stats = {"clip_fraction": clip / cfg.epochs,
-                 "sgt_activations": torch.stack([rw.batch.gate.sum(-1).double() for rw in rows])}
+                 "sgt_activations": torch.stack([b.gate.sum(-1).double() for b in batches])}
         if diagnose:
             stats["grad_norm"] = gnorm / cfg.epochs
-            stats.update(self._ratio_variances(rows, groups))
+            stats.update(self._ratio_variances(len(regs), groups))
         return stats
 
-    def _ratio_variances(self, rows: list[RegimeRows], groups: list[RowGroup]) -> dict[str, torch.Tensor]:
+    def _ratio_variances(self, R1: int, groups: list[RowGroup]) -> dict[str, torch.Tensor]:
         """Var[pi_old / mu] over each learner's peer rows (PRP): mu = the peer trace as THL delivers it
         (with the residual), and without the residual (``[2, R', S, P]``). Untruncated: the core's
         correction, cap = inf. NaN where a learner has fewer than two peer rows (every regime without
         peer samples). One pass per group over its PRP regimes."""
-        out = torch.full((2, len(rows), self.S, self.P), math.nan, dtype=torch.float64)
+        out = torch.full((2, R1, self.S, self.P), math.nan, dtype=torch.float64)
         for g in groups:
-            js = [j for j, k in enumerate(g.ks) if rows[k].mu is not None]
+            js = [j for j, b in enumerate(g.batches) if b.denominator is not None]
             if not js:
                 continue
-            ks = [g.ks[j] for j in js]
-            old = g.old[js]
-            den = torch.stack([torch.stack([rows[k].mu for k in ks]), torch.stack([rows[k].src_logp for k in ks])])
-            peer = torch.stack([rows[k].batch.pg_mask & rows[k].batch.is_peer for k in ks])
-            out[:, ks] = masked_var(behaviour_correction(old.expand_as(den), den, math.inf), peer).double()
+            den = torch.stack([g.mu[js], g.src_logp[js]])
+            peer = torch.stack([g.batches[j].pg_mask & g.batches[j].is_peer for j in js])
+            ratio = behaviour_correction(g.old[js].expand_as(den), den, math.inf)
+            out[:, [g.ks[j] for j in js]] = masked_var(ratio, peer).double()
         return {"ratio_variance": out[0], "true_ratio_variance": out[1]}
 
     def step(self, diagnose: bool = True) -> dict[str, torch.Tensor]:

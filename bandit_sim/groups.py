@@ -1,14 +1,13 @@
-"""The learn step's rows: each regime's learner rows, and regimes with as many rows stacked for one loss call.
+"""The learn step's rows: regimes whose learners have as many rows, stacked for one call of the core's loss.
 
-A regime's rows (:class:`RegimeRows`) come from its plan (:class:`bandit_sim.batching.LearnerBatch`):
-where each row's log-prob sits in the regime's flat batch log-softmax, its sample's behaviour
-log-prob and, for PRP, the peer denominator ``mu``. The core's ``regime_loss`` is vectorised over
-leading dims and every aggregate is per (regime, seed, learner), so regimes whose learners have the same
-number of rows N go through ONE call on ``[R_g, S, P, N, T = 1]`` (:class:`RowGroup`, built by
-:func:`group_batches`). That call gives every row the same gradient as the regime's own call, bit for bit:
-a regime without behaviour correction gets coefficient 1 (``x * 1 = x``), and one without SGT targets
-this step adds ``-lambda * 0`` to its rows' gradients (``g + (-0) = g``). Only regimes whose SGT targets
-have different weights are kept apart.
+Each regime's plan (:class:`bandit_sim.batching.LearnerBatch`) gives every learner N rows (own samples,
+then peers' when used). The core's ``regime_loss`` is vectorised over leading dims and every aggregate
+is per (regime, seed, learner), so regimes with the same N go through ONE call on ``[R_g, S, P, N,
+T = 1]`` (:class:`RowGroup`, built by :func:`group_batches`). That call gives every row the same gradient
+as the regime's own call, bit for bit: a regime without behaviour correction gets coefficient 1
+(``x * 1 = x``), and one without SGT targets this step adds ``-lambda * 0`` to its rows' gradients
+(``g + (-0) = g``). Only regimes whose SGT targets have different weights are kept apart. The engine
+fills in where each row's log-prob sits and its behaviour denominators (:meth:`Engine._locate`).
 """
 
 from __future__ import annotations
@@ -21,45 +20,42 @@ from bandit_sim.batching import LearnerBatch, behaviour_coef
 
 
 @dataclass
-class RegimeRows:
-    """One regime's rows for a step, ``[S, P, N]`` unless noted: ``idx [S, P * N]`` (each row's index in
-    the flat batch log-softmax ``[S, B * P * K]``), the behaviour log-prob ``src_logp`` of the row's
-    sample, the peer denominator ``mu`` (PRP regimes; else None) and reference log-probs ``ref
-    [S, P, N, 1]`` (KL; else None)."""
-
-    batch: LearnerBatch
-    idx: torch.Tensor
-    src_logp: torch.Tensor
-    mu: torch.Tensor | None
-    ref: torch.Tensor | None
-
-
-@dataclass
 class RowGroup:
-    """Regimes ``ks`` (positions in the step's regime list) with N rows per learner, stacked
-    ``[R_g, S, P, N]``: advantages, sample weights, masks as floats ``[..., N, 1]``, the SGT weight,
-    reference log-probs; after epoch 0 the snapshot log-probs ``old`` and behaviour coefficients ``coef``
-    ``[..., N, 1]`` (None when no regime of the group has a ``thl`` denominator)."""
+    """Regimes ``ks`` (positions in the step's regime list, plans ``batches``) with N rows per learner,
+    stacked ``[R_g, S, P, N]``: advantages, sample weights, masks as floats ``[..., N, 1]``, the SGT
+    weight. The engine adds ``gidx [R_g, S, P * N]`` (each row's index in the step's flat batch
+    log-softmax ``[R', S, B, P, K]``), the behaviour log-prob ``src_logp`` of each row's sample, the PRP
+    peer denominator ``mu`` (None when no regime of the group trains on peer samples) and reference
+    log-probs ``ref [..., N, 1]`` (KL); epoch 0 the snapshot log-probs ``old`` and behaviour coefficients
+    ``coef [..., N, 1]`` (None when no regime of the group has a ``thl`` denominator)."""
 
     ks: list[int]
+    batches: list[LearnerBatch]
     advantages: torch.Tensor
     sample_weight: torch.Tensor
     pg_mask: torch.Tensor
     sgt_mask: torch.Tensor
     sgt_weight: float
+    gidx: torch.Tensor | None = None
+    src_logp: torch.Tensor | None = None
+    mu: torch.Tensor | None = None
     ref: torch.Tensor | None = None
     old: torch.Tensor | None = None
     coef: torch.Tensor | None = None
 
-    def snapshot(self, rows: list[RegimeRows], old: torch.Tensor) -> None:
+    @property
+    def src(self) -> torch.Tensor:
+        """``[P, N]``: each row's sample ``(b, j, g)`` as a flat index (the same for every regime of the group)."""
+        return self.batches[0].src
+
+    def snapshot(self, old: torch.Tensor) -> None:
         """Epoch 0: record ``old [R_g, S, P, N]`` and the behaviour coefficients (the core's correction on
         ``thl`` peer rows, exactly 1 elsewhere)."""
         self.old = old
-        batches = [rows[k].batch for k in self.ks]
-        if any(b.denominator == "thl" for b in batches):
+        if any(b.denominator == "thl" for b in self.batches):
             self.coef = torch.stack([
-                behaviour_coef(b, o, rows[k].mu) if b.denominator == "thl" else torch.ones_like(o)
-                for k, b, o in zip(self.ks, batches, old, strict=True)
+                behaviour_coef(b, o, mu) if b.denominator == "thl" else torch.ones_like(o)
+                for b, o, mu in zip(self.batches, old, self.mu, strict=True)
             ]).unsqueeze(-1)
 
 
@@ -97,6 +93,7 @@ def group_batches(batches: dict[int, LearnerBatch], dtype: torch.dtype) -> list[
         bs = [batches[k] for k in members]
         groups.append(RowGroup(
             ks=members,
+            batches=bs,
             advantages=_stack([b.advantages for b in bs], dtype),
             sample_weight=_stack([b.sample_weight for b in bs], dtype),
             pg_mask=_stack([b.pg_mask for b in bs], dtype).unsqueeze(-1),
