@@ -8,11 +8,16 @@ A step (:meth:`Engine.step`):
 2. rollout — every regime's policies sample G arms per prompt by inverse CDF
    (:func:`bandit_sim.sampling.inverse_cdf`) and get ``r ~ Bernoulli(rewards[c, a])``; their log-probs
    are the behaviour trace. One pass over ``[R, S, B, P, K]`` (all regimes stacked);
-3. learn — per regime, one call of the core (:func:`bandit_sim.batching.plan_batch` -> ``regime_plan``
-   over ``[S, B, P, G]``) gives each learner its rows; then for ``epochs`` passes: per regime one call
-   of the core's ``regime_loss`` over ``[S, P, N, T=1]`` on the rows' log-probs, autograd to those
-   rows; then for all regimes at once the chain rule to the batch logits (the gather's scatter-add and
-   the log-softmax backward, exactly what autograd computes) and one optimizer step.
+3. learn — per regime, the core's plan (:func:`bandit_sim.batching.plan_batch` -> ``regime_plan`` over
+   ``[S, B, P, G]``, or the same decisions looked up in its table of every 0/1 outcome of a prompt,
+   :mod:`bandit_sim.plan_table`) gives each learner its rows; regimes with as many rows are stacked
+   (:mod:`bandit_sim.groups`). Then for ``epochs`` passes: per group one call of the core's
+   ``regime_loss`` over ``[R_g, S, P, N, T=1]`` on the rows' log-probs, autograd to those rows; then for
+   all regimes at once the chain rule to the batch logits (the gather's scatter-add and the log-softmax
+   backward, exactly what autograd computes) and one optimizer step.
+
+Every shortcut here is exact: the run is bit for bit the one of a per-regime, per-step ``regime_plan``
+and autograd through the batch logits (``tests/bandit``).
 
 PRP peer rows use the core's behaviour correction with ``mu`` = the learner's snapshot (``prp_snapshot``)
 or the peer's recorded log-prob plus the THL residual ``thl_bias + thl_sigma * xi`` (``prp_thl``).
@@ -167,7 +172,8 @@ class Engine:
             return self.tables[r].batch(rewards, pid)
         return plan_batch(self.specs[r], rewards.numpy(), rng=self.sgt_rngs[r], dtype=self.np_dtype)
 
-    def _rows(self, x: torch.Tensor, batch: LearnerBatch) -> torch.Tensor:
+    @staticmethod
+    def learner_rows(x: torch.Tensor, batch: LearnerBatch) -> torch.Tensor:
         """Per-sample values ``[S, B, P_src, G]`` -> each learner's rows ``[S, P, N]`` (``batch.src``)."""
         flat = x.reshape(x.shape[0], -1)  # [S, B * P * G] in (b, j, g) order
         return flat.index_select(1, batch.src.reshape(-1)).view(x.shape[0], *batch.src.shape)
