@@ -248,9 +248,9 @@ class Engine:
                 grad.scatter_add_(0, g.gidx.view(-1), logp.grad.view(-1))  # rows in order, as autograd's gather
                 clip[g.ks] += out.clip_fraction.double()
             grad_z = log_softmax_backward(grad.view_as(logp_all), logp_all)
-            if diagnose:
-                gnorm += self.model.grad_norm(d.ctx, grad_z).double()
             self.model.apply(regs, d.ctx, grad_z, z)
+            if diagnose:
+                gnorm += self.model.grad_norm(d.ctx, grad_z, consume=True).double()
         stats = {"clip_fraction": clip / cfg.epochs,
                  "sgt_activations": torch.stack([b.gate.sum(-1).double() for b in batches])}
         if diagnose:

@@ -79,9 +79,10 @@ class TabularModel:
     def all_logits(self) -> torch.Tensor:
         return self.theta.permute(0, 1, 3, 2, 4)
 
-    def grad_norm(self, ctx: torch.Tensor, grad_z: torch.Tensor) -> torch.Tensor:
-        """``||dL/dtheta||`` per ``[..., S, P]``: the batch rows' gradient is ``dL/dz [..., S, B, P, K]`` itself."""
-        return grad_z.square().sum(dim=(-3, -1)).sqrt()
+    def grad_norm(self, ctx: torch.Tensor, grad_z: torch.Tensor, consume: bool = False) -> torch.Tensor:
+        """``||dL/dtheta||`` per ``[..., S, P]``: the batch rows' gradient is ``dL/dz [..., S, B, P, K]`` itself
+        (``consume``: ``grad_z`` is no longer needed and is squared in place)."""
+        return (grad_z.square_() if consume else grad_z.square()).sum(dim=(-3, -1)).sqrt()
 
     def apply(self, regs: Sequence[int], ctx: torch.Tensor, grad_z: torch.Tensor, z: torch.Tensor | None = None) -> None:
         """Step on ``dL/dz [len(regs), S, B, P, K]`` of the batch logits (the gradient of the batch rows).
@@ -121,7 +122,7 @@ class LogLinearModel:
     def all_logits(self) -> torch.Tensor:
         return torch.stack([self.logits(r) for r in range(self.w.shape[0])])
 
-    def grad_norm(self, ctx: torch.Tensor, grad_z: torch.Tensor) -> torch.Tensor:
+    def grad_norm(self, ctx: torch.Tensor, grad_z: torch.Tensor, consume: bool = False) -> torch.Tensor:
         return torch.einsum("...sbpk,sbkd->...spd", grad_z, self.phi[ctx]).square().sum(dim=-1).sqrt()
 
     def apply(self, regs: Sequence[int], ctx: torch.Tensor, grad_z: torch.Tensor, z: torch.Tensor | None = None) -> None:

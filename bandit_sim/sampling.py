@@ -37,7 +37,7 @@ def inverse_cdf(logp: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     ``cdf_K > x`` by the choice of ``x``, the count is at most ``K - 1``, so a probe past ``K - 1``
     would never set a bit: it is clamped to ``K - 1`` (it cannot happen when K is a power of two)."""
     K = logp.shape[-1]
-    cdf = logp.exp().cumsum(dim=-1)
+    cdf = logp.exp().cumsum_(dim=-1)
     total = cdf[..., -1:]
     x = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))
     steps = _steps(K)
