@@ -3,12 +3,14 @@ autograd's."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bandit_sim.sampling import inverse_cdf, log_softmax_backward
+from bandit_sim.sampling import float_below, inverse_cdf, log_softmax_backward
 
 
 def _reference(logp: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
@@ -52,3 +54,13 @@ def test_log_softmax_backward_is_autograds(dtype):
     g = torch.randn_like(logp)
     logp.backward(g)
     assert torch.equal(log_softmax_backward(g, logp.detach()), z.grad)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_float_below_is_nextafter_towards_zero(dtype):
+    info = torch.finfo(dtype)
+    t = torch.cat([torch.rand(1000, dtype=dtype) * 4 + 1e-3, torch.tensor([1.0, info.tiny, info.max, 2.0**-149 if dtype
+                   == torch.float32 else 5e-324, math.inf], dtype=dtype)])
+    assert torch.equal(float_below(t), torch.nextafter(t, torch.zeros_like(t)))
+    with_zero = torch.tensor([0.0, 1.0], dtype=dtype)  # not all positive: the library call
+    assert torch.equal(float_below(with_zero), torch.nextafter(with_zero, torch.zeros_like(with_zero)))
