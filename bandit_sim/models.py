@@ -8,8 +8,8 @@
 
 Both expose, for a list of regimes ``regs``, the logits of a batch of contexts ``ctx [S, B]`` as
 ``[len(regs), S, B, P, K]``, per regime r all logits ``[S, P, C, K]``, and :meth:`apply` of the loss
-gradient with respect to the batch logits (chain rule onto the parameters, then an SGD or Adam step). Contexts in a batch are distinct (sampled without
-replacement), so the tabular scatter is exact.
+gradient with respect to the batch logits (chain rule onto the parameters, then an SGD or Adam step).
+Contexts in a batch are distinct (sampled without replacement), so the tabular scatter is exact.
 """
 
 from __future__ import annotations
@@ -84,7 +84,8 @@ class TabularModel:
         (``consume``: ``grad_z`` is no longer needed and is squared in place)."""
         return (grad_z.square_() if consume else grad_z.square()).sum(dim=(-3, -1)).sqrt()
 
-    def apply(self, regs: Sequence[int], ctx: torch.Tensor, grad_z: torch.Tensor, z: torch.Tensor | None = None) -> None:
+    def apply(self, regs: Sequence[int], ctx: torch.Tensor, grad_z: torch.Tensor,
+              z: torch.Tensor | None = None) -> None:
         """Step on ``dL/dz [len(regs), S, B, P, K]`` of the batch logits (the gradient of the batch rows).
         ``z``: the batch logits as :meth:`batch_logits` returned them, if at hand (SGD steps them in place
         instead of gathering the rows again)."""
@@ -125,7 +126,8 @@ class LogLinearModel:
     def grad_norm(self, ctx: torch.Tensor, grad_z: torch.Tensor, consume: bool = False) -> torch.Tensor:
         return torch.einsum("...sbpk,sbkd->...spd", grad_z, self.phi[ctx]).square().sum(dim=-1).sqrt()
 
-    def apply(self, regs: Sequence[int], ctx: torch.Tensor, grad_z: torch.Tensor, z: torch.Tensor | None = None) -> None:
+    def apply(self, regs: Sequence[int], ctx: torch.Tensor, grad_z: torch.Tensor,
+              z: torch.Tensor | None = None) -> None:
         """Chain rule ``dL/dw = sum_{b,k} dL/dz[b, k] phi[ctx_b, k]``, then the optimizer step."""
         phi = self.phi[ctx]
         for k, r in enumerate(regs):

@@ -43,7 +43,7 @@ def group_advantages(
     samples, or all rewards equal — gets ``A = 0`` exactly (the formula would give NaN or float noise).
     """
     r = np.asarray(rewards, dtype=np.float64)
-    if mask is None and r.shape[-1:] != (0,):
+    if mask is None and r.ndim >= 1 and r.shape[-1] > 0:
         return _full_group_advantages(r, eps, scale_by_std)
     m = _as_mask(r, mask)
     n = m.sum(axis=-1, keepdims=True)
