@@ -11,6 +11,8 @@ SGT targets in the batch; the THL residual on PRP's aligned peer denominator is 
 ``log mu = log pi_peer(a) + thl_bias + thl_sigma * xi`` with ``xi ~ N(0, 1)`` per (learner, peer sample).
 ``threads`` is torch's intra-op thread count; on a shared 2-core machine one thread per process and
 ``--workers 2`` (two processes) is faster than two threads, which stall whenever the other core is busy.
+``plan_table`` looks the core's per-prompt plan up in a table of every 0/1 outcome (built once by the
+core, :mod:`bandit_sim.plan_table`; the same numbers) instead of calling it on every step.
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ class RunConfig:
     rescue_eps: float = 1e-6
     rescue_peer_min: float = 0.05
     threads: int = 1
+    plan_table: bool = True
     advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
     prp: PRPConfig = field(default_factory=PRPConfig)
     sgt: SGTConfig = field(default_factory=SGTConfig)

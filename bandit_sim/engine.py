@@ -5,14 +5,19 @@ A step (:meth:`Engine.step`):
 1. draw — per seed, B distinct prompts shared by all policies; uniforms for sampling, rewards and the
    THL residual. The draws do not depend on which regimes run (common random numbers), so a regime's
    trajectory is the same whether it runs alone or beside others;
-2. rollout — each policy samples G arms per prompt by inverse CDF (cumsum + searchsorted) and gets
-   ``r ~ Bernoulli(rewards[c, a])``; its log-probs are the behaviour trace;
-3. learn — per regime, one call of the core (:func:`bandit_sim.batching.plan_batch` -> ``regime_plan``
-   over ``[S, B, P, G]``) gives each learner its rows; then for ``epochs`` passes, one call of the core's
-   ``regime_loss`` over ``[S, P, N, T=1]``, autograd to the batch logits, an optimizer step.
+2. rollout — every regime's policies sample G arms per prompt by inverse CDF
+   (:func:`bandit_sim.sampling.inverse_cdf`) and get ``r ~ Bernoulli(rewards[c, a])``; their log-probs
+   are the behaviour trace. One pass over ``[R, S, B, P, K]`` (all regimes stacked);
+3. learn — per regime, the core's plan (:func:`bandit_sim.batching.plan_batch` -> ``regime_plan`` over
+   ``[S, B, P, G]``, or the same decisions looked up in its table of every 0/1 outcome of a prompt,
+   :mod:`bandit_sim.plan_table`) gives each learner its rows; regimes with as many rows are stacked
+   (:mod:`bandit_sim.groups`). Then for ``epochs`` passes: per group one call of the core's
+   ``regime_loss`` over ``[R_g, S, P, N, T=1]`` on the rows' log-probs, autograd to those rows; then for
+   all regimes at once the chain rule to the batch logits (the gather's scatter-add and the log-softmax
+   backward, exactly what autograd computes) and one optimizer step.
 
-Steps 2-3 run one regime at a time, each vectorised over seeds, policies, prompts and samples (the
-regime loop keeps the working set in cache; the regimes share step 1's draw).
+Every shortcut here is exact: the run is bit for bit the one of a per-regime, per-step ``regime_plan``
+and autograd through the batch logits (``tests/bandit``).
 
 PRP peer rows use the core's behaviour correction with ``mu`` = the learner's snapshot (``prp_snapshot``)
 or the peer's recorded log-prob plus the THL residual ``thl_bias + thl_sigma * xi`` (``prp_thl``).
@@ -23,15 +28,19 @@ from __future__ import annotations
 import math
 import time
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from bandit_sim.batching import LearnerBatch, behaviour_coef, plan_batch
+from bandit_sim.batching import LearnerBatch, plan_batch
 from bandit_sim.config import RunConfig
+from bandit_sim.groups import RowGroup, group_batches
 from bandit_sim.metrics import ALL_METRICS, masked_var, policy_metrics
 from bandit_sim.models import make_model
+from bandit_sim.plan_table import PlanTable, tabulable
+from bandit_sim.sampling import inverse_cdf, log_softmax_backward
 from bandit_sim.scenario import Scenario, load_features, rescue_sets
 from shared_interfaces.losses import regime_loss
 from shared_interfaces.regimes import behaviour_correction
@@ -54,10 +63,12 @@ class Draw:
 
 @dataclass
 class Rollout:
-    """One regime's ``actions``, ``rewards`` (0/1) and behaviour log-probs, each ``[S, B, P, G]`` (the
-    core's layout); the batch logits ``[S, B, P, K]`` they were sampled from (a leaf requiring grad) and
-    their log-softmax."""
+    """The rollouts of regimes ``regs`` (the leading dim of every field, in that order): ``actions``,
+    ``rewards`` (0/1) and behaviour log-probs, each ``[R', S, B, P, G]`` (the core's layout behind the
+    regime dim), the batch logits ``logits [R', S, B, P, K]`` and their log-softmax ``logp_all`` they were
+    sampled from (:meth:`Engine.learn` steps ``logits`` in place)."""
 
+    regs: tuple[int, ...]
     actions: torch.Tensor
     rewards: torch.Tensor
     behaviour_logp: torch.Tensor
@@ -116,6 +127,10 @@ class Engine:
         # PRP regimes report Var[pi / mu] with THL's mu, so every PRP regime needs the residual draws
         self.needs_xi = cfg.thl_sigma > 0 and any(s.uses_peer_samples for s in self.specs)
         self.sgt_rngs = [np.random.default_rng([cfg.seed, zlib.crc32(s.name.encode())]) for s in self.specs]
+        self.np_dtype = np.float32 if self.dtype == torch.float32 else np.float64
+        self.tables = [PlanTable(s, self.P, self.G, self.np_dtype) if cfg.plan_table and tabulable(s, self.P, self.G)
+                       else None for s in self.specs]
+        self._lanes: dict[int, torch.Tensor] = {}
         self.t = 0
         self.last_draw: Draw | None = None
 
@@ -124,7 +139,7 @@ class Engine:
         """Each stream has its own generator, so skipping one (no PRP regime, or sigma = 0) leaves the
         others — and every other regime's trajectory — unchanged."""
         S, P, B, G, g, sl = self.cfg.seeds, self.P, self.B, self.G, self.gens, self.seed_slice
-        ctx = torch.rand(S, self.C, generator=g["ctx"]).argsort(dim=1)[sl, :B]
+        ctx = torch.rand(S, self.C, generator=g["ctx"])[sl].argsort(dim=1)[:, :B]  # (row by row: slice first)
         u_arm = 1.0 - torch.rand(S, B, P, G, generator=g["arm"], dtype=self.dtype)[sl]  # in (0, 1]
         u_reward = torch.rand(S, B, P, G, generator=g["reward"], dtype=self.dtype)[sl]
         if self.needs_xi:
@@ -134,86 +149,137 @@ class Engine:
         return Draw(ctx, u_arm, u_reward, xi, self.rewards[ctx].unsqueeze(2).expand(-1, -1, P, -1))
 
     # -- 2. rollout ----------------------------------------------------------------------------------
-    def rollout(self, d: Draw, r: int) -> Rollout:
-        """Regime ``r``'s policies sample by inverse CDF; an arm whose probability is below the dtype's
-        resolution (2^-24 of the total in float32) is never drawn."""
-        z = self.model.batch_logits(r, d.ctx).requires_grad_(True)  # [S, B, P, K], a leaf for learn()
-        logp = torch.log_softmax(z, dim=-1)  # tracked: learn()'s first epoch reuses it
-        cdf = logp.detach().exp().cumsum(dim=-1)
-        total = cdf[..., -1:]
-        x = torch.minimum(d.u_arm * total, torch.nextafter(total, torch.zeros_like(total)))
-        actions = torch.searchsorted(cdf, x, right=True).clamp_(max=self.K - 1)
-        p_reward = d.reward_prob.gather(-1, actions)
+    def _regs(self, regs: Sequence[int] | None) -> tuple[int, ...]:
+        return tuple(range(self.R)) if regs is None else tuple(int(r) for r in regs)
+
+    def rollout(self, d: Draw, regs: Sequence[int] | None = None) -> Rollout:
+        """Regimes ``regs`` (default: all) sample by inverse CDF, all in one pass; an arm whose probability
+        is below the dtype's resolution (2^-24 of the total in float32) is never drawn."""
+        regs = self._regs(regs)
+        z = self.model.batch_logits(regs, d.ctx)
+        logp = torch.log_softmax(z, dim=-1)  # [R', S, B, P, K]
+        actions = inverse_cdf(logp, d.u_arm)
+        p_reward = d.reward_prob.expand(logp.shape).gather(-1, actions)
         rewards = (d.u_reward < p_reward).to(self.dtype)
-        return Rollout(actions, rewards, logp.detach().gather(-1, actions), z, logp)
+        return Rollout(regs, actions, rewards, logp.gather(-1, actions), z, logp)
 
     # -- 3. learn ------------------------------------------------------------------------------------
-    def plan(self, r: int, rewards: torch.Tensor) -> LearnerBatch:
-        """The core's decisions for regime ``r``'s rollouts: one ``regime_plan`` call over ``[S, B, P, G]``."""
-        np_dtype = np.float32 if self.dtype == torch.float32 else np.float64
-        return plan_batch(self.specs[r], rewards.numpy(), rng=self.sgt_rngs[r], dtype=np_dtype)
+    def plan(self, r: int, rewards: torch.Tensor, pid: torch.Tensor | None = None) -> LearnerBatch:
+        """The core's decisions for regime ``r``'s rollouts ``[S, B, P, G]``: one ``regime_plan`` call, or
+        its table of every prompt outcome (:mod:`bandit_sim.plan_table`, the same batch exactly; ``pid``:
+        the rollouts' pattern ids if at hand)."""
+        if self.tables[r] is not None:
+            return self.tables[r].batch(rewards, pid)
+        return plan_batch(self.specs[r], rewards.numpy(), rng=self.sgt_rngs[r], dtype=self.np_dtype)
 
-    def _rows(self, x: torch.Tensor, batch: LearnerBatch) -> torch.Tensor:
+    @staticmethod
+    def learner_rows(x: torch.Tensor, batch: LearnerBatch) -> torch.Tensor:
         """Per-sample values ``[S, B, P_src, G]`` -> each learner's rows ``[S, P, N]`` (``batch.src``)."""
         flat = x.reshape(x.shape[0], -1)  # [S, B * P * G] in (b, j, g) order
         return flat.index_select(1, batch.src.reshape(-1)).view(x.shape[0], *batch.src.shape)
 
-    def learn(self, d: Draw, ro: Rollout, r: int, diagnose: bool = True) -> dict[str, torch.Tensor]:
-        """Regime ``r``: plan, then ``epochs`` optimizer passes on the batch with the core's loss. Returns
-        step diagnostics ``[S, P]`` (the density-ratio variances only when ``diagnose``)."""
+    def _lane(self, batch: LearnerBatch) -> torch.Tensor:
+        """``(b * P + i) * K`` of row (b, j, g) of learner i: where its context's logits start in the flat
+        batch ``[B * P * K]`` (depends only on the number of rows; cached)."""
+        n = batch.src.shape[-1]
+        if n not in self._lanes:
+            P, K = self.P, self.K
+            self._lanes[n] = ((batch.src // (P * self.G)) * P + torch.arange(P).unsqueeze(1)) * K
+        return self._lanes[n]
+
+    def plan_all(self, ro: Rollout) -> tuple[list[LearnerBatch], list[RowGroup]]:
+        """Every regime's plan of ``ro`` (:meth:`plan`) and the regimes grouped for the loss
+        (:mod:`bandit_sim.groups`)."""
+        table = next((t for t in self.tables if t is not None), None)
+        pids = table.pattern_ids(ro.rewards) if table is not None else [None] * len(ro.regs)  # all regimes at once
+        batches = {k: self.plan(r, ro.rewards[k], pids[k]) for k, r in enumerate(ro.regs)}
+        return [batches[k] for k in range(len(ro.regs))], group_batches(batches, self.dtype)
+
+    def _locate(self, d: Draw, ro: Rollout, g: RowGroup) -> None:
+        """Group ``g``'s rows: where each row's log-prob sits in the step's flat batch log-softmax, its
+        sample's behaviour log-prob, the PRP peer denominator and the KL reference (see :class:`RowGroup`)."""
         S, P, K, cfg = self.S, self.P, self.K, self.cfg
-        batch = self.plan(r, ro.rewards)
-        # masks as floats once (the core's loss would convert bool masks on every use)
-        pg_mask, sgt_mask = (m.to(self.dtype).unsqueeze(-1) for m in (batch.pg_mask, batch.sgt_mask))
+        Rg, src = len(g.ks), g.src
+        base = torch.as_tensor(g.ks).view(-1, 1, 1) * S + torch.arange(S).view(1, S, 1)  # (regime, seed)
+        sample = base * (self.B * P * self.G) + src.reshape(1, 1, -1)  # the row's sample in [R', S, B, P, G]
+        actions = ro.actions.view(-1).take(sample)
+        g.src_logp = ro.behaviour_logp.view(-1).take(sample).view(Rg, S, P, -1)
         # row (b, j, g) of learner i reads log pi_i(a | c_b): index (b * P + i) * K + a into [S, B * P * K]
-        lane = (batch.src // (P * self.G)) * P + torch.arange(P).unsqueeze(1)
-        idx = (lane * K + self._rows(ro.actions, batch)).view(S, -1)
-        src_logp = self._rows(ro.behaviour_logp, batch)
-        mu = src_logp + cfg.thl_bias
-        if self.needs_xi:  # the THL residual of (learner i, sample n) is xi[s, i, n]
-            mu = mu + cfg.thl_sigma * d.xi.gather(-1, batch.src.expand(S, -1, -1))
-        ref = None
+        local = self._lane(g.batches[0]).reshape(1, 1, -1) + actions
+        g.gidx = base * (self.B * P * K) + local
+        if any(b.denominator is not None for b in g.batches):  # PRP: the peer trace as THL delivers it
+            g.mu = g.src_logp + cfg.thl_bias
+            if self.needs_xi:  # the THL residual of (learner i, sample n) is xi[s, i, n]
+                g.mu = g.mu + cfg.thl_sigma * d.xi.gather(-1, src.expand(S, -1, -1))
         if cfg.loss.kl_coef > 0:
-            ref = self.init_logp[:, d.ctx].permute(1, 2, 0, 3).reshape(S, -1).gather(-1, idx)
-            ref = ref.view(S, P, -1, 1)
-        clip = torch.zeros(S, P, dtype=torch.float64)
-        gnorm = torch.zeros(S, P, dtype=torch.float64)
+            init = self.init_logp[:, d.ctx].permute(1, 2, 0, 3).reshape(S, -1)
+            g.ref = init.expand(Rg, -1, -1).gather(-1, local).view(Rg, S, P, -1, 1)
+
+    def learn(self, d: Draw, ro: Rollout, diagnose: bool = True) -> dict[str, torch.Tensor]:
+        """Regimes ``ro.regs``: plan, then ``epochs`` optimizer passes on the batch with the core's loss.
+        Returns step diagnostics ``[R', S, P]`` (the density-ratio variances only when ``diagnose``).
+
+        The core's loss runs once per group of regimes with as many rows (:mod:`bandit_sim.groups`) and is
+        differentiated with respect to the rows' log-probs (a leaf); the rest of the chain rule is shared:
+        scatter-add of the rows' gradients into ``[R', S, B, P, K]`` and the log-softmax backward, as
+        autograd would do it on the batch logits."""
+        S, P, cfg, regs = self.S, self.P, self.cfg, ro.regs
+        batches, groups = self.plan_all(ro)
+        for g in groups:
+            self._locate(d, ro, g)
+        clip = torch.zeros(len(regs), S, P, dtype=torch.float64)
+        gnorm = torch.zeros(len(regs), S, P, dtype=torch.float64)
+        z, logp_all = ro.logits, ro.logp_all
         for epoch in range(cfg.epochs):
-            if epoch == 0:
-                z, logp_all = ro.logits, ro.logp_all
-            else:
-                z = self.model.batch_logits(r, d.ctx).requires_grad_(True)
+            if epoch > 0:
+                z = self.model.batch_logits(regs, d.ctx)
                 logp_all = torch.log_softmax(z, dim=-1)
-            logp = logp_all.view(S, -1).gather(-1, idx).view(S, P, -1)
-            if epoch == 0:
-                old = logp.detach()
-                coef = behaviour_coef(batch, old, mu) if batch.denominator == "thl" else None
-            out = regime_loss(
-                logp.unsqueeze(-1), old.unsqueeze(-1), batch.advantages, pg_mask, cfg.loss,
-                behaviour_coef=None if coef is None else coef.unsqueeze(-1), sample_weight=batch.sample_weight,
-                sgt_mask=sgt_mask, sgt_weight=batch.sgt_weight, ref_logp=ref,
-            )
-            out.loss.sum().backward()
-            clip += out.clip_fraction.double()
+            flat = logp_all.view(-1)
+            grad = torch.zeros_like(flat)
+            for g in groups:
+                logp = flat.take(g.gidx).view(len(g.ks), S, P, -1).requires_grad_(True)
+                if epoch == 0:
+                    g.snapshot(logp.detach())
+                out = regime_loss(
+                    logp.unsqueeze(-1), g.old.unsqueeze(-1), g.advantages, g.pg_mask, cfg.loss, behaviour_coef=g.coef,
+                    sample_weight=g.sample_weight, sgt_mask=g.sgt_mask, sgt_weight=g.sgt_weight, ref_logp=g.ref,
+                )
+                out.loss.sum().backward()
+                grad.scatter_add_(0, g.gidx.view(-1), logp.grad.view(-1))  # rows in order, as autograd's gather
+                clip[g.ks] += out.clip_fraction.double()
+            grad_z = log_softmax_backward(grad.view_as(logp_all), logp_all)
+            self.model.apply(regs, d.ctx, grad_z, z)
             if diagnose:
-                gnorm += self.model.grad_norm(d.ctx, z.grad).double()
-            self.model.apply(r, d.ctx, z.grad)
-        stats = {"clip_fraction": clip / cfg.epochs, "sgt_activations": batch.gate.sum(-1).double()}
+                gnorm += self.model.grad_norm(d.ctx, grad_z, consume=True).double()
+        stats = {"clip_fraction": clip / cfg.epochs,
+                 "sgt_activations": torch.stack([b.gate.sum(-1).double() for b in batches])}
         if diagnose:
             stats["grad_norm"] = gnorm / cfg.epochs
-            # Var[pi_old / mu] over the learner's peer rows (PRP): mu = the peer trace as THL delivers it
-            # (with the residual), and without the residual. Untruncated: the core's correction, cap = inf.
-            peer = batch.pg_mask & batch.is_peer
-            stats["ratio_variance"] = masked_var(behaviour_correction(old, mu, math.inf), peer).double()
-            stats["true_ratio_variance"] = masked_var(behaviour_correction(old, src_logp, math.inf), peer).double()
+            stats.update(self._ratio_variances(len(regs), groups))
         return stats
 
+    def _ratio_variances(self, R1: int, groups: list[RowGroup]) -> dict[str, torch.Tensor]:
+        """Var[pi_old / mu] over each learner's peer rows (PRP): mu = the peer trace as THL delivers it
+        (with the residual), and without the residual (``[2, R', S, P]``). Untruncated: the core's
+        correction, cap = inf. NaN where a learner has fewer than two peer rows (every regime without
+        peer samples). One pass per group over its PRP regimes."""
+        out = torch.full((2, R1, self.S, self.P), math.nan, dtype=torch.float64)
+        for g in groups:
+            js = [j for j, b in enumerate(g.batches) if b.denominator is not None]
+            if not js:
+                continue
+            den = torch.stack([g.mu[js], g.src_logp[js]])
+            peer = torch.stack([g.batches[j].pg_mask & g.batches[j].is_peer for j in js])
+            ratio = behaviour_correction(g.old[js].expand_as(den), den, math.inf)
+            out[:, [g.ks[j] for j in js]] = masked_var(ratio, peer).double()
+        return {"ratio_variance": out[0], "true_ratio_variance": out[1]}
+
     def step(self, diagnose: bool = True) -> dict[str, torch.Tensor]:
-        """One step of every regime on the same draw; diagnostics stacked to ``[R, S, P]``."""
+        """One step of every regime on the same draw; diagnostics ``[R, S, P]``."""
         d = self.last_draw = self.draw()
-        per = [self.learn(d, self.rollout(d, r), r, diagnose) for r in range(self.R)]
+        stats = self.learn(d, self.rollout(d), diagnose)
         self.t += 1
-        return {k: torch.stack([p[k] for p in per]) for k in per[0]}
+        return stats
 
     # -- metrics and the run -------------------------------------------------------------------------
     def policy_metrics(self) -> dict[str, torch.Tensor]:

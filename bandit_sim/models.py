@@ -6,13 +6,15 @@
   shared by all contexts, ``w`` starting at 0 (so ``pi_0`` is the scenario's): learning on one prompt
   moves every other prompt whose features overlap.
 
-Both expose, per regime r, the logits of a batch of contexts ``ctx [S, B]`` as ``[S, B, P, K]``, all
-logits ``[S, P, C, K]``, and :meth:`apply` of the loss gradient with respect to the batch logits (chain
-rule onto the parameters, then an SGD or Adam step). Contexts in a batch are distinct (sampled without
-replacement), so the tabular scatter is exact.
+Both expose, for a list of regimes ``regs``, the logits of a batch of contexts ``ctx [S, B]`` as
+``[len(regs), S, B, P, K]``, per regime r all logits ``[S, P, C, K]``, and :meth:`apply` of the loss
+gradient with respect to the batch logits (chain rule onto the parameters, then an SGD or Adam step).
+Contexts in a batch are distinct (sampled without replacement), so the tabular scatter is exact.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 
@@ -42,7 +44,8 @@ class _Optimizer:
 
 
 class TabularModel:
-    """Logits stored ``[R, S, C, P, K]``: regime-major, and a seed's batch of contexts is a row gather."""
+    """Logits stored ``[R, S, C, P, K]``: regime-major, and a seed's batch of contexts is a row gather (every
+    regime's batch rows in one gather)."""
 
     def __init__(self, init_logits: torch.Tensor, R: int, S: int, optimizer: str, lr: float):
         P, C, K = init_logits.shape
@@ -50,19 +53,24 @@ class TabularModel:
         self.theta = init_logits.permute(1, 0, 2)[None, None].expand(R, S, C, P, K).contiguous()
         self.opts = [_Optimizer(self._flat(r), optimizer, lr) for r in range(R)]
         self.sparse = optimizer == "sgd"
+        self.lr = lr
 
     def _flat(self, r: int) -> torch.Tensor:
         R, S, P, C, K = self.shape
         return self.theta[r].view(S * C, P * K)
 
-    def _rows(self, ctx: torch.Tensor) -> torch.Tensor:
-        S, B = ctx.shape
-        return (ctx + torch.arange(S).unsqueeze(1) * self.shape[3]).reshape(S * B)
-
-    def batch_logits(self, r: int, ctx: torch.Tensor) -> torch.Tensor:
-        """Regime ``r``'s logits of the batch ``ctx [S, B]``: ``[S, B, P, K]``."""
+    def _rows(self, regs: Sequence[int], ctx: torch.Tensor) -> torch.Tensor:
+        """Row ``((r * S + s) * C + ctx[s, b])`` of ``theta`` viewed ``[R * S * C, P * K]``, for each regime in
+        ``regs`` and ``(s, b)``, flat in ``(r, s, b)`` order."""
         R, S, P, C, K = self.shape
-        return self._flat(r).index_select(0, self._rows(ctx)).view(S, -1, P, K)
+        base = torch.as_tensor(list(regs)).view(-1, 1, 1) * S + torch.arange(S).view(1, S, 1)
+        return (base * C + ctx.unsqueeze(0)).reshape(-1)
+
+    def batch_logits(self, regs: Sequence[int], ctx: torch.Tensor) -> torch.Tensor:
+        """The logits of the batch ``ctx [S, B]`` for regimes ``regs``: ``[len(regs), S, B, P, K]``."""
+        R, S, P, C, K = self.shape
+        flat = self.theta.view(R * S * C, P * K)
+        return flat.index_select(0, self._rows(regs, ctx)).view(len(regs), S, -1, P, K)
 
     def logits(self, r: int) -> torch.Tensor:
         """Regime ``r``'s logits of every context, ``[S, P, C, K]``."""
@@ -71,19 +79,27 @@ class TabularModel:
     def all_logits(self) -> torch.Tensor:
         return self.theta.permute(0, 1, 3, 2, 4)
 
-    def grad_norm(self, ctx: torch.Tensor, grad_z: torch.Tensor) -> torch.Tensor:
-        """``||dL/dtheta||`` per ``[S, P]``: the batch rows' gradient is ``dL/dz [S, B, P, K]`` itself."""
-        return grad_z.square().sum(dim=(1, 3)).sqrt()
+    def grad_norm(self, ctx: torch.Tensor, grad_z: torch.Tensor, consume: bool = False) -> torch.Tensor:
+        """``||dL/dtheta||`` per ``[..., S, P]``: the batch rows' gradient is ``dL/dz [..., S, B, P, K]`` itself
+        (``consume``: ``grad_z`` is no longer needed and is squared in place)."""
+        return (grad_z.square_() if consume else grad_z.square()).sum(dim=(-3, -1)).sqrt()
 
-    def apply(self, r: int, ctx: torch.Tensor, grad_z: torch.Tensor) -> None:
-        """Step on ``dL/dz [S, B, P, K]`` of the batch logits (which is the gradient of the batch rows)."""
+    def apply(self, regs: Sequence[int], ctx: torch.Tensor, grad_z: torch.Tensor,
+              z: torch.Tensor | None = None) -> None:
+        """Step on ``dL/dz [len(regs), S, B, P, K]`` of the batch logits (the gradient of the batch rows).
+        ``z``: the batch logits as :meth:`batch_logits` returned them, if at hand (SGD steps them in place
+        instead of gathering the rows again)."""
         R, S, P, C, K = self.shape
-        g = grad_z.reshape(-1, P * K)
-        opt, flat = self.opts[r], self._flat(r)
-        if self.sparse:  # SGD touches only the batch's rows (distinct contexts per seed)
-            flat.index_add_(0, self._rows(ctx), g, alpha=-opt.lr)
-        else:
-            opt.step(flat, torch.zeros_like(flat).index_copy_(0, self._rows(ctx), g))
+        if self.sparse:  # SGD touches only the batch's rows, distinct per (regime, seed): gather, step, scatter
+            flat, rows = self.theta.view(R * S * C, P * K), self._rows(regs, ctx)
+            z = flat.index_select(0, rows) if z is None else z.view(-1, P * K)
+            z.add_(grad_z.reshape(-1, P * K), alpha=-self.lr)
+            flat.numpy()[rows.numpy()] = z.numpy()  # a row copy (numpy's is faster than index_copy_)
+            return
+        rows = self._rows([0], ctx)  # regime 0's rows = row (s * C + ctx) of one regime's [S * C, P * K]
+        for k, r in enumerate(regs):
+            flat = self._flat(r)
+            self.opts[r].step(flat, torch.zeros_like(flat).index_copy_(0, rows, grad_z[k].reshape(-1, P * K)))
 
 
 class LogLinearModel:
@@ -96,9 +112,10 @@ class LogLinearModel:
         self.w = torch.zeros(R, S, P, features.shape[-1], dtype=init_logits.dtype)
         self.opts = [_Optimizer(self.w[r], optimizer, lr) for r in range(R)]
 
-    def batch_logits(self, r: int, ctx: torch.Tensor) -> torch.Tensor:
+    def batch_logits(self, regs: Sequence[int], ctx: torch.Tensor) -> torch.Tensor:
         base = self.init[:, ctx].permute(1, 2, 0, 3)  # [S, B, P, K]
-        return base + torch.einsum("sbkd,spd->sbpk", self.phi[ctx], self.w[r])
+        phi = self.phi[ctx]
+        return torch.stack([base + torch.einsum("sbkd,spd->sbpk", phi, self.w[r]) for r in regs])
 
     def logits(self, r: int) -> torch.Tensor:
         return self.init[None] + torch.einsum("ckd,spd->spck", self.phi, self.w[r])
@@ -106,12 +123,15 @@ class LogLinearModel:
     def all_logits(self) -> torch.Tensor:
         return torch.stack([self.logits(r) for r in range(self.w.shape[0])])
 
-    def grad_norm(self, ctx: torch.Tensor, grad_z: torch.Tensor) -> torch.Tensor:
-        return torch.einsum("sbpk,sbkd->spd", grad_z, self.phi[ctx]).square().sum(dim=-1).sqrt()
+    def grad_norm(self, ctx: torch.Tensor, grad_z: torch.Tensor, consume: bool = False) -> torch.Tensor:
+        return torch.einsum("...sbpk,sbkd->...spd", grad_z, self.phi[ctx]).square().sum(dim=-1).sqrt()
 
-    def apply(self, r: int, ctx: torch.Tensor, grad_z: torch.Tensor) -> None:
+    def apply(self, regs: Sequence[int], ctx: torch.Tensor, grad_z: torch.Tensor,
+              z: torch.Tensor | None = None) -> None:
         """Chain rule ``dL/dw = sum_{b,k} dL/dz[b, k] phi[ctx_b, k]``, then the optimizer step."""
-        self.opts[r].step(self.w[r], torch.einsum("sbpk,sbkd->spd", grad_z, self.phi[ctx]))
+        phi = self.phi[ctx]
+        for k, r in enumerate(regs):
+            self.opts[r].step(self.w[r], torch.einsum("sbpk,sbkd->spd", grad_z[k], phi))
 
 
 def make_model(kind: str, init_logits: torch.Tensor, R: int, S: int, optimizer: str, lr: float,

@@ -73,16 +73,31 @@ def agg_loss(
 
     With ``norm`` (a micro-batch of a larger batch) the token and row counts are the whole batch's.
     """
-    mask = mask.to(loss_mat.dtype)
-    row_tokens = mask.sum(dim=-1)
+    return _agg_loss(loss_mat, mask.to(loss_mat.dtype), mode, max_len, norm, None)
+
+
+def _agg_loss(
+    loss_mat: torch.Tensor,
+    mask: torch.Tensor,
+    mode: str,
+    max_len: int,
+    norm: LossNorm | None,
+    tokens: torch.Tensor | None,
+) -> torch.Tensor:
+    """:func:`agg_loss` on a float ``mask``; ``tokens``: the mask's count ``mask.sum(dim=(-2, -1))
+    .clamp(min=1)`` when the caller has it (ignored with ``norm``). Each mode computes only its divisors."""
     if norm is None:
-        tokens = mask.sum(dim=(-2, -1)).clamp(min=1)
-        rows = (row_tokens > 0).to(loss_mat.dtype).sum(dim=-1).clamp(min=1)
+        if tokens is None and mode == "token-mean":
+            tokens = mask.sum(dim=(-2, -1)).clamp(min=1)
     else:
         tokens = torch.as_tensor(max(norm.pg_tokens, 1.0), dtype=loss_mat.dtype)
-        rows = torch.as_tensor(max(norm.pg_rows, 1.0), dtype=loss_mat.dtype)
     if mode == "token-mean":
         return masked_sum(loss_mat, mask) / tokens
+    row_tokens = mask.sum(dim=-1)
+    if norm is None:
+        rows = (row_tokens > 0).to(loss_mat.dtype).sum(dim=-1).clamp(min=1)
+    else:
+        rows = torch.as_tensor(max(norm.pg_rows, 1.0), dtype=loss_mat.dtype)
     if mode == "seq-mean-token-mean":
         per_row = (loss_mat * mask).sum(dim=-1) / row_tokens.clamp(min=1)
         return per_row.sum(dim=-1) / rows
@@ -141,19 +156,40 @@ def policy_gradient_loss(
     ``advantages`` and ``sample_weight`` are per row ``[..., N]``; ``behaviour_coef`` per token
     ``[..., N, T]`` and treated as a constant (detached).
     """
-    mask_f = mask.to(logp.dtype)
+    loss, clip_frac, _ = _policy_gradient_loss(
+        logp, old_logp, advantages, mask.to(logp.dtype), cfg, behaviour_coef, sample_weight, norm
+    )
+    return loss, clip_frac
+
+
+def _policy_gradient_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask_f: torch.Tensor,
+    cfg: LossConfig,
+    behaviour_coef: torch.Tensor | None,
+    sample_weight: torch.Tensor | None,
+    norm: LossNorm | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`policy_gradient_loss` on a float mask; also returns the mask's token count (clamped to >= 1),
+    computed once for the loss, the clip fraction and the caller's diagnostics."""
     adv = advantages.to(logp.dtype).unsqueeze(-1)
     ratio = torch.exp(logp - old_logp)
     surr1 = ratio * adv
     surr2 = ratio.clamp(1.0 - cfg.clip_low, 1.0 + cfg.clip_high) * adv
-    per_token = -torch.minimum(surr1, surr2)
+    # min(surr1, surr2) as a select: the same values, and the same gradient (a tie, e.g. at the snapshot
+    # where rho = 1, sends it all through surr1 instead of half through each; the halves add up exactly)
+    # at a lower cost than torch.minimum's backward
+    per_token = -torch.where(surr1 <= surr2, surr1, surr2)
     if behaviour_coef is not None:
         per_token = per_token * behaviour_coef.detach().to(logp.dtype)
     if sample_weight is not None:
         per_token = per_token * sample_weight.to(logp.dtype).unsqueeze(-1)
     clipped = (surr2 < surr1).to(logp.dtype)
-    loss = agg_loss(per_token, mask_f, cfg.agg, cfg.max_response_len, norm=norm)
-    return loss, masked_mean(clipped, mask_f).detach()
+    tokens = mask_f.sum(dim=(-2, -1)).clamp(min=1)
+    loss = _agg_loss(per_token, mask_f, cfg.agg, cfg.max_response_len, norm, tokens)
+    return loss, (masked_sum(clipped, mask_f) / tokens).detach(), tokens
 
 
 def sgt_nll_loss(
@@ -198,9 +234,9 @@ def regime_loss(
     of SGT target rows (a row may be in both). KL is aggregated over ``pg_mask`` like ``L_PG``.
     ``norm`` (:class:`LossNorm`) makes the loss of a micro-batch its share of the whole batch's loss.
     """
-    pg_loss, clip_frac = policy_gradient_loss(
-        logp, old_logp, advantages, pg_mask, cfg, behaviour_coef=behaviour_coef, sample_weight=sample_weight,
-        norm=norm,
+    pg_mask_f = pg_mask.to(logp.dtype)
+    pg_loss, clip_frac, pg_tokens = _policy_gradient_loss(
+        logp, old_logp, advantages, pg_mask_f, cfg, behaviour_coef, sample_weight, norm
     )
     zero = torch.zeros_like(pg_loss)
     if sgt_mask is not None and sgt_weight > 0:
@@ -208,11 +244,10 @@ def regime_loss(
     else:
         sgt = zero
     if ref_logp is not None and cfg.kl_coef > 0:
-        kl = agg_loss(kl_k3(logp, ref_logp), pg_mask.to(logp.dtype), cfg.agg, cfg.max_response_len, norm=norm)
+        kl = _agg_loss(kl_k3(logp, ref_logp), pg_mask_f, cfg.agg, cfg.max_response_len, norm, pg_tokens)
     else:
         kl = zero
-    pg_mask_f = pg_mask.to(logp.dtype)
-    approx_kl_old = masked_mean((old_logp - logp).detach(), pg_mask_f)
+    approx_kl_old = masked_sum((old_logp - logp).detach(), pg_mask_f) / pg_tokens
     return LossOutput(
         loss=pg_loss + sgt + cfg.kl_coef * kl,
         pg_loss=pg_loss.detach(),

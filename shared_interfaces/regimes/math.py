@@ -43,6 +43,8 @@ def group_advantages(
     samples, or all rewards equal — gets ``A = 0`` exactly (the formula would give NaN or float noise).
     """
     r = np.asarray(rewards, dtype=np.float64)
+    if mask is None and r.ndim >= 1 and r.shape[-1] > 0:
+        return _full_group_advantages(r, eps, scale_by_std)
     m = _as_mask(r, mask)
     n = m.sum(axis=-1, keepdims=True)
     rm = np.where(m, r, 0.0)
@@ -55,6 +57,29 @@ def group_advantages(
     scale = np.sqrt(var) + eps if scale_by_std else 1.0
     adv = dev / scale
     return np.where(m & ~degenerate, adv, 0.0)
+
+
+def _full_group_advantages(r: np.ndarray, eps: float, scale_by_std: bool) -> np.ndarray:
+    """:func:`group_advantages` without a mask (every entry real): the same operations on the same numbers
+    with the mask's no-op ``where`` passes left out, and the degenerate test ``max == min`` done column
+    by column (a max is exact in any order, and numpy's last-axis max is slow on short groups)."""
+    n = r.shape[-1]
+    if n < 2:  # degenerate: a group of one
+        return np.zeros(r.shape)
+    mean = r.sum(axis=-1, keepdims=True) / n
+    dev = r - mean
+    var = (dev**2).sum(axis=-1, keepdims=True) / (n - 1)
+    if n <= 64:  # columns of a 2-d view: one long strided loop each
+        cols = r.reshape(-1, n)
+        hi, lo = cols[:, 0], cols[:, 0]
+        for g in range(1, n):
+            hi, lo = np.maximum(hi, cols[:, g]), np.minimum(lo, cols[:, g])
+        spread = (hi != lo).reshape(r.shape[:-1] + (1,))
+    else:
+        spread = r.max(axis=-1, keepdims=True) != r.min(axis=-1, keepdims=True)
+    scale = np.sqrt(var) + eps if scale_by_std else 1.0
+    adv = dev / scale
+    return np.where(spread, adv, 0.0)
 
 
 def pooled_advantages(
@@ -71,11 +96,9 @@ def pooled_advantages(
     With P = 1 this is :func:`group_advantages` exactly (same code path on the same numbers).
     """
     r = np.asarray(rewards, dtype=np.float64)
-    m = _as_mask(r, mask)
     shape = r.shape
-    flat = group_advantages(
-        r.reshape(shape[:-2] + (-1,)), m.reshape(shape[:-2] + (-1,)), eps=eps, scale_by_std=scale_by_std
-    )
+    m = None if mask is None else _as_mask(r, mask).reshape(shape[:-2] + (-1,))
+    flat = group_advantages(r.reshape(shape[:-2] + (-1,)), m, eps=eps, scale_by_std=scale_by_std)
     return flat.reshape(shape)
 
 
@@ -219,15 +242,17 @@ def regime_plan(
     :func:`sgt_select`'s targets with weight ``lambda`` where :func:`sgt_gate` is open.
     """
     r = np.asarray(rewards, dtype=np.float64)
-    m = _as_mask(r, mask)
+    m = None if mask is None else _as_mask(r, mask)
     P = r.shape[-2]
     adv_cfg = spec.advantage
     if spec.pooled_advantages:
         adv = pooled_advantages(r, m, eps=adv_cfg.eps, scale_by_std=adv_cfg.scale_by_std)
     else:
         adv = group_advantages(r, m, eps=adv_cfg.eps, scale_by_std=adv_cfg.scale_by_std)
+    # which samples are real: the mask, or (no mask) one all-real [P, G] pattern shared by every prompt
+    real = np.ones(r.shape[-2:], dtype=bool) if m is None else m
     eye = np.eye(P, dtype=bool)[:, :, None]  # [i, j, 1]
-    src = m[..., None, :, :]  # [..., 1, j, g]
+    src = real[..., None, :, :]  # [..., 1, j, g]
     own = src & eye
     if spec.uses_peer_samples:
         peer = src & ~eye
@@ -238,8 +263,10 @@ def regime_plan(
         weight = np.where(own, 1.0, np.where(peer, spec.prp.peer_weight, 0.0))
         pg_mask = own | peer
     else:
-        pg_mask = np.broadcast_to(own, own.shape).copy()
+        pg_mask = own
         weight = own.astype(np.float64)
+    full = r.shape[:-1] + r.shape[-2:]  # [..., i, j, g]
+    pg_mask, weight = np.broadcast_to(pg_mask, full).copy(), np.broadcast_to(weight, full).copy()
     if spec.sgt_enabled:
         gate = sgt_gate(r, verified, m)
         targets = sgt_select(

@@ -112,20 +112,20 @@ def test_prp_snapshot_with_identical_peer_is_grpo_on_2g_samples():
     prp = Engine(twin, _cfg(regimes=("prp_snapshot",), seeds=3, batch_prompts=5, group_size=G))
     grpo = Engine(one, _cfg(regimes=("grpo",), seeds=3, batch_prompts=5, group_size=2 * G))
     d = prp.draw()
-    ro = prp.rollout(d, 0)
+    ro = prp.rollout(d)
     # the peer weights: sample weight and behaviour coefficient exactly 1 on every peer row
-    batch = prp.plan(0, ro.rewards)
-    src = prp._rows(ro.behaviour_logp, batch)
+    batch = prp.plan(0, ro.rewards[0])
+    src = prp.learner_rows(ro.behaviour_logp[0], batch)
     coef = behaviour_coef(batch, src, src)
     peer = batch.pg_mask & batch.is_peer
     assert peer.sum() == 3 * 2 * 5 * G
     assert (coef[peer] == 1.0).all() and (batch.sample_weight[peer] == 1.0).all()
     # GRPO's group of 2G on prompt b = learner 0's own G samples, then the identical peer's G samples
-    cat = lambda x: torch.cat([x[:, :, 0], x[:, :, 1]], dim=-1)[:, :, None]  # noqa: E731
-    z = grpo.model.batch_logits(0, d.ctx).requires_grad_(True)
-    ro_g = Rollout(cat(ro.actions), cat(ro.rewards), cat(ro.behaviour_logp), z, torch.log_softmax(z, -1))
-    prp.learn(d, ro, 0)
-    grpo.learn(d, ro_g, 0)
+    cat = lambda x: torch.cat([x[:, :, :, 0], x[:, :, :, 1]], dim=-1)[:, :, :, None]  # noqa: E731 - [R, S, B, P, G]
+    z_g = grpo.model.batch_logits([0], d.ctx)
+    ro_g = Rollout((0,), cat(ro.actions), cat(ro.rewards), cat(ro.behaviour_logp), z_g, torch.log_softmax(z_g, -1))
+    prp.learn(d, ro)
+    grpo.learn(d, ro_g)
     np.testing.assert_array_equal(prp.model.all_logits()[0, :, 0].numpy(), grpo.model.all_logits()[0, :, 0].numpy())
     assert not np.array_equal(grpo.model.all_logits()[0, :, 0].numpy(), one.init_logits[None].repeat(3, 0))
 

@@ -57,11 +57,27 @@ def test_sharding_over_workers_is_exact(selection):
 
 
 def test_a_regime_runs_the_same_alone_or_with_others():
+    """Alone, a regime's loss is its own call; beside others it shares one with the regimes that have as
+    many rows (bandit_sim.groups). Bit for bit the same run, with and without the plan tables."""
     sc = random_scenario(P=2, C=10, K=6, seed=4)
-    both = Engine(sc, _cfg(regimes=("xgrpo", "prp_thl"), dtype="float32")).run()
-    alone = Engine(sc, _cfg(regimes=("prp_thl",), dtype="float32")).run()
-    for key in both.metrics:
-        np.testing.assert_array_equal(both.metrics[key][:, 1], alone.metrics[key][:, 0], err_msg=key)
+    for table in (True, False):
+        cfg = _cfg(regimes=REGIMES, dtype="float32", plan_table=table)
+        together = Engine(sc, cfg).run()
+        for r, name in enumerate(REGIMES):
+            alone = Engine(sc, replace(cfg, regimes=(name,))).run()
+            for key in together.metrics:
+                np.testing.assert_array_equal(together.metrics[key][:, r], alone.metrics[key][:, 0], err_msg=key)
+
+
+def test_plan_tables_give_the_same_run_as_the_core_call_per_step():
+    sc = random_scenario(P=2, C=10, K=6, seed=4)
+    cfg = _cfg(regimes=REGIMES, dtype="float32", steps=8)  # P * G = 8 bits: every regime is tabulated
+    runs = [Engine(sc, replace(cfg, plan_table=t)) for t in (True, False)]
+    assert all(t is not None for t in runs[0].tables) and all(t is None for t in runs[1].tables)
+    a, b = (e.run() for e in runs)
+    for key in a.metrics:
+        np.testing.assert_array_equal(a.metrics[key], b.metrics[key], err_msg=key)
+    np.testing.assert_array_equal(runs[0].model.all_logits().numpy(), runs[1].model.all_logits().numpy())
 
 
 def test_loglinear_learning_on_one_prompt_moves_others():

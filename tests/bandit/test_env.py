@@ -53,8 +53,8 @@ def test_env_and_engine_give_the_same_reward_distribution(scenario):
     eng_sum, eng_n = np.zeros(C), np.zeros(C)
     for _ in range(3):
         d = eng.draw()
-        ro = eng.rollout(d, 0)
-        r = ro.rewards[:, :, 0].sum(-1)  # [S, B]
+        ro = eng.rollout(d)
+        r = ro.rewards[0, :, :, 0].sum(-1)  # [S, B]
         np.add.at(eng_sum, d.ctx.numpy().ravel(), r.numpy().ravel())
         np.add.at(eng_n, d.ctx.numpy().ravel(), np.full(r.numel(), 20))
     for s, n in ((env_sum, env_n), (eng_sum, eng_n)):
