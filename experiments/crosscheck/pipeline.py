@@ -16,7 +16,8 @@
   over the regimes, with exact permutation p-values (:mod:`experiments.crosscheck.stats`);
 * ``rescue`` — per regime, the predicted rescues (``mean over bandit seeds of P(solved) >= threshold``,
   default 0.5) against the observed ones (solved at the LLM's last evaluation), over the entries of the
-  rescue sets pooled over policies and LLM seeds;
+  rescue sets pooled over policies and LLM seeds, and the AUC of the bandit's P(solved) for telling the
+  observed rescues from the rest of the rescue set (threshold-free; 0.5 = no better than chance);
 * ``sgt_weight_scan`` — the SGT diagnostic of :func:`experiments.crosscheck.simulate.sgt_weight_scan`,
   mean over LLM seeds.
 """
@@ -44,7 +45,7 @@ from experiments.crosscheck.simulate import (
     sgt_weight_scan,
     simulate,
 )
-from experiments.crosscheck.stats import precision_recall, rank_agreement
+from experiments.crosscheck.stats import auc, precision_recall, rank_agreement
 from shared_interfaces.regimes.config import STANDARD_REGIMES, parse_regime
 
 OUTCOMES = ("final", "mean", "rescue_rate")
@@ -162,6 +163,7 @@ def _regime_numbers(reg: str, data: list[SeedData], threshold: float) -> dict[st
         "rescue_curve": {"llm": (curve_obs / max(curve_n, 1)).tolist(), "bandit": (curve_exp / max(curve_n, 1)).tolist()},
         "rescue": {"set_size": n_rescue, "observed": int(obs_all.sum()), "predicted": int(pred_all.sum()),
                    "expected": float(exp_all.sum()), **precision_recall(pred_all, obs_all),
+                   "auc": auc(exp_all, obs_all),
                    "per_policy": {p: precision_recall(np.concatenate([a for a, _ in v]), np.concatenate([b for _, b in v]))
                                   for p, v in per_policy_pr.items()}},
     }

@@ -189,16 +189,18 @@ def markdown(res: dict) -> str:
     n = res["ordering"]["final"]["spearman"]["n"]
     out += ["", f"p-values: exact, over all {math.factorial(n) if n <= 8 else 'sampled'} orderings of {n} regimes; "
             "one-sided = P(ρ or τ ≥ observed) under a random order.", "", "![ordering](ordering.png)", ""]
-    out += ["## Rescues", "", "| regime | rescue set | observed | predicted | expected | both | precision | recall | "
-            "per policy (precision / recall) |", "|---|---|---|---|---|---|---|---|---|"]
+    out += ["## Rescues", "", "| regime | rescue set | observed | predicted | expected | both | precision | recall | AUC | "
+            "per policy (precision / recall) |", "|---|---|---|---|---|---|---|---|---|---|"]
     for reg in lr["regimes"]:
         r = res["regimes"][reg]["rescue"]
         per = "; ".join(f"{p}: {_f(v['precision'], 2)} / {_f(v['recall'], 2)}" for p, v in r["per_policy"].items())
         out.append(f"| {reg} | {r['set_size']} | {r['observed']} | {r['predicted']} | {_f(r['expected'], 1)} | {r['tp']} | "
-                   f"{_f(r['precision'], 2)} | {_f(r['recall'], 2)} | {per} |")
+                   f"{_f(r['precision'], 2)} | {_f(r['recall'], 2)} | {_f(r['auc'], 2)} | {per} |")
     out += ["", f"Observed: solved (greedy or any sample) at the LLM's last evaluation. Predicted: the bandit's "
             f"P(solved) under the same protocol, mean over bandit seeds, ≥ {opt['threshold']}; expected = the sum of "
-            "those probabilities. Precision is undefined (—) without a predicted rescue, recall without an observed one.",
+            "those probabilities. Precision is undefined (—) without a predicted rescue, recall without an observed one. "
+            "AUC: how well the bandit's P(solved) ranks the observed rescues above the rest of the rescue set "
+            "(0.5 = chance; — when nothing or everything was rescued).",
             "", "![rescue](rescue.png)", ""]
     if res["sgt_weight_scan"]:
         out += ["## SGT weight diagnostic (not a prediction)", "",

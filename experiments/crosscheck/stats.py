@@ -12,6 +12,9 @@
 * :func:`precision_recall` — over boolean sets: ``precision = TP / (TP + FP)`` (None without a
   positive prediction), ``recall = TP / (TP + FN)`` (None without an observed positive), F1 when both
   are defined and not both 0.
+* :func:`auc` — threshold-free: the probability that a random positive scores above a random
+  negative (ties count one half; the Mann-Whitney statistic over ``n_pos * n_neg``); None when a class
+  is empty.
 """
 
 from __future__ import annotations
@@ -102,3 +105,13 @@ def precision_recall(predicted, observed) -> dict[str, float | int | None]:
     if precision is not None and recall is not None and precision + recall > 0:
         f1 = 2 * precision * recall / (precision + recall)
     return {"tp": tp, "fp": fp, "fn": fn, "precision": precision, "recall": recall, "f1": f1}
+
+
+def auc(scores, labels) -> float | None:
+    """``P(score of a positive > score of a negative) + P(tie) / 2`` (module docstring)."""
+    x, y = np.asarray(scores, dtype=np.float64), np.asarray(labels, dtype=bool)
+    pos, neg = x[y], x[~y]
+    if pos.size == 0 or neg.size == 0:
+        return None
+    diff = pos[:, None] - neg[None, :]
+    return float(((diff > 0).sum() + 0.5 * (diff == 0).sum()) / diff.size)

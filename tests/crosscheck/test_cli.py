@@ -73,3 +73,12 @@ def test_bad_input_exits_2(tmp_path, capsys):
     assert "is not a directory" in capsys.readouterr().err
     assert main(["--llm-runs", str(tmp_path), "--out", str(tmp_path / "o"), "--sgd-lrs", "", "--adam-lrs", ""]) == 2
     assert "grid is empty" in capsys.readouterr().err
+
+
+def test_rescue_auc_is_reported(report):
+    res = json.loads((report / "crosscheck.json").read_text())
+    assert res["regimes"]["grpo"]["rescue"]["auc"] is None  # nothing observed rescued
+    a = res["regimes"]["sgt"]["rescue"]["auc"]
+    assert a is None  # every rescue prompt observed rescued: no negatives
+    b = res["regimes"]["xgrpo"]["rescue"]["auc"]
+    assert b is not None and 0.0 <= b <= 1.0

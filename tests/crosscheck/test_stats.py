@@ -77,3 +77,12 @@ def test_precision_recall_hand_case():
     assert none_pred["precision"] is None and none_pred["recall"] == 0.0 and none_pred["f1"] is None
     none_obs = precision_recall([True, False], [False, False])
     assert none_obs["precision"] == 0.0 and none_obs["recall"] is None
+
+
+def test_auc_hand_case():
+    from experiments.crosscheck.stats import auc
+
+    # positives 0.9, 0.4; negatives 0.4, 0.1: pairs (0.9>0.4, 0.9>0.1, 0.4=0.4, 0.4>0.1) -> 3.5 / 4
+    assert auc([0.9, 0.4, 0.4, 0.1], [True, True, False, False]) == pytest.approx(0.875)
+    assert auc([0.1, 0.9], [True, False]) == 0.0
+    assert auc([0.1, 0.2], [True, True]) is None
