@@ -43,7 +43,8 @@ CORRECT_ARM = 0
 
 @dataclass(frozen=True)
 class CalibrationConfig:
-    """``arms``: K; ``alpha``: the never-solved floor's share (module docstring)."""
+    """``arms``: K; ``alpha``: the never-solved floor's expected number of successes over the run
+    (module docstring; 0.01 = hard support, 1 = about one success in the whole run)."""
 
     arms: int = 16
     alpha: float = 0.01
@@ -51,8 +52,8 @@ class CalibrationConfig:
     def __post_init__(self) -> None:
         if self.arms < 2:
             raise ValueError(f"calibration: need at least 2 arms (one correct, one wrong), got {self.arms}")
-        if not 0 < self.alpha < 1:
-            raise ValueError(f"calibration: alpha must be in (0, 1), got {self.alpha}")
+        if not self.alpha > 0:
+            raise ValueError(f"calibration: alpha must be > 0, got {self.alpha}")
 
 
 @dataclass(frozen=True)
@@ -158,6 +159,9 @@ def calibrate(counts: Counts, prompt_ids: tuple[str, ...], policy_names: tuple[s
     if len(prompt_ids) != C or len(policy_names) != counts.n.shape[0]:
         raise ValueError("calibrate: prompt_ids / policy_names do not match the counts' [P, C] shape")
     p_never = never_floor(cfg.alpha, steps, batch_prompts, C, group_size)
+    if p_never >= 0.5:
+        raise ValueError(f"calibration: the never-solved floor alpha / D = {p_never:.3g} is not below 0.5 (the run "
+                         "samples each prompt too few times for this alpha); lower --alpha")
     p = success_probabilities(counts, p_never)
     return Calibration(scenario_from_probabilities(p, cfg.arms, policy_names), tuple(prompt_ids), counts, p,
                        rescue_set(counts), p_never)

@@ -102,3 +102,12 @@ def test_calibration_starts_the_bandit_at_the_measured_accuracy():
     np.testing.assert_allclose(acc[0, 0], cal.p.mean(axis=1), rtol=1e-9)
     np.testing.assert_array_equal(cal.rescue, rescue_set(cal.counts))
     assert cal.rescue[0, 0] and not cal.rescue[0, 5]  # prompt f: nobody solved it
+
+
+def test_floor_must_stay_below_one_half():
+    counts = Counts(np.full((2, 2), 4), np.array([[0, 2], [2, 0]]), np.zeros((2, 2), dtype=bool))
+    with pytest.raises(ValueError, match="lower --alpha"):
+        calibrate(counts, ("a", "b"), ("p", "q"), CalibrationConfig(alpha=5.0), steps=1, batch_prompts=1,
+                  group_size=2)
+    with pytest.raises(ValueError, match="alpha must be > 0"):
+        CalibrationConfig(alpha=0.0)
