@@ -2,7 +2,10 @@
 
 * ``train --config FILE --out DIR [--regime NAME] [--seed N] [--steps N] [--resume DIR]`` — one
   regime per run directory; ``--resume DIR`` continues the run in DIR from its last checkpoint
-  (``--out`` may then be left out).
+  (``--out`` may then be left out). ``--runtime ray`` runs it on Ray (a local cluster unless
+  ``--ray-address``), ``--mode async --max-staleness K`` with bounded staleness; ``--join NAME=STEP`` /
+  ``--leave NAME=STEP`` add or remove a policy between steps (these override the config's
+  ``runtime:`` section and ``join_step`` / ``leave_step``).
 * ``eval --policy DIR --data FILE [--verifier math] [--k 4] [--max-prompts N]`` — evaluate a saved
   policy (an HF model directory written by ``train``) on a JSONL dataset; prints the summary and
   writes ``--out FILE`` (JSON) when given.
@@ -19,6 +22,7 @@ import json
 import logging
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from shared_interfaces.config_io import ConfigError
@@ -41,15 +45,41 @@ def _train(args: argparse.Namespace) -> int:
     if args.seed is not None:
         cfg = cfg.with_seed(args.seed)
     if args.steps is not None:
-        from dataclasses import replace
-
         cfg = replace(cfg, steps=args.steps)
+    cfg = _with_runtime(cfg, args)
     summary = train(cfg, out, resume=bool(args.resume))
     for p in summary["policies"]:
         print(f"{p['name']}: eval_accuracy={p['eval_accuracy']} peer_exclusive_accuracy={p['peer_exclusive_accuracy']} "
               f"kl_to_ref={p['kl_to_ref']} entropy={p['entropy']}")
     print(f"summary: {Path(out) / 'summary.json'}")
     return 0
+
+
+def _step_of(arg: str, flag: str) -> tuple[str, int]:
+    name, sep, step = arg.rpartition("=")
+    if not sep or not name or not step.isdigit():
+        raise ValueError(f"{flag} {arg!r}: expected NAME=STEP, e.g. {flag} qwen=3")
+    return name, int(step)
+
+
+def _with_runtime(cfg, args: argparse.Namespace):
+    """``cfg`` with the command line's runtime and membership overrides."""
+    rt = cfg.runtime
+    changes = {k: v for k, v in (("backend", args.runtime), ("address", args.ray_address), ("mode", args.mode),
+                                 ("max_staleness", args.max_staleness)) if v is not None}
+    if changes.get("mode") == "async" and "max_staleness" not in changes:
+        changes["max_staleness"] = max(1, rt.max_staleness)
+    if changes.get("mode") == "sync":
+        changes["max_staleness"] = 0
+    if changes:
+        cfg = replace(cfg, runtime=replace(rt, **changes))
+    for arg in args.join or ():
+        name, step = _step_of(arg, "--join")
+        cfg = cfg.with_membership(name, join_step=step)
+    for arg in args.leave or ():
+        name, step = _step_of(arg, "--leave")
+        cfg = cfg.with_membership(name, leave_step=step)
+    return cfg
 
 
 def _eval(args: argparse.Namespace) -> int:
@@ -85,6 +115,12 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--seed", type=int, help="override the config's seed")
     t.add_argument("--steps", type=int, help="override the number of training steps")
     t.add_argument("--resume", help="continue the run in this directory from its last checkpoint")
+    t.add_argument("--runtime", choices=["local", "ray"], help="run in one process (local) or on Ray")
+    t.add_argument("--ray-address", help="an existing Ray cluster (auto, ray://HOST:10001); default: a local one")
+    t.add_argument("--mode", choices=["sync", "async"], help="Ray runtime: a barrier per step, or bounded staleness")
+    t.add_argument("--max-staleness", type=int, help="async mode: how many versions a peer record may lag (k)")
+    t.add_argument("--join", action="append", metavar="NAME=STEP", help="policy NAME joins at STEP (Ray runtime)")
+    t.add_argument("--leave", action="append", metavar="NAME=STEP", help="policy NAME leaves at STEP (Ray runtime)")
     e = sub.add_parser("eval", help="evaluate a saved policy directory on a JSONL dataset")
     e.add_argument("--policy", required=True, help="a policy directory (DIR/policies/<name> of a run)")
     e.add_argument("--data", required=True, help="JSONL with question/answer rows")

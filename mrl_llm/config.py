@@ -24,6 +24,13 @@ Layout (every key optional unless marked; unknown keys are errors naming the key
         train: {optimizer: adamw, lr: 1e-6, micro_batch: 4, grad_accum: null, grad_clip: 1.0,
                 gradient_checkpointing: true}
     checkpoint_every: 1            # steps between checkpoints (0: only at the end)
+    runtime: {backend: local}      # local | ray (see RuntimeConfig)
+
+Per policy also: ``device`` (cpu | cuda | auto), ``drift`` (the vLLM engine's drift check, see
+:class:`DriftSection`), ``engine_args`` (keyword arguments for ``vllm.LLM``, e.g.
+``{gpu_memory_utilization: 0.3}``; under Ray they win over the MWRA plan's memory settings),
+``join_step`` / ``leave_step`` (the steps ``join_step <= s < leave_step`` the policy takes part in; Ray
+runtime only).
 
 Relative paths are relative to the config file's directory; ``${VAR}`` and ``${VAR:-default}`` are
 expanded from the environment, and ``${MRL_SHARED_DIR}`` falls back to the ``shared/`` folder found
@@ -104,6 +111,23 @@ class TrainSection:
 
 
 @dataclass(frozen=True)
+class DriftSection:
+    """The vLLM engine's drift check after every weight sync (:class:`mrl_llm.rollout.DriftConfig`):
+    mean |engine log-prob - trainer log-prob| over ``probe_prompts`` probe responses of ``probe_tokens``
+    tokens must stay <= ``threshold`` nats (fp32 engine and trainer: ~1e-6; bf16: ~1e-2); above it the
+    run stops with an error. Logged every step as ``drift_mean_abs``."""
+
+    threshold: float = 0.05
+    probe_prompts: int = 2
+    probe_tokens: int = 8
+    enabled: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.threshold > 0 or self.probe_prompts < 1 or self.probe_tokens < 1:
+            raise ConfigError("drift: threshold must be > 0, probe_prompts and probe_tokens >= 1")
+
+
+@dataclass(frozen=True)
 class PolicyConfig:
     """One policy: its weights (``model_dir`` or ``model_config``), tokenizer, prompt template
     (:class:`mrl_llm.templates.TemplateConfig`: the text with the answer-format instruction) and training."""
@@ -116,10 +140,17 @@ class PolicyConfig:
     dtype: Literal["fp32", "bf16", "float32", "bfloat16"] = "fp32"
     group_size: int = 8
     max_prompt_len: int = 1024
+    # hf by default on CPU: vLLM samples faster at steady state but its start-up and per-step weight sync
+    # cost more than a demo-sized run's rollouts (experiments/bench/engine_throughput.py)
     engine: Literal["hf", "vllm"] = "hf"
     sampling: SamplingSection = field(default_factory=SamplingSection)
     train: TrainSection = field(default_factory=TrainSection)
     init_seed: int | None = None  # seed of a fresh model_config model (default: derived from run seed)
+    device: Literal["cpu", "cuda", "auto"] = "cpu"  # auto: cuda when available
+    drift: DriftSection = field(default_factory=DriftSection)
+    engine_args: dict[str, Any] = field(default_factory=dict)  # vllm.LLM kwargs; win over the MWRA plan's
+    join_step: int = 0
+    leave_step: int | None = None
 
     def __post_init__(self) -> None:
         if not self.name or "/" in self.name:
@@ -136,6 +167,9 @@ class PolicyConfig:
             raise ConfigError(f"policy {self.name!r}: group_size must be >= 1, got {self.group_size}")
         if self.max_prompt_len < 1:
             raise ConfigError(f"policy {self.name!r}: max_prompt_len must be >= 1")
+        if self.join_step < 0 or (self.leave_step is not None and self.leave_step <= self.join_step):
+            raise ConfigError(f"policy {self.name!r}: need 0 <= join_step < leave_step, got "
+                              f"{self.join_step} and {self.leave_step}")
 
     @property
     def tokenizer_path(self) -> str | None:
@@ -168,6 +202,34 @@ class EvalConfig:
 
 
 @dataclass(frozen=True)
+class RuntimeConfig:
+    """Where the steps run. ``backend: local`` — one process, policies one after the other (the
+    reference). ``backend: ray`` — one Ray actor per policy, the exchange as a Ray actor, placed by the
+    MWRA plan (:mod:`mrl_llm.distributed.ray_trainer`): ``mode: sync`` (a barrier per step) or
+    ``async`` with ``max_staleness`` k (generation runs up to k steps ahead of training; k = 0 is
+    the synchronous schedule). ``address``: an existing Ray cluster (``auto``, ``ray://host:10001``);
+    null starts a local one with ``num_cpus`` CPUs (null: all). ``cluster``: a cluster YAML to plan
+    for (default: the Ray cluster's resources); ``placement``: the plan's layout (auto, colocated,
+    split, cpu). The workers of an existing cluster must be able to import this package (install it
+    there); a local cluster inherits this process's environment."""
+
+    backend: Literal["local", "ray"] = "local"
+    mode: Literal["sync", "async"] = "sync"
+    max_staleness: int = 0
+    address: str | None = None
+    num_cpus: int | None = None
+    cluster: str | None = None
+    placement: Literal["auto", "colocated", "split", "cpu"] = "auto"
+
+    def __post_init__(self) -> None:
+        if self.max_staleness < 0 or (self.mode == "sync" and self.max_staleness):
+            raise ConfigError(f"runtime.max_staleness must be 0 with mode sync and >= 0 with mode async, "
+                              f"got {self.max_staleness} with {self.mode}")
+        if self.num_cpus is not None and self.num_cpus < 1:
+            raise ConfigError("runtime.num_cpus must be >= 1 or null")
+
+
+@dataclass(frozen=True)
 class RunConfig:
     """A whole experiment (module docstring). ``regime`` is a regime section; :attr:`regime_spec` parses it."""
 
@@ -188,6 +250,7 @@ class RunConfig:
     tensorboard: bool = True
     progress: bool = True
     exchange_fsync: bool = False
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
 
     def __post_init__(self) -> None:
         if not self.policies:
@@ -205,6 +268,10 @@ class RunConfig:
         if not isinstance(self.regime, Mapping):
             raise ConfigError("config: regime must be a mapping like {name: sgt}")
         self.regime_spec  # noqa: B018 - validates the section
+        moving = [p.name for p in self.policies if p.join_step or p.leave_step is not None]
+        if moving and self.runtime.backend != "ray":
+            raise ConfigError(f"config: policies {moving} set join_step/leave_step, which only the Ray runtime "
+                              "honours; add runtime: {backend: ray}")
 
     @property
     def regime_spec(self) -> RegimeSpec:
@@ -228,6 +295,13 @@ class RunConfig:
 
     def with_seed(self, seed: int) -> RunConfig:
         return replace(self, seed=seed)
+
+    def with_membership(self, name: str, *, join_step: int | None = None, leave_step: int | None = None) -> RunConfig:
+        """The same config with policy ``name`` joining / leaving at the given steps (``--join`` / ``--leave``)."""
+        pol = self.policy(name)
+        pol = replace(pol, join_step=pol.join_step if join_step is None else join_step,
+                      leave_step=pol.leave_step if leave_step is None else leave_step)
+        return replace(self, policies=tuple(pol if p.name == name else p for p in self.policies))
 
     def to_dict(self) -> dict[str, Any]:
         return to_mapping(self)

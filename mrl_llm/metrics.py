@@ -3,7 +3,7 @@
 ``metrics.jsonl`` rows (one per step and policy; ``kind`` says which)::
 
     {"kind": "train", "step": s, "policy": ..., "regime": ..., <the worker's step metrics>,
-     "generation_s", "scoring_s", "exchange_thl_s", "update_s", "step_s",
+     "generation_s", "scoring_s", "exchange_thl_s", "update_s", "sync_s", "step_s",
      "cum_samples", "cum_gen_tokens", "cum_train_tokens", "cum_flops"}
     {"kind": "eval", "step": t, "policy": ..., "eval_accuracy", "pass_at_k", "peer_exclusive_accuracy", ...}
 
@@ -37,6 +37,33 @@ from pathlib import Path
 from typing import Any
 
 log = logging.getLogger("mrl_llm.metrics")
+
+
+#: The parts a step's time is split into (they sum to ``step_s``): sampling, verifying, publishing +
+#: fetching + planning + THL/batch building, the optimizer update, and pushing the new weights into the
+#: rollout engine (0 for the HF engine, which samples from the trainer's own model).
+TIMES = ("generation_s", "scoring_s", "exchange_thl_s", "update_s", "sync_s")
+
+
+def train_row(step: int, policy: str, regime: str, gen: Mapping[str, Any], res: Mapping[str, Any]) -> dict[str, Any]:
+    """A ``metrics.jsonl`` train row from one policy's step results: ``gen`` is what
+    :meth:`PolicyActor.generate <mrl_llm.distributed.actors.PolicyActor.generate>` returned, ``res``
+    what its ``train`` returned (the same in one process and under Ray). ``exchange_thl_s`` is
+    everything of the step that is neither sampling, scoring, the update nor the weight sync: publish,
+    fetch, the core's plans, THL and batch building. ``peer_wait_s`` (asynchronous mode: waiting for the
+    peers' generation of the step) is idle time, reported apart and not part of ``step_s``."""
+    g, m, t = gen["timings"], res["metrics"], res["timings"]
+    c = res.get("counters") or {}
+    update, sync = float(m.get("update_s", 0.0)), float(m.get("sync_s", 0.0))
+    row = {"kind": "train", "step": step, "policy": policy, "regime": regime, **m,
+           "stale_dropped": res["stale_dropped"], "generation_s": g["generation_s"], "scoring_s": g["scoring_s"],
+           "exchange_thl_s": max(0.0, g["publish_s"] + t["fetch_plan_s"] + t["train_step_s"] - update - sync),
+           "update_s": update, "sync_s": sync, "peer_wait_s": t.get("peer_wait_s", 0.0),
+           **{k: g[k] for k in ("samples", "gen_tokens", "skipped_samples", "empty_responses", "truncated_responses")},
+           "cum_samples": c.get("samples"), "cum_gen_tokens": c.get("gen_tokens"),
+           "cum_train_tokens": c.get("train_tokens"), "cum_flops": c.get("flops")}
+    row["step_s"] = sum(row[k] for k in TIMES)
+    return row
 
 
 def clean(value: Any) -> Any:

@@ -144,6 +144,15 @@ def build_model(policy: PolicyConfig, tokenizer, *, seed: int) -> torch.nn.Modul
     return model
 
 
+def resolve_device(device: str) -> torch.device:
+    """``cpu``, ``cuda`` (the first visible GPU; under Ray the actor's own) or ``auto`` (cuda when available)."""
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device: cuda was asked for but torch sees no GPU; set policies[].device: cpu (or auto)")
+    return torch.device(device)
+
+
 def count_params(model: torch.nn.Module) -> dict[str, int]:
     """``total`` parameters and ``flops`` parameters (total minus the input embedding table, which does
     no multiply-adds; an output head tied to it still counts once)."""

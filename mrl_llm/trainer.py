@@ -38,7 +38,7 @@ from mrl_llm.config import RunConfig
 from mrl_llm.data import DataConfig, DataCursor, Problem, load_jsonl
 from mrl_llm.distributed.actors import PolicyActor, PolicyActorSpec
 from mrl_llm.evaluate import evaluate_workers, peer_exclusive_sets, read_eval_rows, summarize
-from mrl_llm.metrics import MetricsLog, clean, read_metrics
+from mrl_llm.metrics import TIMES, MetricsLog, clean, read_metrics, train_row
 from mrl_llm.runstate import count_lines, load_run_state, point_latest, prune, save_run_state, truncate_lines
 from mrl_llm.worker import WorkerConfig
 from shared_interfaces.config_io import ConfigError, to_mapping
@@ -48,7 +48,6 @@ log = logging.getLogger("mrl_llm.trainer")
 
 #: Config keys that may differ between a run and its resumption.
 RESUMABLE_CHANGES = ("steps", "progress", "tensorboard", "threads", "eval")
-TIMES = ("generation_s", "scoring_s", "exchange_thl_s", "update_s")
 
 
 def load_problems(data: DataConfig) -> list[Problem]:
@@ -176,30 +175,9 @@ class Run:
         problems = unique_prompts(self.cursor.next_batch())
         pids = [str(p.prompt_id) for p in problems]
         names = list(self.actors)
-        rows: dict[str, dict[str, Any]] = {}
-        for n, a in self.actors.items():
-            t0 = time.perf_counter()
-            a.generate(problems, s)
-            total = time.perf_counter() - t0
-            g = dict(a.worker.last_generate)
-            g["publish_s"] = max(0.0, total - g["generation_s"] - g["scoring_s"])
-            rows[n] = g
-        for n, a in self.actors.items():
-            t0 = time.perf_counter()
-            res = a.train(s, pids, None, names, {}, 0)
-            total = time.perf_counter() - t0
-            m, g = res["metrics"], rows[n]
-            c = a.worker.counters
-            rows[n] = {"kind": "train", "step": s, "policy": n, "regime": self.regime, **m,
-                       "stale_dropped": res["stale_dropped"], "generation_s": g["generation_s"],
-                       "scoring_s": g["scoring_s"], "exchange_thl_s": g["publish_s"] + total - m["update_s"],
-                       "update_s": m["update_s"], "samples": g["samples"], "gen_tokens": g["gen_tokens"],
-                       "skipped_samples": g["skipped_samples"], "empty_responses": g["empty_responses"],
-                       "truncated_responses": g["truncated_responses"],
-                       "cum_samples": c["samples"], "cum_gen_tokens": c["gen_tokens"],
-                       "cum_train_tokens": c["train_tokens"], "cum_flops": c["flops"]}
-            rows[n]["step_s"] = sum(rows[n][k] for k in TIMES)
-        return [rows[n] for n in names]
+        gens = {n: a.generate(problems, s) for n, a in self.actors.items()}
+        return [train_row(s, n, self.regime, gens[n], a.train(s, pids, None, names, {}, 0))
+                for n, a in self.actors.items()]
 
     def checkpoint(self, s: int) -> None:
         for a in self.actors.values():
@@ -246,31 +224,35 @@ class Run:
         return summary
 
     def summary(self, wall_s: float) -> dict[str, Any]:
-        rows = read_metrics(self.out / "metrics.jsonl")
-        pols = []
-        for n in self.actors:
-            train_rows = [r for r in rows if r["kind"] == "train" and r["policy"] == n]
-            evals = [r for r in rows if r["kind"] == "eval" and r["policy"] == n]
-            last_t = train_rows[-1] if train_rows else {}
-            last_e = evals[-1] if evals else {}
-            c = self.actors[n].worker.counters
-            pols.append({
-                "name": n,
-                "eval_accuracy": last_e.get("eval_accuracy"), "pass_at_k": last_e.get("pass_at_k"),
-                "peer_exclusive_accuracy": last_e.get("peer_exclusive_accuracy"),
-                "peer_exclusive_n": last_e.get("peer_exclusive_n"),
-                "eval_accuracy_start": evals[0].get("eval_accuracy") if evals else None,
-                "kl_to_ref": last_t.get("kl_to_ref"), "entropy": last_t.get("entropy"),
-                "reward_mean": last_t.get("reward_mean"),
-                "sgt_activations": sum(r.get("sgt_activations") or 0 for r in train_rows),
-                "nan_skipped_steps": c["nan_skipped_steps"],
-                "compute": {"samples": c["samples"], "gen_tokens": c["gen_tokens"], "train_tokens": c["train_tokens"],
-                            "flops": c["flops"], "optimizer_steps": c["optimizer_steps"]},
-                "time_s": {k: sum(r.get(k) or 0.0 for r in train_rows) for k in TIMES},
-                "policy_dir": str(self.out / "policies" / n),
-            })
-        return {"name": self.cfg.name, "regime": self.regime, "seed": self.cfg.seed, "steps": self.cfg.steps,
-                "policies": pols, "wall_s_this_session": wall_s, "out_dir": str(self.out)}
+        return run_summary(self.cfg, self.out, {n: a.worker.counters for n, a in self.actors.items()}, wall_s)
+
+
+def run_summary(cfg: RunConfig, out: Path, counters: dict[str, dict[str, float]], wall_s: float) -> dict[str, Any]:
+    """``summary.json`` of a run from its ``metrics.jsonl`` and each policy's worker counters."""
+    rows = read_metrics(out / "metrics.jsonl")
+    regime = cfg.regime_spec.name
+    pols = []
+    for n, c in counters.items():
+        train_rows = [r for r in rows if r["kind"] == "train" and r["policy"] == n]
+        evals = [r for r in rows if r["kind"] == "eval" and r["policy"] == n]
+        last_t = train_rows[-1] if train_rows else {}
+        last_e = evals[-1] if evals else {}
+        pols.append({
+            "name": n,
+            "eval_accuracy": last_e.get("eval_accuracy"), "pass_at_k": last_e.get("pass_at_k"),
+            "peer_exclusive_accuracy": last_e.get("peer_exclusive_accuracy"),
+            "peer_exclusive_n": last_e.get("peer_exclusive_n"),
+            "eval_accuracy_start": evals[0].get("eval_accuracy") if evals else None,
+            "kl_to_ref": last_t.get("kl_to_ref"), "entropy": last_t.get("entropy"),
+            "reward_mean": last_t.get("reward_mean"),
+            "sgt_activations": sum(r.get("sgt_activations") or 0 for r in train_rows),
+            "nan_skipped_steps": c.get("nan_skipped_steps", 0.0),
+            "compute": {k: c.get(k, 0.0) for k in ("samples", "gen_tokens", "train_tokens", "flops", "optimizer_steps")},
+            "time_s": {k: sum(r.get(k) or 0.0 for r in train_rows) for k in TIMES},
+            "policy_dir": str(out / "policies" / n),
+        })
+    return {"name": cfg.name, "regime": regime, "seed": cfg.seed, "steps": cfg.steps, "runtime": cfg.runtime.backend,
+            "policies": pols, "wall_s_this_session": wall_s, "out_dir": str(out)}
 
 
 def train(config: RunConfig, out_dir: str | Path, *, resume: bool = False, problems: Sequence[Problem] | None = None,
@@ -279,4 +261,11 @@ def train(config: RunConfig, out_dir: str | Path, *, resume: bool = False, probl
 
     ``resume=True`` continues the run in ``out_dir`` from its last checkpoint (the config must be the
     run's own, except ``steps``, ``eval``, ``threads``, ``progress`` and ``tensorboard``)."""
+    if config.runtime.backend == "ray":
+        from mrl_llm.distributed.ray_trainer import train_on_ray
+
+        if resume:
+            raise ConfigError("--resume is not supported with runtime.backend ray yet; resume with the local runtime "
+                              "or start a new run directory")
+        return train_on_ray(config, out_dir, problems=problems, eval_problems=eval_problems)
     return Run(config, out_dir, resume=resume, problems=problems, eval_problems=eval_problems).run()

@@ -13,6 +13,10 @@ under the Ray driver. ``config`` is the plain mapping of :class:`WorkerConfig`.
   about regimes. ``version`` counts training steps (a NaN-skipped step counts too, so that a
   policy's lag stays ``step - version`` for the exchange's staleness rule). After ``max_nan_steps``
   consecutive skipped steps it raises.
+* the rollout engine: ``hf`` samples from the trainer's own model; ``vllm`` starts from the policy's
+  ``model_dir`` (a ``model_config`` policy's initial weights are saved to a directory first), takes the
+  new weights in place after every ``train_step`` and checks the drift against the trainer
+  (``policies[].drift``; metrics ``sync_s``, ``drift_mean_abs``). The model lives on ``device``.
 * ``evaluate``: the fixed eval protocol (greedy + ``k`` samples per prompt), see :mod:`mrl_llm.evaluate`.
 """
 
@@ -42,6 +46,7 @@ from mrl_llm.models import (
     count_params,
     load_tokenizer,
     load_tokenizer_dir,
+    resolve_device,
     save_policy,
     tokenizer_id,
 )
@@ -79,6 +84,7 @@ class WorkerConfig:
     track_ref_kl: bool = True
     max_nan_steps: int = 3
     init_seed: int | None = None
+    engine_args: dict[str, Any] = field(default_factory=dict)  # vllm.LLM settings (MWRA: vllm_memory)
 
 
 class LLMPolicyWorker:
@@ -93,7 +99,8 @@ class LLMPolicyWorker:
         self.tokenizer = load_tokenizer(pol)
         self.tok_id = tokenizer_id(self.tokenizer)
         init_seed = config.init_seed if config.init_seed is not None else derive_seed(seed, name, "init")
-        self.model = build_model(pol, self.tokenizer, seed=init_seed)
+        self.device = resolve_device(pol.device)
+        self.model = build_model(pol, self.tokenizer, seed=init_seed).to(self.device)
         self.ref_model = None
         if config.loss.kl_coef > 0 or config.track_ref_kl:
             self.ref_model = copy.deepcopy(self.model).eval()
@@ -139,11 +146,25 @@ class LLMPolicyWorker:
                 f"policy {self.name!r}: engine 'vllm' needs mrl_llm.rollout.make_engine and vLLM, which this "
                 f"install lacks ({err}); install the vllm extra or set engine: hf"
             ) from err
+        from mrl_llm.rollout import DriftConfig
+
+        d = pol.drift
+        limit = int(getattr(self.model.config, "max_position_embeddings", 0) or 10**9)
+        max_len = min(pol.max_prompt_len + pol.sampling.max_new_tokens, limit)
+        engine_args = {**self.cfg.engine_args, **pol.engine_args}  # the plan's, then the policy's own
+        if "max_model_len" in engine_args:  # the plan's sequence length, within the model's positions
+            engine_args["max_model_len"] = min(int(engine_args["max_model_len"]), limit)
         options = {"dtype": {"bf16": "bfloat16", "fp32": "float32"}[pol.dtype],
                    "seed": derive_seed(self.seed, self.name, "engine") % 2**31,
-                   "max_model_len": pol.max_prompt_len + pol.sampling.max_new_tokens}
-        if pol.model_dir is not None:  # vLLM loads the initial weights itself; updates arrive by sync_weights
+                   "max_model_len": max_len,
+                   "drift": DriftConfig(threshold=d.threshold, n_prompts=d.probe_prompts, max_new_tokens=d.probe_tokens,
+                                        temperature=pol.sampling.temperature, enabled=d.enabled),
+                   "engine_args": engine_args}
+        if pol.model_dir is not None and pol.tokenizer_path == pol.model_dir:
+            # vLLM loads the initial weights itself; updates arrive by sync_weights
             return make_engine("vllm", model_dir=pol.model_dir, **options)
+        # a model_config policy (or one with its own tokenizer_dir): its initial weights and tokenizer are
+        # saved to a directory the engine starts from (and removes when closed)
         return make_engine("vllm", model=self.model, tokenizer=self.tokenizer, **options)
 
     # -- verifiers ---------------------------------------------------------------------------
@@ -277,7 +298,8 @@ class LLMPolicyWorker:
                          grad_accum=t.grad_accum, grad_clip=t.grad_clip, pad_id=self.pad_id, ref_model=self.ref_model)
         t2 = time.perf_counter()
         self.version += 1
-        self.engine.sync_weights(self.model)
+        self.engine.sync_weights(self.model)  # the vllm engine runs its drift check here
+        t3 = time.perf_counter()
         nf = self.params["flops"]
         flops = 6.0 * nf * res.seq_tokens + 2.0 * nf * (res.ref_seq_tokens + res.old_seq_tokens)
         self.counters["train_tokens"] += res.tokens
@@ -310,9 +332,13 @@ class LLMPolicyWorker:
             "train_flops": flops,
             "thl_s": t1 - t0,
             "update_s": t2 - t1,
+            "sync_s": t3 - t2,
             "nan_streak": float(self.nan_streak),
             "version": float(self.version),
         })
+        drift = getattr(self.engine, "last_drift", None)
+        if drift is not None:
+            m["drift_mean_abs"], m["drift_max_abs"] = float(drift.mean_abs), float(drift.max_abs)
         return m
 
     # -- evaluation ----------------------------------------------------------------------------

@@ -156,6 +156,8 @@ class DiskLogExchange(InMemoryExchange):
             )
             with open(self.path, "r+b") as fh:
                 fh.truncate(good_end)
+        # split on "\n" only: str.splitlines() also breaks at U+0085, U+2028, U+2029 ..., which the
+        # JSON of a record (ensure_ascii=False) carries raw when a response contains them
         for lineno, line in enumerate(data[:good_end].decode("utf-8").split("\n"), start=1):
             if not line.strip():
                 continue

@@ -29,6 +29,7 @@ import importlib
 import json
 import os
 import random
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -157,9 +158,12 @@ class PolicyActor:
         bad = [r.record_id for r in recs if r.policy_id != self.spec.name or r.step != step]
         if bad:
             raise ValueError(f"policy {self.spec.name!r} produced records for another policy/step: {bad[:3]}")
+        t0 = time.perf_counter()
         new = self.exchange.publish(recs)
+        timings = dict(getattr(self.worker, "last_generate", None) or {})
+        timings["publish_s"] = time.perf_counter() - t0
         return {"policy": self.spec.name, "step": step, "version": int(self.worker.version),
-                "records": len(recs), "new": new}
+                "records": len(recs), "new": new, "timings": timings}
 
     def train(self, step: int, prompt_ids: Sequence[str], ready: Sequence[Any] | None,
               peers: Sequence[str], baselines: Mapping[str, int], max_staleness: int = 0) -> dict[str, Any]:
@@ -168,7 +172,9 @@ class PolicyActor:
         ``ready`` are the peers' generate results (Ray object refs, nested so Ray does not resolve them
         eagerly): a peer whose generate failed is left out of this step (a gap). In-process, ``None``.
         """
+        t0 = time.perf_counter()
         present = set(peers)
+        wait = 0.0
         if ready is not None:
             import ray
 
@@ -179,16 +185,22 @@ class PolicyActor:
                 except Exception:  # the peer died in this step: it simply has no records here
                     continue
             present.add(self.spec.name)
+            wait = time.perf_counter() - t0  # waiting for the peers' generation, not exchange work
         plans, stale = learner_plans(self.exchange, self.spec.name, self.regime, prompt_ids, step,
                                      present=present, baselines=baselines, max_staleness=max_staleness,
                                      seed=self.spec.seed)
         learners = sorted(present)
         self._maybe_crash("train", step)
+        t1 = time.perf_counter()
         metrics = dict(self.worker.train_step(plans))
+        t2 = time.perf_counter()
         if self.spec.checkpoint_every > 0 and (step + 1) % self.spec.checkpoint_every == 0:
             self.save(step)
+        counters = getattr(self.worker, "counters", None)
         return {"policy": self.spec.name, "step": step, "version": int(self.worker.version),
-                "peers": learners, "stale_dropped": stale, "metrics": metrics}
+                "peers": learners, "stale_dropped": stale, "metrics": metrics,
+                "timings": {"fetch_plan_s": t1 - t0 - wait, "peer_wait_s": wait, "train_step_s": t2 - t1},
+                "counters": dict(counters) if counters is not None else {}}
 
     def save(self, step: int) -> str:
         d = self.ckpt / f"step_{step}"
@@ -203,6 +215,21 @@ class PolicyActor:
     def status(self) -> dict[str, Any]:
         return {"policy": self.spec.name, "version": int(self.worker.version), "pid": os.getpid(),
                 "restored_step": self.restored_step}
+
+    # -- pass-throughs for the trainer (workers that have them) ----------------------------------
+    def evaluate(self, problems: Sequence[Any], **kwargs: Any) -> list[dict[str, Any]]:
+        """``worker.evaluate(problems, **kwargs)`` (the eval protocol's rows)."""
+        return self.worker.evaluate(list(problems), **kwargs)
+
+    def export(self, out_dir: str) -> str:
+        """``worker.export(out_dir)``: the policy as a model directory."""
+        return str(self.worker.export(out_dir))
+
+    def close(self) -> None:
+        """Release the worker's resources (``worker.close()``: verifier processes, the rollout engine)."""
+        fn = getattr(self.worker, "close", None)
+        if callable(fn):
+            fn()
 
     def state(self) -> dict[str, Any]:
         """The worker's comparable state (``worker.state()`` when it has one), for equality checks."""

@@ -20,8 +20,17 @@ the checkpoint that are gone), resets the policy's baseline lag, and lets it rej
 Membership: :meth:`RayDriver.add_policy` / :meth:`RayDriver.remove_policy` between steps, or
 ``join_step`` / ``leave_step`` per policy (the config/CLI route, :class:`Membership`).
 
-Output (``out_dir``): ``events.jsonl`` (join, leave, gap, rejoin) and ``metrics.jsonl`` (one row per
-step and policy) as the run goes, ``summary.json`` at the end.
+Placement: with a :class:`~mrl_llm.distributed.planner.PlacementPlan`, each policy gets a Ray placement
+group made of its planned bundles (``{"GPU": fraction, "CPU": c}`` per device; strategy PACK) and its
+actor is scheduled into bundle 0 with that bundle's CPUs and (fractional) GPUs (:func:`actor_options`;
+the plan's thread count goes into the specs' ``threads``, see
+:func:`mrl_llm.distributed.ray_trainer.ray_specs`). Only planned policies can join. A placement group
+that cannot be reserved within ``placement_timeout_s`` is an error naming the policy and its bundles.
+
+Output (``out_dir``): ``events.jsonl`` (join, leave, gap, rejoin) as the run goes; per finished step
+either ``on_step(step, generate_results, train_results)`` or, without it, one ``metrics.jsonl`` row per
+policy; the run's outline in ``summary_file`` at the end of :meth:`RayDriver.run`. ``on_leave(name,
+actor)`` runs before a leaving policy's actor is stopped (e.g. to export its weights).
 """
 
 from __future__ import annotations
@@ -35,7 +44,7 @@ from typing import Any, Literal
 
 from mrl_llm.distributed.actors import PolicyActor, PolicyActorSpec, problem_id
 from mrl_llm.distributed.exchange_actor import RemoteExchange, start_exchange
-from mrl_llm.distributed.planner import PlacementPlan
+from mrl_llm.distributed.planner import PlacementPlan, PolicyPlacement
 from shared_interfaces.exchange import InMemoryExchange
 
 
@@ -55,6 +64,7 @@ class RunResult:
     metrics: list[dict[str, Any]] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
+    step_wall_s: dict[int, float] = field(default_factory=dict)  # driver time between finished steps
 
     def events_of(self, kind: str) -> list[dict[str, Any]]:
         return [e for e in self.events if e["event"] == kind]
@@ -81,6 +91,38 @@ def wait_status(actor: Any, timeout_s: float = 300.0) -> dict[str, Any]:
             time.sleep(0.2)
 
 
+def reserve_placement_group(placement: PolicyPlacement, *, timeout_s: float = 120.0) -> Any:
+    """A Ray placement group of the policy's planned bundles (strategy PACK), reserved or an error."""
+    import ray
+    from ray.util.placement_group import placement_group
+
+    bundles = [{k: float(v) for k, v in b.items() if v > 0} or {"CPU": 0.001} for b in placement.bundles]
+    pg = placement_group(bundles, strategy="PACK")
+    try:
+        ray.get(pg.ready(), timeout=timeout_s)
+    except Exception as err:
+        ray.util.remove_placement_group(pg)
+        raise RuntimeError(
+            f"policy {placement.policy!r}: Ray could not reserve its placement group {bundles} within {timeout_s:g} s "
+            f"(cluster resources: {ray.cluster_resources()}); plan for this cluster (runtime.cluster / "
+            "`python -m mrl_llm plan`) or start Ray with more CPUs/GPUs"
+        ) from err
+    return pg
+
+
+def actor_options(placement: PolicyPlacement, pg: Any) -> dict[str, Any]:
+    """Ray actor options for the policy's colocated actor: bundle 0 of ``pg`` with its CPUs and GPUs.
+
+    A policy planned on several devices (whole GPUs for a large model, or split rollout/train pools)
+    reserves them all in ``pg``; its one actor runs on the first bundle (the worker is single-device)."""
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    b = placement.bundles[0]
+    return {"num_cpus": float(b.get("CPU", 0.0)), "num_gpus": float(b.get("GPU", 0.0)),
+            "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                placement_group=pg, placement_group_bundle_index=0, placement_group_capture_child_tasks=True)}
+
+
 class RayDriver:
     """Runs ``steps`` of mutual RL over Ray actors (module docstring). Call :meth:`close` (or use ``with``)."""
 
@@ -95,6 +137,10 @@ class RayDriver:
         membership: dict[str, Membership] | None = None,
         placement: PlacementPlan | None = None,
         exchange_fsync: bool = True,
+        on_step: Callable[[int, dict[str, dict[str, Any]], dict[str, dict[str, Any]]], None] | None = None,
+        summary_file: str = "summary.json",
+        on_leave: Callable[[str, Any], None] | None = None,
+        placement_timeout_s: float = 120.0,
     ) -> None:
         import ray
 
@@ -109,6 +155,11 @@ class RayDriver:
         self.problems_for_step = problems_for_step
         self.mode, self.k = mode, max_staleness
         self.placement = placement
+        self.placement_timeout_s = placement_timeout_s
+        self.placement_groups: dict[str, Any] = {}
+        self.on_step = on_step
+        self.on_leave = on_leave
+        self.summary_file = summary_file
         self.exchange_handle = start_exchange(self.out / "exchange.jsonl", fsync=exchange_fsync)
         self.exchange = RemoteExchange(self.exchange_handle, producer="driver")
         self.specs: dict[str, PolicyActorSpec] = {}
@@ -144,10 +195,25 @@ class RayDriver:
     def _actor_options(self, name: str) -> dict[str, Any]:
         opts: dict[str, Any] = dict(max_restarts=-1, max_task_retries=0, num_cpus=0)
         if self.placement is not None:
-            p = self.placement.for_policy(name)
-            b = p.bundles[0]
-            opts.update(num_cpus=b.get("CPU", 0.0), num_gpus=b.get("GPU", 0.0))
+            if name not in self.placement_groups:
+                self.placement_groups[name] = reserve_placement_group(
+                    self.placement.for_policy(name), timeout_s=self.placement_timeout_s)
+            opts.update(actor_options(self.placement.for_policy(name), self.placement_groups[name]))
         return opts
+
+    def _stop(self, name: str) -> None:
+        """Close the policy's worker (its engine's processes), kill its actor, free its placement group."""
+        import ray
+
+        actor = self.actors.pop(name)
+        try:
+            ray.get(actor.close.remote(), timeout=60)
+        except Exception:  # a dead or hung actor is killed below anyway
+            pass
+        ray.kill(actor)
+        pg = self.placement_groups.pop(name, None)
+        if pg is not None:
+            ray.util.remove_placement_group(pg)
 
     def _sync_membership(self, step: int) -> list[str]:
         """Start joiners, stop leavers, bring restarted actors back; returns the live policies."""
@@ -164,7 +230,9 @@ class RayDriver:
                 self.baselines[name] = step - st["version"]
                 self._event(event="join", step=step, policy=name, version=st["version"])
             elif not active and name in self.actors:
-                ray.kill(self.actors.pop(name))
+                if self.on_leave is not None:
+                    self.on_leave(name, self.actors[name])
+                self._stop(name)
                 self._event(event="leave", step=step, policy=name)
                 continue
             if not active:
@@ -178,6 +246,11 @@ class RayDriver:
                             lost_steps=lost, failed_at=self.down.pop(name))
             live.append(name)
         return live
+
+    def ensure_members(self, step: int) -> list[str]:
+        """Bring the membership to ``step`` (start joiners, stop leavers, wait for restarted actors) and
+        return the live policies, e.g. to use the actors before :meth:`run` (evaluation at step 0)."""
+        return self._sync_membership(step)
 
     def _collect(self, step: int, phase: str, refs: dict[str, Any]) -> dict[str, dict[str, Any]]:
         import ray
@@ -193,24 +266,31 @@ class RayDriver:
                 self._event(event="gap", step=step, policy=name, phase=phase, error=type(err).__name__)
         return ok
 
-    def _record(self, rows: dict[str, dict[str, Any]]) -> None:
+    def _record(self, step: int, gens: dict[str, dict[str, Any]], rows: dict[str, dict[str, Any]]) -> None:
+        now = time.perf_counter()
+        self.result.step_wall_s[step] = now - self._t_last
+        self._t_last = now
+        self.result.metrics.extend(rows[name] for name in sorted(rows))
+        if self.on_step is not None:
+            self.on_step(step, gens, rows)
+            return
         with open(self.out / "metrics.jsonl", "a", encoding="utf-8") as fh:
             for name in sorted(rows):
-                self.result.metrics.append(rows[name])
                 fh.write(json.dumps(rows[name]) + "\n")
 
     # -- running -----------------------------------------------------------------------------
     def run(self, steps: int) -> RunResult:
         """Run steps ``next_step .. steps - 1``; may be called again with more steps (after add/remove)."""
-        t0 = time.perf_counter()
+        t0 = self._t_last = time.perf_counter()
         if self.mode == "sync":
             self._run_sync(steps)
         else:
             self._run_async(steps)
         self.result.timings["run_s"] = self.result.timings.get("run_s", 0.0) + time.perf_counter() - t0
-        (self.out / "summary.json").write_text(json.dumps(
+        (self.out / self.summary_file).write_text(json.dumps(
             {"steps": self.next_step, "mode": self.mode, "max_staleness": self.k,
-             "policies": sorted(self.actors), "events": self.result.events}, indent=1))
+             "policies": sorted(self.actors), "events": self.result.events,
+             "step_wall_s": self.result.step_wall_s}, indent=1))
         return self.result
 
     def _run_sync(self, steps: int) -> None:
@@ -221,7 +301,7 @@ class RayDriver:
             gens = self._collect(s, "generate", {n: self.actors[n].generate.remote(problems, s) for n in live})
             peers = sorted(gens)
             refs = {n: self.actors[n].train.remote(s, pids, None, peers, dict(self.baselines), 0) for n in peers}
-            self._record(self._collect(s, "train", refs))
+            self._record(s, gens, self._collect(s, "train", refs))
             self.next_step = s + 1
 
     def _run_async(self, steps: int) -> None:
@@ -261,8 +341,8 @@ class RayDriver:
             self._finish_async_step(t, gen_refs, train_refs)
 
     def _finish_async_step(self, t: int, gen_refs: dict, train_refs: dict) -> None:
-        self._collect(t, "generate", gen_refs.pop(t, {}))
-        self._record(self._collect(t, "train", train_refs.pop(t, {})))
+        gens = self._collect(t, "generate", gen_refs.pop(t, {}))
+        self._record(t, gens, self._collect(t, "train", train_refs.pop(t, {})))
 
     # -- inspection --------------------------------------------------------------------------
     def states(self) -> dict[str, Any]:
@@ -273,9 +353,11 @@ class RayDriver:
     def close(self) -> None:
         import ray
 
-        for a in self.actors.values():
-            ray.kill(a)
-        self.actors.clear()
+        for name in list(self.actors):
+            self._stop(name)
+        for pg in self.placement_groups.values():
+            ray.util.remove_placement_group(pg)
+        self.placement_groups.clear()
         ray.kill(self.exchange_handle)
 
     def __enter__(self) -> RayDriver:

@@ -69,6 +69,18 @@ def test_disk_log_replays_to_identical_state(tmp_path):
         assert len(ex3) == 12
 
 
+def test_disk_log_replays_responses_with_unicode_line_separators(tmp_path):
+    """U+0085 (a byte-level model's C2 85), U+2028 and U+2029 are line breaks for str.splitlines() but
+    not for JSON lines: the log must replay them inside their records."""
+    path = tmp_path / "see.jsonl"
+    odd = [make(record_id=f"A/0/p/{g}", sample_index=g, response_text=t, prompt_id="p")
+           for g, t in enumerate(["a\x85b", "c\u2028d\u2029e", "f\x1cg\x1dh\x1ei"])]
+    with DiskLogExchange(path) as ex:
+        ex.publish(odd)
+    with DiskLogExchange(path) as again:
+        assert [r.response_text for r in again.records()] == [r.response_text for r in odd]
+
+
 def test_disk_log_drops_torn_last_line(tmp_path):
     path = tmp_path / "see.jsonl"
     with DiskLogExchange(path) as ex:
@@ -92,15 +104,3 @@ def test_disk_log_rejects_invalid_line(tmp_path):
     with pytest.raises(Exception, match="line"):
         DiskLogExchange(path)
 
-
-def test_disk_log_replays_texts_with_unicode_line_separators(tmp_path):
-    """U+2028 / U+0085 / U+001C stay raw in the JSON text: the log must split on newlines only."""
-    from shared_interfaces.exchange import DiskLogExchange
-    from tests.core.test_records import make
-
-    recs = [make(record_id=f"A/0/p/{i}", sample_index=i, response_text=f"a{sep}b") for i, sep in
-            enumerate(["\u2028", "\x85", "\x1c", "\r"])]
-    with DiskLogExchange(tmp_path / "log.jsonl") as ex:
-        ex.publish(recs)
-    with DiskLogExchange(tmp_path / "log.jsonl") as again:
-        assert list(again.records()) == recs

@@ -10,7 +10,7 @@ from mrl_llm.distributed.actors import FaultInjection, PolicyActorSpec
 from mrl_llm.distributed.driver import Membership, RayDriver, run_local
 from shared_interfaces.records import ExperienceRecord
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.slow]  # ~80 s: four runs of real torch actors
 
 FACTORY = "tests.distributed.toy_worker:build"
 

@@ -61,3 +61,14 @@ def build_with_short_verifier(name: str, config: Any, seed: int):
 
     VERIFIERS.setdefault("short8", lambda **_: Short8(max_chars=8))
     return build(name, config, seed)
+
+
+def register_test_verifiers() -> None:
+    """Register ``ShortAnswerVerifier(max_chars=8)`` as verifier ``short8`` in this process (a Ray
+    ``worker_process_setup_hook``, so that Ray actors built by the trainer itself know it)."""
+    from mrl_llm.rewards import VERIFIERS
+
+    class Short8(ShortAnswerVerifier):
+        name = "short8"
+
+    VERIFIERS.setdefault("short8", lambda **_: Short8(max_chars=8))

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from mrl_llm.cli import main
@@ -81,3 +82,27 @@ def test_module_entry_point_runs_plan(tmp_path):
                        capture_output=True, text=True, cwd=REPO, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "mode=cpu" in r.stdout
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_train_on_ray_from_the_command_line(tmp_path, capsys):
+    """``--runtime ray`` starts a local Ray cluster itself, honours ``--leave``, writes the usual files,
+    and shuts the cluster down; ``--resume`` is refused on Ray."""
+    ray = pytest.importorskip("ray")
+    if ray.is_initialized():
+        ray.shutdown()
+    cfg = write_config(tmp_path / "cfg.yaml")
+    out = tmp_path / "ray"
+    assert main(["train", "--config", str(cfg), "--out", str(out), "--runtime", "ray", "--steps", "2",
+                 "--leave", "b=1"]) == 0
+    assert not ray.is_initialized()
+    s = json.loads((out / "summary.json").read_text())
+    assert s["runtime"] == "ray" and [e["event"] for e in s["events"]] == ["leave"]
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["policy"]) for r in rows if r["kind"] == "train"] == [(0, "a"), (0, "b"), (1, "a")]
+    assert {r["step"] for r in rows if r["kind"] == "eval"} == {0, 2}
+    assert (out / "eval.jsonl").is_file() and (out / "plan.txt").is_file()
+    assert all((out / "policies" / n / "model.safetensors").is_file() for n in "ab")  # b exported as it left
+    assert main(["train", "--config", str(cfg), "--resume", str(out), "--runtime", "ray"]) == 2
+    assert "not supported with runtime.backend ray" in capsys.readouterr().err

@@ -1,55 +1,134 @@
-"""The LLM policy worker runs unchanged under the Ray driver: a synchronous Ray run of two tiny policies
-ends with bit-identical weights and the same step metrics as the in-process loop over the same actors."""
+"""The trainer on the Ray runtime (``runtime: {backend: ray}``) on a real local Ray cluster (2 CPUs):
+
+* two tiny LLM policies, 2 synchronous steps through :func:`mrl_llm.trainer.train`: the run directory
+  equals the single-process loop's (metrics and eval rows up to timings, the exchange's records,
+  bit-identical final weights), and the regimes really shared experience (PRP rows, SGT activations);
+* three LLM policies in asynchronous mode with staleness 1, one of them joining late;
+* an LLM policy's actor crashing mid-run: Ray restarts it from its last checkpoint, the other policy
+  continues without its records (a ``gap``), it rejoins with its checkpoint's weights (``rejoin`` with
+  the lost steps) and the run finishes with every file written.
+
+One Ray cluster for the module; its workers register the test verifier ``short8`` at start-up.
+"""
 
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import replace
 
 import pytest
+from safetensors.torch import load_file
 
 from mrl_llm.config import config_from_mapping
 from mrl_llm.contract import learner_tokenizer_dir
-from mrl_llm.distributed.driver import RayDriver, run_local
-from mrl_llm.trainer import actor_specs
-from tests.distributed.conftest import ray_local  # noqa: F401 - the local Ray cluster fixture
-from tests.llm.helpers import problems, tiny
+from mrl_llm.distributed.actors import FaultInjection
+from mrl_llm.distributed.ray_trainer import train_on_ray
+from mrl_llm.trainer import train
+from tests.llm.helpers import problems, register_test_verifiers, tiny
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
-PROBLEMS = problems(4, verifier="short8")
-FACTORY = "tests.llm.helpers:build_with_short_verifier"
-TIMING = ("thl_s", "update_s")
+PROBLEMS = problems(6, verifier="short8")
+TIMING = {"generation_s", "scoring_s", "exchange_thl_s", "update_s", "sync_s", "step_s", "thl_s", "peer_wait_s"}
 
 
-def batches(step: int):
-    return [PROBLEMS[(2 * step + i) % len(PROBLEMS)] for i in range(2)]
+@pytest.fixture(scope="module")
+def ray_llm():
+    ray = pytest.importorskip("ray")
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    if ray.is_initialized():
+        ray.shutdown()
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, namespace="mrl-tests",
+             runtime_env={"worker_process_setup_hook": "tests.llm.helpers.register_test_verifiers"})
+    register_test_verifiers()
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
 
 
-def test_llm_worker_under_ray_equals_in_process(ray_local, tmp_path):  # noqa: F811
-    cfg = config_from_mapping({
-        "seed": 5, "steps": 2, "prompts_per_step": 2, "regime": {"name": "prp_thl+sgt"}, "threads": 1,
-        "policies": [
-            {"name": "a", "model_config": tiny("llama"), "tokenizer_dir": "utf8-bytes", "group_size": 2,
-             "sampling": {"max_new_tokens": 4}, "train": {"lr": 1e-3}},
-            {"name": "b", "model_config": tiny("qwen2"), "tokenizer_dir": learner_tokenizer_dir(), "group_size": 2,
-             "sampling": {"max_new_tokens": 16}, "train": {"lr": 1e-3}},
-        ],
+def policy(name: str, model_type: str, tokenizer: str, max_new_tokens: int) -> dict:
+    return {"name": name, "model_config": tiny(model_type), "tokenizer_dir": tokenizer, "group_size": 2,
+            "sampling": {"max_new_tokens": max_new_tokens}, "train": {"lr": 1e-3}}
+
+
+def config(pols: list[dict], *, steps: int = 2, regime: str = "prp_thl+sgt", runtime: dict | None = None, **extra):
+    return config_from_mapping({
+        "seed": 5, "steps": steps, "prompts_per_step": 2, "regime": {"name": regime}, "threads": 1,
+        "tensorboard": False, "progress": False, "policies": pols,
+        "runtime": runtime or {"backend": "ray"}, **extra,
     })
-    def specs(d):
-        return [replace(s, factory=FACTORY) for s in actor_specs(cfg, d)]
 
-    local, local_state = run_local(specs(tmp_path / "local"), batches, 2)
-    with RayDriver(specs(tmp_path / "ray" / "ckpt"), batches, tmp_path / "ray") as drv:
-        res = drv.run(2)
-        state = drv.states()
-    assert {n: s["weights_sha256"] for n, s in state.items()} == {n: s["weights_sha256"] for n, s in local_state.items()}
 
-    def rows(metrics):
-        return {(m["step"], m["policy"]): {k: v for k, v in m["metrics"].items() if k not in TIMING} for m in metrics}
+def run_files(d, names):
+    rows = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]
+    evals = [json.loads(x) for x in (d / "eval.jsonl").read_text().splitlines()]
+    weights = {n: load_file(d / "policies" / n / "model.safetensors") for n in names}
+    records = sorted((d / "exchange.jsonl").read_text().split("\n")[:-1])  # publishers run concurrently under Ray
+    return [{k: v for k, v in r.items() if k not in TIMING} for r in rows], evals, weights, records
 
-    assert rows(res.metrics) == rows(local.metrics)
-    assert all(m["metrics"]["peer_rows"] == 4 for m in res.metrics)
-    got = {(m["step"], m["policy"]): m["metrics"] for m in res.metrics}
-    assert all(got[(s, "a")]["reward_mean"] == 1.0 for s in (0, 1))  # short texts: a always succeeds
-    assert got[(0, "b")]["reward_mean"] < 0.5 and sum(got[(s, "b")]["sgt_activations"] for s in (0, 1)) >= 1
-    assert local_state["b"]["version"] == 2 and all(v["grad_norm"] > 0 for k, v in got.items() if k[1] == "b")
+
+def test_ray_runtime_equals_the_single_process_loop(ray_llm, tmp_path):
+    pols = [policy("a", "llama", "utf8-bytes", 4), policy("b", "qwen2", learner_tokenizer_dir(), 16)]
+    cfg = config(pols, eval={"k": 2, "max_prompts": 3, "every": 1})
+    train(replace(cfg, runtime=replace(cfg.runtime, backend="local")), tmp_path / "local", problems=PROBLEMS)
+    summary = train(cfg, tmp_path / "ray", problems=PROBLEMS)
+
+    rows_l, evals_l, w_l, recs_l = run_files(tmp_path / "local", "ab")
+    rows_r, evals_r, w_r, recs_r = run_files(tmp_path / "ray", "ab")
+    assert rows_r == rows_l
+    assert evals_r == evals_l and {e["step"] for e in evals_r} == {0, 1, 2}
+    assert recs_r == recs_l
+    for n in "ab":
+        assert w_r[n].keys() == w_l[n].keys() and all(w_r[n][k].equal(w_l[n][k]) for k in w_l[n]), n
+    # the regimes really shared experience, and the weights moved
+    train_rows = {(r["step"], r["policy"]): r for r in rows_r if r["kind"] == "train"}
+    assert sorted(train_rows) == [(0, "a"), (0, "b"), (1, "a"), (1, "b")]
+    assert all(r["peer_rows"] == 4 and r["grad_norm"] > 0 for r in train_rows.values())
+    assert all(train_rows[(s, "a")]["reward_mean"] == 1.0 for s in (0, 1))  # short texts: a always succeeds
+    assert sum(train_rows[(s, "b")]["sgt_activations"] for s in (0, 1)) >= 1
+    assert summary["runtime"] == "ray" and [p["name"] for p in summary["policies"]] == ["a", "b"]
+    assert summary["policies"][1]["compute"]["optimizer_steps"] == 2 and summary["events"] == []
+    plan = (tmp_path / "ray" / "plan.txt").read_text()
+    assert "a" in plan and "b" in plan
+
+
+def test_three_policies_async_with_a_late_joiner(ray_llm, tmp_path):
+    pols = [policy("a", "llama", "utf8-bytes", 4), policy("b", "qwen2", learner_tokenizer_dir(), 12),
+            {**policy("c", "mistral", "utf8-bytes", 6), "join_step": 1}]
+    cfg = config(pols, steps=3, regime="sgt+xgrpo", eval={"enabled": False},
+                 runtime={"backend": "ray", "mode": "async", "max_staleness": 1})
+    train(cfg, tmp_path, problems=PROBLEMS)
+    rows = {(r["step"], r["policy"]): r for r in map(json.loads, (tmp_path / "metrics.jsonl").read_text().splitlines())}
+    assert sorted(rows) == sorted([(0, "a"), (0, "b"), (1, "a"), (1, "b"), (1, "c"), (2, "a"), (2, "b"), (2, "c")])
+    assert rows[(2, "c")]["version"] == 2 and rows[(2, "a")]["version"] == 3
+    assert all(r["stale_dropped"] == 0 for r in rows.values())
+    recs = [json.loads(x) for x in (tmp_path / "exchange.jsonl").read_text().split("\n")[:-1]]
+    lags = {r["step"] - r["policy_version"] for r in recs if r["policy_id"] != "c"}
+    assert lags <= {0, 1} and 1 in lags  # generation really ran one step ahead of training
+    assert {r["step"] for r in recs if r["policy_id"] == "c"} == {1, 2}
+    events = [json.loads(x) for x in (tmp_path / "events.jsonl").read_text().splitlines()]
+    assert [(e["event"], e["policy"], e["step"]) for e in events if e["policy"] == "c"] == [("join", "c", 1)]
+    assert json.loads((tmp_path / "summary.json").read_text())["policies"][2]["compute"]["optimizer_steps"] == 2
+
+
+def test_a_crashed_llm_policy_restarts_from_its_checkpoint_and_the_run_finishes(ray_llm, tmp_path):
+    pols = [policy("a", "llama", "utf8-bytes", 4), policy("b", "qwen2", learner_tokenizer_dir(), 12)]
+    cfg = config(pols, steps=4, eval={"enabled": False}, checkpoint_every=2)
+    summary = train_on_ray(cfg, tmp_path, problems=PROBLEMS, faults={"b": FaultInjection(step=2, phase="train")})
+    events = [json.loads(x) for x in (tmp_path / "events.jsonl").read_text().splitlines()]
+    gaps = [e for e in events if e["event"] == "gap"]
+    rejoins = [e for e in events if e["event"] == "rejoin"]
+    assert [(g["step"], g["policy"], g["phase"]) for g in gaps] == [(2, "b", "train")]
+    # checkpoints after steps 1 and 3: b comes back at step 3 with step 1's weights (version 2)
+    assert [(r["step"], r["policy"], r["checkpoint_step"], r["version"], r["lost_steps"]) for r in rejoins] == [
+        (3, "b", 1, 2, [2])]
+    rows = {(r["step"], r["policy"]): r for r in map(json.loads, (tmp_path / "metrics.jsonl").read_text().splitlines())}
+    assert sorted(rows) == [(0, "a"), (0, "b"), (1, "a"), (1, "b"), (2, "a"), (3, "a"), (3, "b")]
+    assert rows[(3, "b")]["version"] == 3 and rows[(3, "a")]["version"] == 4
+    assert rows[(3, "a")]["peer_rows"] > 0  # b's records are back in a's batch after the rejoin
+    recs = [json.loads(x) for x in (tmp_path / "exchange.jsonl").read_text().split("\n")[:-1]]
+    assert {r["policy_version"] for r in recs if r["policy_id"] == "b" and r["step"] == 3} == {2}
+    assert (tmp_path / "policies" / "b" / "model.safetensors").is_file()
+    assert [(e["event"], e["policy"]) for e in summary["events"]] == [("gap", "b"), ("rejoin", "b")]

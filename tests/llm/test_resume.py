@@ -15,7 +15,7 @@ from mrl_llm.trainer import train
 from mrl_llm.worker import LLMPolicyWorker
 from tests.llm.helpers import ShortAnswerVerifier, install_verifier, problems, tiny
 
-TIMING = {"generation_s", "scoring_s", "exchange_thl_s", "update_s", "step_s", "thl_s"}
+TIMING = {"generation_s", "scoring_s", "exchange_thl_s", "update_s", "sync_s", "step_s", "thl_s", "peer_wait_s"}
 
 
 def small_config(steps: int = 3, regime: str = "prp_thl+sgt", **extra):

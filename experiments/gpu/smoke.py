@@ -1,0 +1,194 @@
+"""GPU smoke run: a reduced paper-like pair trained for a few steps on one GPU; tokens/s and peak memory.
+
+``experiments/gpu/smoke.sh`` runs this from the source tree (``PYTHONPATH``) on a machine that has only
+Python, torch and transformers (with their own dependencies: tokenizers, safetensors, numpy, pyyaml,
+tqdm) and no package registry: nothing is installed or downloaded, and nothing on this path imports
+Ray, vLLM (unless it is installed), math-verify or gymnasium
+(``tests/llm/test_gpu_smoke.py`` checks that with those modules made unimportable).
+
+The pair mirrors the paper's Qwen2.5-Math-1.5B + Qwen3-1.7B-Base: a ``qwen2`` model with
+Qwen2.5-1.5B's widths and a ``qwen3`` model with Qwen3-1.7B's widths, each cut to a few layers and
+randomly initialised (no weights can be downloaded), bf16, G = 8, regime ``prp_thl+sgt``, on the
+arithmetic task of ``experiments/data/arithmetic`` (its verifier needs nothing outside the tree).
+The two policies get two different tokenizers made here (``../shared`` does not travel): a byte-level
+BPE trained on the task's text and the built-in UTF-8 byte tokenizer, so THL does real work.
+
+Engine: vLLM when it is installed, else the HF engine (``--engine`` to force one). ``--cpu`` runs the
+same script with tiny sizes on the CPU (what CI runs). Output: ``OUT/smoke.json`` and a printed table
+with, per policy, generation tokens/s (sampled tokens / sampling time), training tokens/s (trained
+response tokens / update time), and the process's peak memory (``torch.cuda.max_memory_allocated`` of
+the trainer; a vLLM engine's own memory is its configured share, ``gpu_memory_utilization``, in its
+own process; on CPU the peak RSS of this process and its children).
+
+    experiments/gpu/smoke.sh [--cpu] [--steps 4] [--out DIR] [--engine auto|hf|vllm]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import resource
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+DATA = REPO / "experiments" / "data" / "arithmetic"
+BUDGET_S = 300.0
+
+#: Qwen2.5-1.5B and Qwen3-1.7B widths (their config.json), cut to ``layers`` layers.
+GPU_MODELS = {
+    "qwen2.5-like": {"model_type": "qwen2", "hidden_size": 1536, "intermediate_size": 8960, "num_attention_heads": 12,
+                     "num_key_value_heads": 2, "num_hidden_layers": 6, "max_position_embeddings": 4096,
+                     "rope_theta": 10000.0, "tie_word_embeddings": True},
+    "qwen3-like": {"model_type": "qwen3", "hidden_size": 2048, "intermediate_size": 6144, "num_attention_heads": 16,
+                   "num_key_value_heads": 8, "head_dim": 128, "num_hidden_layers": 5, "max_position_embeddings": 4096,
+                   "rope_theta": 1000000.0, "tie_word_embeddings": True},
+}
+#: The same architectures at toy size for ``--cpu`` (head_dim 64: a size vLLM's CPU attention takes).
+CPU_MODELS = {
+    "qwen2.5-like": {"model_type": "qwen2", "hidden_size": 128, "intermediate_size": 256, "num_attention_heads": 2,
+                     "num_key_value_heads": 1, "num_hidden_layers": 2, "max_position_embeddings": 512},
+    "qwen3-like": {"model_type": "qwen3", "hidden_size": 128, "intermediate_size": 256, "num_attention_heads": 2,
+                   "num_key_value_heads": 1, "head_dim": 64, "num_hidden_layers": 2, "max_position_embeddings": 512},
+}
+
+
+def vllm_installed() -> bool:
+    """Whether vLLM can be imported here, without importing it."""
+    try:
+        return importlib.util.find_spec("vllm") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def make_bpe_tokenizer(out_dir: Path, vocab_size: int = 400) -> Path:
+    """A byte-level BPE tokenizer trained on the arithmetic task's questions and answers."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    texts = []
+    for name in ("train.jsonl", "eval.jsonl"):
+        for line in (DATA / name).read_text(encoding="utf-8").splitlines():
+            row = json.loads(line)
+            texts.append(f"{row['question']}\nThe answer is \\boxed{{{row['answer']}}}.")
+    tk = Tokenizer(models.BPE())
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tk.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tk.train_from_iterator(texts, trainer)
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tok.save_pretrained(str(out_dir))
+    return out_dir
+
+
+def smoke_config(out: Path, *, cpu: bool, steps: int, engine: str) -> Any:
+    """The run's :class:`mrl_llm.config.RunConfig`."""
+    from mrl_llm.config import config_from_mapping
+
+    models = CPU_MODELS if cpu else GPU_MODELS
+    bpe = make_bpe_tokenizer(out / "tokenizers" / "bpe")
+    tokenizers = {"qwen2.5-like": str(bpe), "qwen3-like": "utf8-bytes"}
+    size = ({"group_size": 2, "max_new_tokens": 8, "micro_batch": 4, "prompts": 2} if cpu else
+            {"group_size": 8, "max_new_tokens": 96, "micro_batch": 16, "prompts": 16})
+    # two engines and two trainers share the GPU: each vLLM engine gets a fifth of it
+    engine_args = {} if cpu or engine != "vllm" else {"gpu_memory_utilization": 0.2}
+    policies = [{
+        "name": name, "model_config": dict(mc), "tokenizer_dir": tokenizers[name], "dtype": "fp32" if cpu else "bf16",
+        "device": "cpu" if cpu else "cuda", "engine": engine, "engine_args": engine_args,
+        "group_size": size["group_size"], "max_prompt_len": 64,
+        "template": {"text": "{question}\n{instruction}\n"},
+        "drift": {"threshold": 1e-3 if cpu else 0.05},
+        "sampling": {"temperature": 1.0, "top_p": 1.0, "max_new_tokens": size["max_new_tokens"]},
+        "train": {"optimizer": "adamw", "lr": 1e-6, "micro_batch": size["micro_batch"], "grad_clip": 1.0},
+    } for name, mc in models.items()]
+    return config_from_mapping({
+        "name": f"gpu-smoke{'-cpu' if cpu else ''}", "seed": 0, "steps": steps, "prompts_per_step": size["prompts"],
+        "regime": {"name": "prp_thl+sgt"}, "loss": {"kl_coef": 0.001},
+        "data": {"path": str(DATA / "train.jsonl"), "verifier": "arithmetic"},
+        "eval": {"enabled": False}, "checkpoint_every": 0, "tensorboard": False, "progress": False,
+        "threads": 2 if cpu else None, "policies": policies,
+    })
+
+
+def peak_memory(cpu: bool) -> dict[str, float]:
+    import torch
+
+    if not cpu and torch.cuda.is_available():
+        return {"gpu_max_allocated_gib": torch.cuda.max_memory_allocated() / 2**30,
+                "gpu_max_reserved_gib": torch.cuda.max_memory_reserved() / 2**30}
+    kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss + resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    return {"host_max_rss_gib": kib / 2**20}
+
+
+def summarize(run_dir: Path, config: Any) -> dict[str, Any]:
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if r["kind"] == "train"]
+    out = {}
+    for name in config.policy_names:
+        mine = [r for r in rows if r["policy"] == name]
+        gen_s, upd_s = sum(r["generation_s"] for r in mine), sum(r["update_s"] for r in mine)
+        out[name] = {
+            "steps": len(mine),
+            "generation_tokens_per_s": sum(r["gen_tokens"] for r in mine) / gen_s if gen_s else None,
+            "training_tokens_per_s": sum(r["train_tokens"] for r in mine) / upd_s if upd_s else None,
+            "step_s_mean": sum(r["step_s"] for r in mine) / max(1, len(mine)),
+            "reward_mean_last": mine[-1]["reward_mean"] if mine else None,
+            "drift_mean_abs_last": mine[-1].get("drift_mean_abs") if mine else None,
+        }
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cpu", action="store_true", help="tiny sizes on the CPU (the CI check of this script)")
+    ap.add_argument("--steps", type=int, default=None, help="training steps (default: 4 on GPU, 2 with --cpu)")
+    ap.add_argument("--engine", choices=["auto", "hf", "vllm"], default="auto",
+                    help="rollout engine (auto: vllm when installed, else hf)")
+    ap.add_argument("--out", default="runs/gpu-smoke", help="output directory (a new one each run)")
+    args = ap.parse_args(argv)
+
+    import torch
+
+    if not args.cpu and not torch.cuda.is_available():
+        print("smoke: no GPU visible to torch; run with --cpu for the CPU check", file=sys.stderr)
+        return 2
+    engine = ("vllm" if vllm_installed() else "hf") if args.engine == "auto" else args.engine
+    steps = args.steps if args.steps is not None else (2 if args.cpu else 4)
+    out = Path(args.out)
+    run_dir = out / f"run-{time.strftime('%Y%m%d-%H%M%S')}"
+    if not args.cpu:
+        torch.cuda.reset_peak_memory_stats()
+
+    from mrl_llm.trainer import train
+
+    t0 = time.perf_counter()
+    cfg = smoke_config(out, cpu=args.cpu, steps=steps, engine=engine)
+    train(cfg, run_dir)
+    wall = time.perf_counter() - t0
+    result = {
+        "device": "cpu" if args.cpu else torch.cuda.get_device_name(0), "engine": engine, "steps": steps,
+        "torch": torch.__version__, "python": sys.version.split()[0], "wall_s": wall, "within_budget": wall <= BUDGET_S,
+        "policies": summarize(run_dir, cfg), "peak_memory": peak_memory(args.cpu), "run_dir": str(run_dir),
+    }
+    import transformers
+
+    result["transformers"] = transformers.__version__
+    (out / "smoke.json").write_text(json.dumps(result, indent=1))
+    print(f"smoke on {result['device']} with the {engine} engine: {steps} steps in {wall:.1f} s "
+          f"({'within' if result['within_budget'] else 'OVER'} the {BUDGET_S:.0f} s budget)")
+    print(f"{'policy':<14}{'gen tok/s':>12}{'train tok/s':>13}{'step s':>9}")
+    for name, p in result["policies"].items():
+        g, t = p["generation_tokens_per_s"] or 0.0, p["training_tokens_per_s"] or 0.0
+        print(f"{name:<14}{g:12.1f}{t:13.1f}{p['step_s_mean']:9.2f}")
+    print("peak memory: " + ", ".join(f"{k}={v:.2f}" for k, v in result["peak_memory"].items()))
+    print(f"written: {out / 'smoke.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

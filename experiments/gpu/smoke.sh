@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# GPU smoke run of mutual-rl: a reduced paper-like pair (Qwen2.5-1.5B- and Qwen3-1.7B-shaped policies,
+# a few layers each, random init, two locally made tokenizers) trained for a few steps on one GPU with
+# whichever rollout engine is installed (vLLM if present, HF otherwise); writes tokens/s for generation
+# and training and peak memory to OUT/smoke.json (default runs/gpu-smoke/).
+#
+# Runs from the source tree with only Python, torch and transformers installed: no install step, no
+# download, no Ray / vLLM / math-verify / gymnasium needed.
+#
+#   experiments/gpu/smoke.sh                 # on the GPU (about a minute or two on an H200-class GPU)
+#   experiments/gpu/smoke.sh --cpu           # tiny sizes on the CPU (what CI runs)
+#   experiments/gpu/smoke.sh --steps 6 --out /tmp/smoke --engine hf
+#
+# PYTHON selects the interpreter (default: python3).
+set -euo pipefail
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
+export TOKENIZERS_PARALLELISM=false
+cd "$REPO"
+exec "${PYTHON:-python3}" -m experiments.gpu.smoke "$@"

@@ -1,0 +1,224 @@
+"""The trainer on Ray (``runtime: {backend: ray}``, ``python -m mrl_llm train --runtime ray``).
+
+The same run as :func:`mrl_llm.trainer.train`'s single-process loop — same data cursor, same worker
+(:mod:`mrl_llm.worker`), same step logic (:class:`~mrl_llm.distributed.actors.PolicyActor`), same
+run-directory files (``config.json``, ``metrics.jsonl``, ``eval.jsonl``, ``summary.json``,
+``exchange.jsonl``, ``policies/<name>/``) — but each policy is a Ray actor driven by
+:class:`~mrl_llm.distributed.driver.RayDriver`:
+
+1. Ray: ``runtime.address`` (an existing cluster) or a local cluster of ``runtime.num_cpus`` CPUs.
+2. MWRA: the config's policies are planned on the cluster (``runtime.cluster`` YAML, else the Ray
+   cluster's nodes; :func:`ray_cluster_spec`); the plan is written to ``plan.txt``, each policy gets a
+   placement group of its bundles and its torch threads, and a ``vllm`` policy's engine gets the
+   plan's memory settings (:func:`mrl_llm.rollout.vllm_memory.vllm_memory`).
+3. The driver runs the steps (sync, or async with ``max_staleness``); policies join and leave at
+   their ``join_step`` / ``leave_step``. Evaluation runs on the actors before training, every
+   ``eval.every`` steps and at the end (the driver drains its pipeline there). Each actor checkpoints
+   its policy every ``checkpoint_every`` steps (0: never, so a crashed actor restarts from its initial
+   weights), which is where Ray restarts a crashed actor from
+   (the ``gap`` / ``rejoin`` events go to ``events.jsonl``). A policy that leaves is exported to
+   ``policies/<name>/`` as it leaves, the others at the end.
+
+With ``mode: sync`` and the same ``threads`` the files equal the local loop's up to timings.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from mrl_llm.config import RunConfig
+from mrl_llm.data import DataCursor, Problem
+from mrl_llm.distributed.actors import FaultInjection, PolicyActorSpec
+from mrl_llm.distributed.cluster import ClusterSpec, NodeSpec, detect_local_cluster, load_cluster
+from mrl_llm.distributed.driver import Membership, RayDriver, wait_status
+from mrl_llm.distributed.memory import GiB, PolicyFootprint
+from mrl_llm.distributed.plan_cli import footprints_from_config
+from mrl_llm.distributed.planner import PlacementPlan, plan_placement
+from mrl_llm.evaluate import peer_exclusive_sets, summarize
+from mrl_llm.metrics import MetricsLog, clean, train_row
+from mrl_llm.runstate import prune
+from shared_interfaces.config_io import ConfigError, to_mapping
+
+log = logging.getLogger("mrl_llm.ray_trainer")
+
+
+def ray_cluster_spec(cluster_file: str | None = None) -> ClusterSpec:
+    """The cluster to plan for: ``cluster_file``, else the live Ray cluster's nodes (CPUs, GPUs, Ray's
+    schedulable memory as RAM; GPU memory from this machine's GPUs, the only ones it can see)."""
+    import ray
+
+    if cluster_file:
+        return load_cluster(cluster_file)
+    local = detect_local_cluster().nodes[0]
+    nodes = []
+    for n in ray.nodes():
+        if not n.get("Alive", True):
+            continue
+        r = n["Resources"]
+        gpus = int(r.get("GPU", 0))
+        if gpus and not local.gpu_memory_gib:
+            raise ConfigError("the Ray cluster has GPUs this machine cannot see; describe it in a cluster YAML and "
+                              "set runtime.cluster (see experiments/configs/clusters/)")
+        ram = float(r.get("memory", local.ram_gib * GiB)) / GiB
+        nodes.append(NodeSpec(gpus=gpus, gpu_memory_gib=local.gpu_memory_gib if gpus else 0.0,
+                              cpus=max(1, int(r.get("CPU", 1))), ram_gib=ram))
+    return ClusterSpec("ray", tuple(nodes))
+
+
+def footprints(config: RunConfig) -> list[PolicyFootprint]:
+    """The planner's view of ``config``'s policies (a ``model_config`` without ``vocab_size`` gets its
+    tokenizer's, as :func:`mrl_llm.models.build_model` does)."""
+    from mrl_llm.models import load_tokenizer
+
+    data = json.loads(json.dumps(to_mapping(config)))
+    for pol, cfg_pol in zip(data["policies"], config.policies, strict=True):
+        mc = pol.get("model_config")
+        if isinstance(mc, dict) and "vocab_size" not in mc:
+            mc["vocab_size"] = len(load_tokenizer(cfg_pol))
+    return footprints_from_config(data)
+
+
+def plan_run(config: RunConfig, cluster: ClusterSpec) -> PlacementPlan:
+    """The MWRA plan of ``config``'s policies on ``cluster`` (``runtime.placement`` layout)."""
+    if config.runtime.placement == "split":
+        raise ConfigError("runtime.placement split needs a rollout actor per policy apart from its trainer, which the "
+                          "Ray runtime does not have yet; use colocated (or auto)")
+    fps = footprints(config)
+    mode = config.runtime.placement
+    if mode == "auto":
+        mode = "cpu" if cluster.n_gpus == 0 else "colocated"
+    return plan_placement(fps, cluster, mode=mode)
+
+
+def ray_specs(config: RunConfig, plan: PlacementPlan, ckpt_root: Path,
+              faults: Mapping[str, FaultInjection] | None = None) -> list[PolicyActorSpec]:
+    """The policies' actor specs: the local trainer's, with the plan's threads (``threads``, when set,
+    may lower them), checkpoints every ``checkpoint_every`` steps, and a vllm engine's memory settings."""
+    from mrl_llm.rollout.vllm_memory import vllm_memory
+    from mrl_llm.trainer import actor_specs
+
+    fps = {f.name: f for f in footprints(config)}
+    out = []
+    for s in actor_specs(config, ckpt_root):
+        p = plan.for_policy(s.name)
+        if len(p.bundles) > 1:
+            log.warning("policy %s is planned on %d devices; its one actor uses the first (the worker is "
+                        "single-device), the others stay reserved", s.name, len(p.bundles))
+        cfg = dict(s.config)
+        if config.policy(s.name).engine == "vllm":
+            cfg["engine_args"] = vllm_memory(plan, fps[s.name]).engine_args()  # policies[].engine_args win
+        out.append(replace(s, config=cfg, threads=min(config.threads or p.threads, p.threads),
+                           checkpoint_every=config.checkpoint_every, fault=(faults or {}).get(s.name)))
+    return out
+
+
+class _Batches:
+    """``problems_for_step``: the data cursor's batches, drawn once per step in step order."""
+
+    def __init__(self, cursor: DataCursor) -> None:
+        from mrl_llm.trainer import unique_prompts
+
+        self.cursor, self.unique = cursor, unique_prompts
+        self.batches: list[list[Problem]] = []
+
+    def __call__(self, step: int) -> list[Problem]:
+        while len(self.batches) <= step:
+            self.batches.append(self.unique(self.cursor.next_batch()))
+        return self.batches[step]
+
+
+def train_on_ray(config: RunConfig, out_dir: str | Path, *, problems: Sequence[Problem] | None = None,
+                 eval_problems: Sequence[Problem] | None = None,
+                 faults: Mapping[str, FaultInjection] | None = None) -> dict[str, Any]:
+    """Train ``config`` on Ray into ``out_dir`` (module docstring); returns the summary. ``faults``
+    crash chosen actors once (tests of the fault tolerance)."""
+    import ray
+
+    from mrl_llm.trainer import load_problems, run_summary
+
+    out = Path(out_dir)
+    if (out / "metrics.jsonl").exists() or (out / "exchange.jsonl").exists():
+        raise FileExistsError(f"{out} already holds a run; choose a new --out directory")
+    if problems is None:
+        if config.data is None:
+            raise ConfigError("config has no data section; add data: {path: FILE.jsonl, verifier: math}")
+        problems = load_problems(config.data)
+    if eval_problems is None:
+        eval_problems = load_problems(config.eval.data) if config.eval.data is not None else problems
+    eval_set = list(eval_problems)[: config.eval.max_prompts]
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(to_mapping(config), indent=1))
+    rt = config.runtime
+    started = not ray.is_initialized()
+    if started:
+        ray.init(address=rt.address, num_cpus=rt.num_cpus if rt.address is None else None,
+                 include_dashboard=False, namespace="mrl")
+    t_start = time.perf_counter()
+    metrics = MetricsLog(out, tensorboard=config.tensorboard)
+    order = list(config.policy_names)
+    regime = config.regime_spec.name
+    counters: dict[str, dict[str, float]] = {}
+    exclusive: dict[str, set[str]] = {}
+    try:
+        plan = plan_run(config, ray_cluster_spec(rt.cluster))
+        (out / "plan.txt").write_text(plan.render() + "\n")
+        specs = ray_specs(config, plan, out / "checkpoints", faults)
+        membership = {p.name: Membership(p.join_step, p.leave_step) for p in config.policies}
+
+        def on_step(step: int, gens: dict[str, dict], trains: dict[str, dict]) -> None:
+            rows = [train_row(step, n, regime, gens[n], trains[n]) for n in order if n in trains and n in gens]
+            metrics.metrics(rows)
+            for n in trains:
+                counters[n] = dict(trains[n].get("counters") or {})
+                if config.checkpoint_every:
+                    prune(out / "checkpoints" / n, config.keep_checkpoints)
+            log.info("step %d: %s", step, " ".join(f"{r['policy']} r={r['reward_mean']:.2f}" for r in rows))
+
+        def evaluate(drv: RayDriver, t: int) -> None:
+            nonlocal exclusive
+            e = config.eval
+            if not e.enabled or not eval_set:
+                return
+            if t == 0:
+                drv.ensure_members(0)
+            names = [n for n in order if n in drv.actors]
+            for n in names:
+                wait_status(drv.actors[n])  # an actor Ray is restarting after a crash comes back first
+            refs = {n: drv.actors[n].evaluate.remote(eval_set, step=t, k=e.k, temperature=e.temperature,
+                                                      top_p=e.top_p, max_new_tokens=e.max_new_tokens) for n in names}
+            rows = [{"step": t, "policy": n, **r} for n in names for r in ray.get(refs[n])]
+            if t == 0:
+                exclusive = peer_exclusive_sets(rows)
+            metrics.eval_rows(rows)
+            summ = summarize(rows, exclusive)
+            metrics.metrics([{"kind": "eval", "step": t, "policy": n, "regime": regime, **summ.get(n, {})}
+                             for n in names])
+
+        cursor = DataCursor(list(problems), config.prompts_per_step, seed=config.seed)
+        with RayDriver(specs, _Batches(cursor), out, mode=rt.mode, max_staleness=rt.max_staleness,
+                       membership=membership, placement=plan, exchange_fsync=config.exchange_fsync,
+                       on_step=on_step, summary_file="runtime.json",
+                       on_leave=lambda n, actor: ray.get(actor.export.remote(str(out / "policies" / n)))) as drv:
+            evaluate(drv, 0)
+            t = 0
+            while t < config.steps:
+                t = min(config.steps, t + config.eval.every) if config.eval.every else config.steps
+                drv.run(t)
+                evaluate(drv, t)
+            for n in order:
+                if n in drv.actors:
+                    ray.get(drv.actors[n].export.remote(str(out / "policies" / n)))
+        summary = run_summary(config, out, {n: counters.get(n, {}) for n in order}, time.perf_counter() - t_start)
+        summary["events"] = [e for e in drv.result.events if e["event"] != "join" or e["step"]]
+    finally:
+        metrics.close()
+        if started:
+            ray.shutdown()
+    (out / "summary.json").write_text(json.dumps(clean(summary), indent=1, allow_nan=False))
+    return summary

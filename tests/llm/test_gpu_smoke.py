@@ -1,0 +1,74 @@
+"""``experiments/gpu/smoke.sh`` must run where only Python, torch and transformers are installed: with Ray,
+vLLM, math-verify and gymnasium made unimportable (``sys.modules[name] = None``, what an absent package
+looks like to ``import`` and to ``importlib.util.find_spec``) the smoke path imports none of them, and its
+CPU mode runs end to end through the script and writes its numbers. (The GPU run itself is not
+exercised here: there is no GPU in CI.)"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+BLOCKED = ("ray", "vllm", "math_verify", "gymnasium")
+
+# Installed as sitecustomize in the child: the packages look absent, and every attempt to import one
+# (an ``import`` statement, even one whose ImportError is caught) is written to $MRL_IMPORT_LOG at exit.
+SITECUSTOMIZE = f"""
+import atexit, builtins, json, os, sys
+BLOCKED = {BLOCKED!r}
+for name in BLOCKED:
+    sys.modules[name] = None
+attempts = []
+_import = builtins.__import__
+def _recording_import(name, globals=None, locals=None, fromlist=(), level=0):
+    if level == 0 and name.split(".")[0] in BLOCKED:
+        attempts.append(name)
+    return _import(name, globals, locals, fromlist, level)
+builtins.__import__ = _recording_import
+atexit.register(lambda: open(os.environ["MRL_IMPORT_LOG"], "w").write(json.dumps(attempts)))
+"""
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    env = dict(os.environ, PYTHONPATH=f"{site}{os.pathsep}{REPO}", MRL_IMPORT_LOG=str(tmp_path / "imports.json"),
+               PYTHON=sys.executable, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+    env.pop("MRL_SHARED_DIR", None)  # ../shared does not travel to the GPU machine
+    return env
+
+
+def test_the_smoke_path_imports_no_ray_vllm_mathverify_gymnasium(tmp_path):
+    code = ("import experiments.gpu.smoke as s, mrl_llm.trainer, mrl_llm.worker, mrl_llm.rewards, mrl_llm.rollout\n"
+            "from pathlib import Path\n"
+            "assert not s.vllm_installed()\n"
+            f"cfg = s.smoke_config(Path({str(tmp_path / 'out')!r}), cpu=False, steps=1, engine='hf')\n"
+            "assert [p.model_config['model_type'] for p in cfg.policies] == ['qwen2', 'qwen3']\n"
+            "assert {p.tokenizer_path for p in cfg.policies} >= {'utf8-bytes'}\n")
+    res = subprocess.run([sys.executable, "-c", code], env=_env(tmp_path), cwd=tmp_path, capture_output=True,
+                         text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert json.loads((tmp_path / "imports.json").read_text()) == []
+
+
+@pytest.mark.slow
+def test_smoke_sh_cpu_mode_runs_end_to_end_without_them(tmp_path):
+    out = tmp_path / "smoke"
+    res = subprocess.run([str(REPO / "experiments" / "gpu" / "smoke.sh"), "--cpu", "--steps", "2", "--out", str(out)],
+                         env=_env(tmp_path), cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert json.loads((tmp_path / "imports.json").read_text()) == []
+    got = json.loads((out / "smoke.json").read_text())
+    assert got["engine"] == "hf" and got["device"] == "cpu" and got["steps"] == 2
+    assert set(got["policies"]) == {"qwen2.5-like", "qwen3-like"}
+    for p in got["policies"].values():
+        assert p["steps"] == 2 and p["generation_tokens_per_s"] > 0 and p["training_tokens_per_s"] > 0
+    assert got["peak_memory"]["host_max_rss_gib"] > 0
+    assert "gen tok/s" in res.stdout and "written:" in res.stdout
