@@ -10,6 +10,7 @@
   policy (an HF model directory written by ``train``) on a JSONL dataset; prints the summary and
   writes ``--out FILE`` (JSON) when given.
 * ``report --runs DIR`` — learning curves per policy and regime (``DIR/report.png``) and a table.
+* ``demo [--out DIR] [--seeds N] [--steps N] ...`` — the CPU demo (:mod:`mrl_llm.demo.run`).
 * ``plan --config FILE [--cluster FILE]`` — the MWRA placement plan (:mod:`mrl_llm.distributed.plan_cli`).
 
 Bad input exits with status 2 and a one-line message that says what to change.
@@ -105,6 +106,21 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _demo(args: argparse.Namespace) -> int:
+    from mrl_llm.demo.run import run_demo
+    from mrl_llm.demo.setup import DemoConfig
+
+    over = {k: getattr(args, k) for k in ("seeds", "first_seed", "steps", "prompts_per_step", "group_size", "lr",
+                                          "sgt_weight", "kl_coef", "pool_per_family", "eval_every", "eval_k",
+                                          "sft_steps") if getattr(args, k) is not None}
+    if args.regimes:
+        from shared_interfaces.regimes.config import parse_regime
+
+        over["regimes"] = tuple(parse_regime(r.strip()).name for r in args.regimes.split(",") if r.strip())
+    run_demo(DemoConfig(**over), args.out, jobs=args.jobs)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="mrl_llm", description="Mutual RL for heterogeneous LLM policies.")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -136,6 +152,22 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--runs", required=True)
     r.add_argument("--out", help="figure path (default DIR/report.png)")
     sub.add_parser("plan", help="print the MWRA placement plan of a config", add_help=False)
+    d = sub.add_parser("demo", help="the CPU demo: two heterogeneous tiny policies, every regime, a table and a plot")
+    d.add_argument("--out", default="runs/demo", help="demo directory (default runs/demo)")
+    d.add_argument("--seeds", type=int, help="repeat with this many seeds; means with 95%% t-intervals")
+    d.add_argument("--first-seed", type=int)
+    d.add_argument("--steps", type=int, help="RL steps per regime")
+    d.add_argument("--prompts-per-step", type=int)
+    d.add_argument("--group-size", type=int)
+    d.add_argument("--lr", type=float, help="RL learning rate (AdamW)")
+    d.add_argument("--sgt-weight", type=float, help="SGT lambda")
+    d.add_argument("--kl-coef", type=float)
+    d.add_argument("--pool-per-family", type=int, help="RL prompt pool size per family")
+    d.add_argument("--eval-every", type=int)
+    d.add_argument("--eval-k", type=int)
+    d.add_argument("--sft-steps", type=int)
+    d.add_argument("--regimes", help="comma-separated regimes (default: grpo,xgrpo,prp_snapshot,prp_thl,sgt)")
+    d.add_argument("--jobs", type=int, default=5, help="worker processes (0: all in this process)")
     return ap
 
 
@@ -148,7 +180,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
-        return {"train": _train, "eval": _eval, "report": _report}[args.cmd](args)
+        return {"train": _train, "eval": _eval, "report": _report, "demo": _demo}[args.cmd](args)
     except USER_ERRORS as err:
         msg = err.args[0] if isinstance(err, KeyError) and err.args else err
         print(f"mrl_llm {args.cmd}: {msg}", file=sys.stderr)

@@ -1,7 +1,10 @@
 """Loading a policy's tokenizer and model, and saving a trained policy as an ordinary HF directory.
 
 * :func:`load_tokenizer` — ``AutoTokenizer.from_pretrained(tokenizer_dir)`` (default ``model_dir``);
-  a tokenizer without a pad token pads with its EOS (pads are masked out everywhere).
+  a tokenizer without a pad token pads with its EOS (pads are masked out everywhere). A plain
+  ``tokenizer.json`` tokenizer (``tokenizer_class`` TokenizersBackend / PreTrainedTokenizerFast) loads
+  as exactly that, also in a model folder whose ``config.json`` would make ``AutoTokenizer`` swap in
+  the model type's class (see :func:`_generic_tokenizer_class`).
 * :func:`build_model` — ``AutoModelForCausalLM.from_pretrained(model_dir)`` in the policy's dtype, or
   a fresh ``from_config`` model from ``model_config`` (vocabulary size and special ids default to the
   tokenizer's; initialised from ``seed`` without touching the global RNG).
@@ -61,13 +64,39 @@ def load_tokenizer_dir(path: str | Path, *, who: str = "policy"):
         raise ModelLoadError(f"{who}: {err}") from err
 
 
+#: ``tokenizer_class`` values of a plain ``tokenizer.json`` tokenizer (no model-specific class).
+GENERIC_TOKENIZER_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
+
+
+def _generic_tokenizer_class(p: Path) -> bool:
+    """Whether ``p`` holds a ``tokenizer.json`` whose ``tokenizer_config.json`` names a generic class.
+
+    ``AutoTokenizer`` would replace such a tokenizer by the model type's own class when the folder
+    also holds a ``config.json`` of certain model types (transformers 5 forces ``Qwen2Tokenizer`` on
+    ``qwen2`` folders, which rebuilds the pre-tokenizer with Qwen's regex): a locally trained
+    tokenizer saved beside a Qwen2-style model would then tokenize differently after a round trip."""
+    cfg = p / "tokenizer_config.json"
+    if not (p / "tokenizer.json").is_file() or not cfg.is_file():
+        return False
+    try:
+        cls = json.loads(cfg.read_text()).get("tokenizer_class")
+    except (OSError, ValueError):
+        return False
+    return cls in GENERIC_TOKENIZER_CLASSES
+
+
 @lru_cache(maxsize=16)
 def _load_tokenizer_cached(path: str):
     from transformers import AutoTokenizer
 
     p = Path(path)
     try:
-        tok = AutoTokenizer.from_pretrained(str(p))
+        if _generic_tokenizer_class(p):
+            from transformers import PreTrainedTokenizerFast
+
+            tok = PreTrainedTokenizerFast.from_pretrained(str(p))
+        else:
+            tok = AutoTokenizer.from_pretrained(str(p))
     except Exception as err:  # noqa: BLE001 - re-raised with the path and a hint
         raise ModelLoadError(f"cannot load the tokenizer from {p}: {err}") from err
     if tok.eos_token_id is None:

@@ -178,3 +178,21 @@ def test_gradient_checkpointing_gives_the_same_update(pair, dtype):
         assert not res.nan_skipped and res.optimizer_steps == 1 and math.isfinite(res.metrics["loss"])
         params.append(torch.cat([p.detach().float().flatten() for p in w.model.parameters()]))
     torch.testing.assert_close(params[0], params[1], atol=1e-6 if dtype == "fp32" else 1e-2, rtol=0)
+
+
+def test_batched_thl_prefetch_equals_one_by_one_alignment(pair):
+    from shared_interfaces.records import TraceCache
+
+    a, b, ex = pair
+    for learner, peer in ((a, b), (b, a)):
+        recs = [r for r in ex.records() if r.policy_id == peer.name]
+        learner.trace_cache = TraceCache(max_entries=64)
+        learner._prefetch(recs)
+        assert learner.trace_cache.misses == len(recs)
+        for rec in recs:
+            got = learner.trace_cache.get_or_compute(rec.record_id, learner.tok_id, lambda: pytest.fail("not cached"))
+            want = align_trace(peer.tokenizer, learner.tokenizer, list(rec.token_ids), list(rec.token_logprobs),
+                               prompt_text=PROMPT)
+            assert list(got.target_ids) == list(want.target_ids) and list(got.prompt_ids) == list(want.prompt_ids)
+            assert list(got.target_logprobs) == list(want.target_logprobs)
+            assert got.residual == want.residual

@@ -1,0 +1,222 @@
+"""``python -m mrl_llm demo``: the whole demo, from nothing to a table and a plot, on a CPU.
+
+For each seed: train the two tokenizers (:mod:`mrl_llm.demo.tokenizers`, seed-independent, once),
+SFT the two policies on complementary families (:mod:`mrl_llm.demo.sft`), then mutual RL under every
+regime from the same SFT'd weights (:func:`mrl_llm.trainer.train`), then score the final policies on
+the held-out prompts. Layout of ``DIR``::
+
+    tokenizers/{bytebpe,spbpe}/            the two tokenizers
+    seed<S>/sft/<policy>/                  SFT'd policies (HF model dirs) + sft.json (their accuracy)
+    seed<S>/<regime>/                      one trainer run directory per regime (+ heldout.json)
+    results.json, demo.md, demo.png        per-run numbers, the table, the plot
+    report.png, report.md                  learning curves of every run (mrl_llm.report)
+
+The SFTs and runs are independent processes (one torch thread each) on a pool of ``jobs`` workers;
+``jobs = 0`` runs everything in this process (tests). A finished step whose recorded settings equal the
+requested ones is reused, so ``--seeds 5`` after ``--seeds 3`` in the same ``DIR`` runs two more
+seeds; a directory that holds something else is an error. Nothing is read from ``../shared``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import time
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from mrl_llm.demo.results import aggregate, plot, run_result, table_markdown
+from mrl_llm.demo.setup import DemoConfig, DemoPolicy, rl_pool, run_config
+
+log = logging.getLogger("mrl_llm.demo")
+
+
+def _quiet(threads: int = 1) -> None:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    import torch
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+    torch.set_num_threads(threads)
+    logging.getLogger("mrl_llm").setLevel(logging.WARNING)
+
+
+def _same(path: Path, settings: dict[str, Any]) -> bool:
+    return path.is_file() and json.loads(path.read_text()).get("settings") == json.loads(json.dumps(settings))
+
+
+def _fresh(d: Path, done: Path) -> None:
+    """Make ``d`` empty for a new step: an unfinished one of ours (no ``done`` file) is removed."""
+    if d.exists():
+        if done.exists():
+            raise FileExistsError(f"{d} holds a finished demo step with other settings; use a new --out directory")
+        shutil.rmtree(d)
+
+
+def sft_settings(cfg: DemoConfig, pol: DemoPolicy, seed: int) -> dict[str, Any]:
+    """What determines a policy's SFT (recorded with it; a run records those of its start too)."""
+    return {"policy": asdict(pol), "sft": asdict(cfg.sft_config(seed)), "max_new_tokens": cfg.max_new_tokens,
+            "families": [f if isinstance(f, str) else asdict(f) for f in cfg.families], "eval_max": cfg.sft_eval_max}
+
+
+# -- the jobs (top-level functions: they run in worker processes) ---------------------------------
+def sft_job(cfg: DemoConfig, pol: DemoPolicy, seed: int, tok_dir: str, out_dir: str) -> dict[str, Any]:
+    """SFT one policy of one seed into ``out_dir`` (reused when done with the same settings)."""
+    from mrl_llm.demo.setup import TEMPLATE
+    from mrl_llm.demo.sft import sft_policy
+    from mrl_llm.models import load_tokenizer_dir
+    from mrl_llm.templates import TemplateConfig
+
+    d = Path(out_dir)
+    done = d / "sft.json"
+    settings = sft_settings(cfg, pol, seed)
+    if _same(done, settings):
+        return {**json.loads(done.read_text())["report"], "reused": True}
+    _fresh(d, done)
+    _quiet()
+    rep = sft_policy(name=pol.name, arch=pol.arch, tokenizer=load_tokenizer_dir(tok_dir), task=cfg.task(),
+                     families=[pol.family], out_dir=d, size=pol.size, sft=cfg.sft_config(seed),
+                     template=TemplateConfig(**TEMPLATE), max_new_tokens=cfg.max_new_tokens,
+                     eval_max=cfg.sft_eval_max)
+    done.write_text(json.dumps({"settings": settings, "report": rep}, indent=1))
+    return rep
+
+
+def run_job(cfg: DemoConfig, regime: str, seed: int, policy_dirs: dict[str, str], out_dir: str) -> dict[str, Any]:
+    """Train one regime of one seed into ``out_dir``, then score its start and final policies greedily on
+    every held-out prompt of each family (``heldout.json``); reused when done with the same settings."""
+    from mrl_llm.config import config_from_mapping
+    from mrl_llm.demo.sft import greedy_accuracy
+    from mrl_llm.models import load_policy
+    from mrl_llm.templates import PromptTemplate, TemplateConfig
+    from mrl_llm.trainer import train
+
+    d = Path(out_dir)
+    done = d / "heldout.json"
+    mapping = run_config(cfg, regime, seed, policy_dirs)
+    settings = {"run": mapping, "sft": [sft_settings(cfg, p, seed) for p in cfg.policies]}
+    if _same(done, settings):
+        return {"regime": regime, "seed": seed, "reused": True}
+    _fresh(d, done)
+    _quiet()
+    task = cfg.task()
+    pool = rl_pool(task, cfg.pool_per_family, seed)
+    t0 = time.perf_counter()
+    train(config_from_mapping(mapping), d, problems=pool, eval_problems=pool)
+    held: dict[str, Any] = {}
+    for p in cfg.policies:
+        held[p.name] = {}
+        for when, pdir in (("start", Path(policy_dirs[p.name])), ("final", d / "policies" / p.name)):
+            model, tok, meta = load_policy(pdir)
+            tpl = PromptTemplate(TemplateConfig(**meta["template"]), tok)
+            held[p.name][when] = {f: greedy_accuracy(model, tok, tpl, task.problems("eval", [f]), cfg.max_new_tokens)
+                                  for f in task.family_names}
+    wall = time.perf_counter() - t0
+    done.write_text(json.dumps({"settings": settings, **held, "wall_s": wall}, indent=1))
+    return {"regime": regime, "seed": seed, "wall_s": wall}
+
+
+# -- the driver -----------------------------------------------------------------------------------
+class _Inline:
+    """A stand-in executor that runs each job at submission (``jobs = 0``)."""
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
+        f: Future = Future()
+        f.set_result(fn(*args))
+        return f
+
+    def shutdown(self) -> None:
+        pass
+
+
+def run_demo(cfg: DemoConfig, out: str | Path, *, jobs: int = 5, say: Callable[[str], None] = print) -> dict[str, Any]:
+    """Run the demo into ``out`` (module docstring) and return ``results.json``'s content."""
+    from mrl_llm.demo.tokenizers import save_demo_tokenizers
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    load0 = os.getloadavg()
+    tok_dirs = save_demo_tokenizers(out / "tokenizers", cfg.task())
+    say(f"tokenizers: {', '.join(str(d) for d in tok_dirs.values())} ({time.perf_counter() - t0:.1f} s)")
+    ex: Any = _Inline() if jobs == 0 else _pool(jobs)
+    sft_dirs = {s: {p.name: out / f"seed{s}" / "sft" / p.name for p in cfg.policies} for s in cfg.seed_list}
+    pending: dict[Future, tuple[str, int, str]] = {}
+    reused = 0
+    sft_left = {s: len(cfg.policies) for s in cfg.seed_list}
+    sft_reports: dict[int, dict[str, Any]] = {s: {} for s in cfg.seed_list}
+    try:
+        for s in cfg.seed_list:
+            for p in cfg.policies:
+                f = ex.submit(sft_job, cfg, p, s, str(tok_dirs[p.tokenizer]), str(sft_dirs[s][p.name]))
+                pending[f] = ("sft", s, p.name)
+        while pending:
+            finished, _ = wait(list(pending), return_when=FIRST_COMPLETED)
+            for f in finished:
+                kind, s, name = pending.pop(f)
+                res = f.result()
+                reused += bool(res.get("reused"))
+                if kind == "sft":
+                    sft_reports[s][name] = res
+                    acc = " ".join(f"{fam} {a['train']:.2f}/{a['eval']:.2f}" for fam, a in res["accuracy"].items())
+                    say(f"[seed {s}] SFT {name}: greedy accuracy train/held-out {acc}"
+                        + (" (reused)" if res.get("reused") else f" ({res['train_s']:.0f} s)"))
+                    sft_left[s] -= 1
+                    if sft_left[s] == 0:
+                        dirs = {n: str(d) for n, d in sft_dirs[s].items()}
+                        for reg in _longest_first(cfg.regimes):
+                            g = ex.submit(run_job, cfg, reg, s, dirs, str(out / f"seed{s}" / reg))
+                            pending[g] = ("run", s, reg)
+                else:
+                    say(f"[seed {s}] {name}: done" + (" (reused)" if res.get("reused") else f" in {res['wall_s']:.0f} s"))
+    finally:
+        ex.shutdown()
+    return finish(cfg, out, wall_s=time.perf_counter() - t0, load=(load0, os.getloadavg()), sft=sft_reports, say=say,
+                  reused=reused)
+
+
+def _pool(jobs: int) -> ProcessPoolExecutor:
+    import multiprocessing as mp
+
+    return ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn"))
+
+
+def _longest_first(regimes: tuple[str, ...]) -> list[str]:
+    """PRP runs train on twice the rows: start them first so the pool ends together."""
+    return sorted(regimes, key=lambda r: 0 if r.startswith("prp") else 1)
+
+
+def finish(cfg: DemoConfig, out: Path, *, wall_s: float, load: tuple, sft: dict, say: Callable[[str], None],
+           reused: int = 0) -> dict:
+    """Read every run back, write ``results.json``, ``demo.md``, ``demo.png`` (and the learning-curve report)."""
+    from mrl_llm.report import make_report
+
+    families = {p.name: p.family for p in cfg.policies}
+    results = [run_result(out / f"seed{s}" / reg, families) for s in cfg.seed_list for reg in cfg.regimes]
+    pols = [p.name for p in cfg.policies]
+    agg = aggregate(results)
+    md = table_markdown(agg, cfg.regimes, pols, cfg.seeds)
+    plot(results, agg, cfg.regimes, pols, out / "demo.png")
+    make_report(out)
+    header = (f"# mutual-RL demo\n\n{cfg.seeds} seed(s) {cfg.seed_list}, {cfg.steps} RL steps x "
+              f"{cfg.prompts_per_step} prompts x G={cfg.group_size}, lr {cfg.lr}, SGT λ {cfg.sgt_weight}; "
+              f"this invocation: wall {wall_s:.0f} s on {os.cpu_count()} CPU(s), load average {load[0][0]:.2f} at "
+              f"start, {load[1][0]:.2f} at the end; {reused} SFT/run step(s) reused from an earlier invocation.\n\n")
+    (out / "demo.md").write_text(header + md + "\n")
+    doc = {"config": asdict(cfg), "wall_s": wall_s, "cpus": os.cpu_count(), "reused_steps": reused,
+           "loadavg_start": list(load[0]), "loadavg_end": list(load[1]), "sft": {str(k): v for k, v in sft.items()},
+           "runs": results}
+    (out / "results.json").write_text(json.dumps(doc, indent=1, default=str))
+    say(md)
+    say(f"table: {out / 'demo.md'}  plot: {out / 'demo.png'}  learning curves: {out / 'report.png'}")
+    say(f"wall {wall_s:.0f} s ({reused} step(s) reused); load average {load[0][0]:.2f} -> {load[1][0]:.2f} on "
+        f"{os.cpu_count()} CPU(s)")
+    return doc

@@ -1,0 +1,135 @@
+"""The demo's settings and the trainer config of one run: :class:`DemoConfig` -> :func:`run_config`.
+
+Two policies (:data:`POLICIES`): ``qwen-add`` (Qwen2-style, the byte-level BPE tokenizer, SFT'd on
+``add``) and ``llama-sub`` (Llama-style, the SentencePiece-style tokenizer, another width and depth,
+SFT'd on ``sub``). Per seed, every regime's run gets the same config except the regime name: the same
+SFT'd starting weights, the same RL prompt pool (:func:`rl_pool`), the same seed.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mrl_llm.data.problem import Problem
+from mrl_llm.demo.sft import ArchSize, SFTConfig
+from mrl_llm.rewards import ArithmeticTask
+from mrl_llm.rewards.arithmetic import Family
+from shared_interfaces.regimes.config import STANDARD_REGIMES
+
+TEMPLATE = {"text": "{question}\n"}
+
+
+@dataclass(frozen=True)
+class DemoPolicy:
+    """One demo policy: name, architecture, tokenizer kind, its SFT family and its size."""
+
+    name: str
+    arch: str
+    tokenizer: str
+    family: str
+    size: ArchSize
+
+
+POLICIES = (
+    DemoPolicy("qwen-add", "qwen2", "bytebpe", "add", ArchSize(hidden=96, layers=2, heads=4, kv_heads=2)),
+    DemoPolicy("llama-sub", "llama", "spbpe", "sub", ArchSize(hidden=80, layers=3, heads=4, kv_heads=4)),
+)
+
+
+@dataclass(frozen=True)
+class DemoConfig:
+    """Every knob of the demo; the defaults are the setting measured in experiments/demo/README.md.
+
+    SFT: ``sft_steps`` AdamW steps of ``sft_batch`` on the policy's own family (lr ``sft_lr``).
+    RL: ``steps`` steps of ``prompts_per_step`` prompts drawn from a pool of ``pool_per_family``
+    training prompts per family, ``group_size`` samples each (temperature 1, ``max_new_tokens``),
+    AdamW ``lr``, clip 0.2 / 0.28, token-mean, KL coefficient ``kl_coef`` (the KL to the SFT start is
+    tracked either way), SGT weight λ = ``sgt_weight`` with ``sgt_successes`` shortest peer successes,
+    PRP peer weight 1 and ratio cap 2. The SFT report scores at most ``sft_eval_max`` prompts per
+    family and split. Evaluation on the pool: greedy + ``eval_k`` samples, before
+    training, every ``eval_every`` steps and at the end; the final policies are also scored greedily
+    on every held-out prompt of each family.
+    """
+
+    seeds: int = 1
+    first_seed: int = 0
+    steps: int = 100
+    prompts_per_step: int = 16
+    group_size: int = 8
+    lr: float = 3e-4
+    sgt_weight: float = 0.2
+    sgt_successes: int = 1
+    kl_coef: float = 0.0
+    max_new_tokens: int = 12
+    pool_per_family: int = 32
+    eval_k: int = 4
+    eval_every: int = 20
+    sft_eval_max: int = 80
+    sft_steps: int = 400
+    sft_batch: int = 64
+    sft_lr: float = 3e-3
+    regimes: tuple[str, ...] = STANDARD_REGIMES
+    families: tuple[str | Family, ...] = ("add", "sub")
+    policies: tuple[DemoPolicy, ...] = POLICIES
+
+    def __post_init__(self) -> None:
+        if self.seeds < 1 or self.steps < 1 or self.sft_steps < 1:
+            raise ValueError("demo: --seeds, --steps and --sft-steps must be >= 1")
+        if len(self.policies) != 2 or len({p.family for p in self.policies}) != 2:
+            raise ValueError("demo: two policies with different SFT families")
+        missing = sorted({p.family for p in self.policies} - set(self.task().family_names))
+        if missing:
+            raise ValueError(f"demo: SFT families {missing} are not in the task families {list(self.families)}")
+
+    @property
+    def seed_list(self) -> list[int]:
+        return list(range(self.first_seed, self.first_seed + self.seeds))
+
+    def sft_config(self, seed: int) -> SFTConfig:
+        return SFTConfig(steps=self.sft_steps, batch=self.sft_batch, lr=self.sft_lr, seed=seed)
+
+    def task(self) -> ArithmeticTask:
+        return ArithmeticTask(families=self.families)
+
+
+def rl_pool(task: ArithmeticTask, per_family: int, seed: int) -> list[Problem]:
+    """The RL prompt pool of a seed: ``per_family`` training problems of each family (a seeded sample),
+    families interleaved. The runs train on it and are evaluated on it: a policy's peer-exclusive
+    prompts are the pool prompts only its peer solves at step 0 (the rescue set)."""
+    groups = []
+    for fam in task.family_names:
+        probs = task.problems("train", [fam])
+        groups.append(random.Random(f"demo-pool:{seed}:{fam}").sample(probs, min(per_family, len(probs))))
+    n = min(len(g) for g in groups)
+    return [g[i] for i in range(n) for g in groups] + [p for g in groups for p in g[n:]]
+
+
+def run_config(cfg: DemoConfig, regime: str, seed: int, policy_dirs: dict[str, str | Path]) -> dict[str, Any]:
+    """The trainer config mapping (:func:`mrl_llm.config.config_from_mapping`) of one regime's run."""
+    return {
+        "name": f"demo-seed{seed}",
+        "seed": seed,
+        "steps": cfg.steps,
+        "prompts_per_step": cfg.prompts_per_step,
+        "threads": 1,
+        "regime": {"name": regime,
+                   "sgt": {"weight": cfg.sgt_weight, "successes_per_prompt": cfg.sgt_successes,
+                           "selection": "shortest"},
+                   "prp": {"peer_weight": 1.0, "ratio_cap": 2.0}},
+        "loss": {"clip_low": 0.2, "clip_high": 0.28, "agg": "token-mean", "kl_coef": cfg.kl_coef},
+        "eval": {"every": cfg.eval_every, "k": cfg.eval_k, "max_prompts": None, "max_new_tokens": cfg.max_new_tokens},
+        "checkpoint_every": 0,
+        "keep_checkpoints": 1,
+        "tensorboard": False,
+        "progress": False,
+        "policies": [
+            {"name": p.name, "model_dir": str(policy_dirs[p.name]), "template": dict(TEMPLATE), "engine": "hf",
+             "dtype": "fp32", "group_size": cfg.group_size, "max_prompt_len": 32,
+             "sampling": {"temperature": 1.0, "top_p": 1.0, "max_new_tokens": cfg.max_new_tokens},
+             "train": {"optimizer": "adamw", "lr": cfg.lr, "micro_batch": 64, "grad_clip": 1.0}}
+            for p in cfg.policies
+        ],
+    }

@@ -1,0 +1,164 @@
+"""The CPU demo: its tokenizers, its statistics, and the whole command end to end at a tiny size."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import replace
+
+import pytest
+
+from mrl_llm.demo.results import mean_ci, t_quantile
+from mrl_llm.demo.setup import POLICIES, DemoConfig, rl_pool
+from mrl_llm.demo.sft import ArchSize
+from mrl_llm.demo.tokenizers import build_tokenizer
+from mrl_llm.rewards import ArithmeticTask
+from mrl_llm.rewards.arithmetic import Family
+from shared_interfaces.regimes.config import STANDARD_REGIMES
+
+PROMPT, RESPONSE = "What is 12-7?\n", "\\boxed{5}"
+
+
+@pytest.fixture(scope="module")
+def toks():
+    task = ArithmeticTask()
+    return build_tokenizer("bytebpe", task), build_tokenizer("spbpe", task)
+
+
+def test_tokenizers_are_deterministic(toks):
+    task = ArithmeticTask()
+    for kind, tok in zip(("bytebpe", "spbpe"), toks, strict=True):
+        assert build_tokenizer(kind, task).backend_tokenizer.to_str() == tok.backend_tokenizer.to_str()
+
+
+def test_tokenizers_are_genuinely_different(toks):
+    a, b = toks
+    ta = a.convert_ids_to_tokens(a(PROMPT + "19").input_ids)
+    tb = b.convert_ids_to_tokens(b(PROMPT + "19").input_ids)
+    assert ta[:3] == ["What", "Ġis", "Ġ12"] and "19" in ta  # byte-level, whole numbers, no BOS
+    assert tb[:5] == ["<s>", "▁What", "▁is", "▁", "1"] and "<0x0A>" in tb  # Metaspace, digits, BOS, byte fallback
+    assert a.get_vocab() != b.get_vocab()
+    for t in (a, b):
+        assert None not in (t.bos_token_id, t.eos_token_id, t.pad_token_id) and t.pad_token_id != t.eos_token_id
+        assert t.decode(t(PROMPT + RESPONSE).input_ids, skip_special_tokens=True) == PROMPT + RESPONSE
+
+
+def test_thl_moves_a_response_between_them_exactly(toks):
+    from mrl_llm.thl import align_trace
+
+    for src, tgt in (toks, toks[::-1]):
+        n = len(src(PROMPT).input_ids)
+        ids = src(PROMPT + RESPONSE).input_ids[n:] + [src.eos_token_id]
+        tr = align_trace(src, tgt, ids, [-0.25] * len(ids), prompt_text=PROMPT)
+        m = len(tgt(PROMPT).input_ids)
+        assert list(tr.prompt_ids) == tgt(PROMPT).input_ids
+        assert list(tr.target_ids) == tgt(PROMPT + RESPONSE).input_ids[m:] + [tgt.eos_token_id]
+        assert math.isclose(sum(tr.target_logprobs), -0.25 * len(ids)) and tr.residual.moved_mass == 0
+
+
+@pytest.mark.parametrize(("df", "want"), [(1, 12.7062), (2, 4.3027), (4, 2.7764), (9, 2.2622), (29, 2.0452)])
+def test_t_quantile(df, want):
+    assert t_quantile(0.975, df) == pytest.approx(want, abs=2e-3)
+
+
+def test_mean_ci():
+    assert mean_ci([0.5]) == (0.5, None, 1)
+    m, h, n = mean_ci([0.1, 0.3, None, float("nan"), 0.5])
+    assert (n, m) == (3, pytest.approx(0.3)) and h == pytest.approx(4.3027 * 0.2 / math.sqrt(3), rel=1e-3)
+
+
+def test_rl_pool_is_balanced_seeded_and_from_the_training_split():
+    task = ArithmeticTask()
+    pool = rl_pool(task, 5, seed=3)
+    assert [p.family for p in pool] == ["add", "sub"] * 5
+    assert pool == rl_pool(task, 5, seed=3) and pool != rl_pool(task, 5, seed=4)
+    train = {p.prompt_id for p in task.problems("train")}
+    assert all(p.prompt_id in train for p in pool)
+
+
+TINY_FAMILIES = (Family("add", "+", (0, 4), (0, 4)), Family("sub", "-", (0, 4), (0, 4), b_le_a=True))
+
+
+def tiny_config(**kw) -> DemoConfig:
+    """A demo small enough for the default suite: operands 0..4, tiny models, a short SFT, two RL steps."""
+    pols = tuple(replace(p, size=ArchSize(hidden=64, layers=1, heads=4, kv_heads=1, mlp_mult=4)) for p in POLICIES)
+    base = dict(families=TINY_FAMILIES, steps=2, prompts_per_step=4, group_size=4, pool_per_family=4, eval_every=1,
+                eval_k=2, sft_steps=300, sft_batch=32, sft_lr=3e-3, lr=1e-3, policies=pols)
+    return DemoConfig(**{**base, **kw})
+
+
+def test_demo_end_to_end_tiny(tmp_path, monkeypatch):
+    import mrl_llm.config
+
+    def no_shared():
+        raise AssertionError("the demo must not look for ../shared")
+
+    monkeypatch.setattr(mrl_llm.config, "find_shared_dir", no_shared)
+    from mrl_llm.demo.run import run_demo
+
+    out = tmp_path / "demo"
+    lines: list[str] = []
+    doc = run_demo(tiny_config(), out, jobs=0, say=lines.append)
+
+    for kind in ("bytebpe", "spbpe"):
+        assert (out / "tokenizers" / kind / "tokenizer.json").is_file()
+    # complementary skills after the SFT: each policy solves its own family's prompts and not the other's
+    # (beyond the coincidences a+0 = a-0 that operands 0..4 make frequent: at most 5 of 20 add prompts)
+    sft = doc["sft"]["0"]
+    for p in POLICIES:
+        other = "sub" if p.family == "add" else "add"
+        acc = sft[p.name]["accuracy"]
+        assert acc[p.family]["train"] >= 0.7 and acc[other]["train"] <= 0.35, (p.name, acc)
+    # one trainer run directory per regime, same start, same seed
+    starts = set()
+    for reg in STANDARD_REGIMES:
+        d = out / "seed0" / reg
+        s = json.loads((d / "summary.json").read_text())
+        assert s["regime"] == reg and s["steps"] == 2 and s["seed"] == 0
+        assert (d / "eval.jsonl").is_file() and (d / "heldout.json").is_file()
+        starts.add(tuple(p["eval_accuracy_start"] for p in s["policies"]))
+        for p in POLICIES:
+            assert (d / "policies" / p.name / "config.json").is_file()
+    assert len(starts) == 1
+    assert {(r["regime"], r["seed"]) for r in doc["runs"]} == {(r, 0) for r in STANDARD_REGIMES}
+    # the table (printed and written) and the plot
+    md = (out / "demo.md").read_text()
+    for reg in STANDARD_REGIMES:
+        assert f"| {reg} | qwen-add |" in md and f"| {reg} | llama-sub |" in md
+    assert any("| sgt | llama-sub |" in line for line in lines)
+    assert (out / "demo.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (out / "report.png").is_file()
+    # the table's numbers are the runs' own
+    head = [c.strip() for c in next(x for x in md.split("\n") if x.startswith("| regime |")).strip("|").split("|")]
+    for reg in STANDARD_REGIMES:
+        s = json.loads((out / "seed0" / reg / "summary.json").read_text())
+        for p in s["policies"]:
+            row = next(line for line in md.split("\n") if line.startswith(f"| {reg} | {p['name']} |"))
+            cells = dict(zip(head, (c.strip() for c in row.strip("|").split("|")), strict=True))
+            assert cells["eval acc (final)"] == f"{p['eval_accuracy']:.3f}"
+            pe = p["peer_exclusive_accuracy"]
+            assert cells["peer-excl. acc (final)"] == ("-" if pe is None else f"{pe:.3f}")
+
+    # a second call with the same settings reuses every step
+    t0 = time.perf_counter()
+    lines.clear()
+    run_demo(tiny_config(), out, jobs=0, say=lines.append)
+    assert sum("(reused)" in line for line in lines) == 2 + len(STANDARD_REGIMES)
+    assert time.perf_counter() - t0 < 30
+    # other settings in the same directory: an error, not a silent overwrite
+    with pytest.raises(FileExistsError, match="other settings"):
+        run_demo(tiny_config(lr=5e-4), out, jobs=0, say=lines.append)
+
+
+def test_cli_parses_demo_options(monkeypatch, tmp_path):
+    import mrl_llm.demo.run as run_mod
+    from mrl_llm.cli import main
+
+    seen = {}
+    monkeypatch.setattr(run_mod, "run_demo", lambda cfg, out, jobs: seen.update(cfg=cfg, out=out, jobs=jobs))
+    assert main(["demo", "--out", str(tmp_path), "--seeds", "3", "--steps", "7", "--regimes", "sgt, grpo",
+                 "--lr", "1e-4", "--jobs", "0"]) == 0
+    cfg = seen["cfg"]
+    assert (cfg.seeds, cfg.steps, cfg.regimes, cfg.lr, seen["jobs"]) == (3, 7, ("sgt", "grpo"), 1e-4, 0)
+    assert main(["demo", "--out", str(tmp_path), "--regimes", "nope"]) == 2
