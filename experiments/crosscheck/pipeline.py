@@ -105,14 +105,12 @@ def _rmse(pairs: list[tuple[np.ndarray, np.ndarray]]) -> float:
     return math.sqrt(sse / n) if n else math.nan
 
 
-def _regime_numbers(reg: str, data: list[SeedData], threshold: float) -> dict[str, Any]:
+def _curve_numbers(reg: str, data: list[SeedData]) -> dict[str, Any]:
+    """Accuracy curves on the first seed's axis, RMSEs, and the ``final`` / ``mean`` outcomes."""
     axis = data[0].fractions
     pols = data[0].cal.scenario.policy_names
     llm_curves, sim_curves, sim_sd, pairs, flat_pairs = [], [], [], [], []
     final_llm, final_sim, mean_llm, mean_sim, se2 = [], [], [], [], []
-    rescue_obs, rescue_pred, rescue_exp = [], [], []
-    curve_obs, curve_exp, curve_n = np.zeros(len(axis)), np.zeros(len(axis)), 0
-    per_policy_pr: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {p: [] for p in pols}
     for d in data:
         llm = d.llm_acc[reg]
         sim = d.pred.curve(reg, d.fractions)
@@ -125,28 +123,9 @@ def _regime_numbers(reg: str, data: list[SeedData], threshold: float) -> dict[st
         final_sim.append(sim[:, -1])
         mean_llm.append(_mean_after0(llm))
         mean_sim.append(_mean_after0(sim))
-        acc = llm[:, -1]
-        se2.append(np.where(d.llm_n[reg] > 0, acc * (1 - acc) / np.maximum(d.llm_n[reg], 1), np.nan))
-        r = d.pred.regimes.index(reg)
-        obs = d.runs[reg].solved(d.runs[reg].eval_steps[-1], d.cal.prompt_ids)
-        q = d.pred.final_solve_prob[r].mean(axis=0)  # [P, C] mean over bandit seeds
-        run = d.runs[reg]
-        u_llm = np.array(run.eval_steps) / max(run.steps, 1)
-        got = [run.solved(t, d.cal.prompt_ids)[d.cal.rescue].sum() for t in run.eval_steps]
-        curve_obs += np.interp(axis, u_llm, got)
-        u_sim = d.pred.snap_steps / d.pred.snap_steps[-1]
-        exp_t = d.pred.solve_prob[r].mean(axis=1)[:, d.cal.rescue].sum(axis=-1)  # [U]
-        curve_exp += np.interp(axis, u_sim, exp_t)
-        curve_n += int(d.cal.rescue.sum())
-        rescue_obs.append(obs[d.cal.rescue])
-        rescue_pred.append(q[d.cal.rescue] >= threshold)
-        rescue_exp.append(q[d.cal.rescue])
-        for i, p in enumerate(pols):
-            m = d.cal.rescue[i]
-            per_policy_pr[p].append((q[i][m] >= threshold, obs[i][m]))
-    se = np.sqrt(np.nansum(np.concatenate(se2))) / len(np.concatenate(se2))
-    obs_all, pred_all, exp_all = (np.concatenate(x) if x else np.zeros(0) for x in (rescue_obs, rescue_pred, rescue_exp))
-    n_rescue = int(obs_all.size)
+        acc, n = llm[:, -1], d.llm_n[reg]
+        se2.append(np.where(n > 0, acc * (1 - acc) / np.maximum(n, 1), np.nan))
+    se2_all = np.concatenate(se2)
     return {
         "fractions": axis.tolist(),
         "llm_curve": {p: np.mean(llm_curves, axis=0)[i].tolist() for i, p in enumerate(pols)},
@@ -155,18 +134,53 @@ def _regime_numbers(reg: str, data: list[SeedData], threshold: float) -> dict[st
         "bandit_curve_sd": {p: np.mean(sim_sd, axis=0)[i].tolist() for i, p in enumerate(pols)},
         "rmse": _rmse(pairs), "flat_baseline_rmse": _rmse(flat_pairs),
         "llm": {"final": float(np.mean(final_llm)), "mean": float(np.mean(mean_llm)),
-                "rescue_rate": float(obs_all.mean()) if n_rescue else math.nan, "final_se": float(se)},
-        "bandit": {"final": float(np.mean(final_sim)), "mean": float(np.mean(mean_sim)),
-                   "rescue_rate": float(exp_all.mean()) if n_rescue else math.nan},
+                "final_se": float(np.sqrt(np.nansum(se2_all)) / len(se2_all))},
+        "bandit": {"final": float(np.mean(final_sim)), "mean": float(np.mean(mean_sim))},
         "final_per_policy": {p: {"llm": float(np.mean([f[i] for f in final_llm])),
                                  "bandit": float(np.mean([f[i] for f in final_sim]))} for i, p in enumerate(pols)},
-        "rescue_curve": {"llm": (curve_obs / max(curve_n, 1)).tolist(), "bandit": (curve_exp / max(curve_n, 1)).tolist()},
-        "rescue": {"set_size": n_rescue, "observed": int(obs_all.sum()), "predicted": int(pred_all.sum()),
-                   "expected": float(exp_all.sum()), **precision_recall(pred_all, obs_all),
-                   "auc": auc(exp_all, obs_all),
-                   "per_policy": {p: precision_recall(np.concatenate([a for a, _ in v]), np.concatenate([b for _, b in v]))
-                                  for p, v in per_policy_pr.items()}},
     }
+
+
+def _rescue_numbers(reg: str, data: list[SeedData], threshold: float) -> dict[str, Any]:
+    """Rescue-set outcomes pooled over policies and seeds: shares (end and curve), precision / recall, AUC."""
+    axis = data[0].fractions
+    pols = data[0].cal.scenario.policy_names
+    obs_l, exp_l = [], []
+    curve_obs, curve_exp, curve_n = np.zeros(len(axis)), np.zeros(len(axis)), 0
+    per_policy: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {p: [] for p in pols}
+    for d in data:
+        run, r, rescue = d.runs[reg], d.pred.regimes.index(reg), d.cal.rescue
+        obs = run.solved(run.eval_steps[-1], d.cal.prompt_ids)
+        q = d.pred.final_solve_prob[r].mean(axis=0)  # [P, C] mean over bandit seeds
+        obs_l.append(obs[rescue])
+        exp_l.append(q[rescue])
+        got = [run.solved(t, d.cal.prompt_ids)[rescue].sum() for t in run.eval_steps]
+        curve_obs += np.interp(axis, np.array(run.eval_steps) / max(run.steps, 1), got)
+        exp_t = d.pred.solve_prob[r].mean(axis=1)[:, rescue].sum(axis=-1)  # [U]
+        curve_exp += np.interp(axis, d.pred.snap_steps / d.pred.snap_steps[-1], exp_t)
+        curve_n += int(rescue.sum())
+        for i, p in enumerate(pols):
+            per_policy[p].append((q[i][rescue[i]] >= threshold, obs[i][rescue[i]]))
+    obs_all, exp_all = np.concatenate(obs_l), np.concatenate(exp_l)
+    pred_all = exp_all >= threshold
+    n = int(obs_all.size)
+    return {
+        "llm": {"rescue_rate": float(obs_all.mean()) if n else math.nan},
+        "bandit": {"rescue_rate": float(exp_all.mean()) if n else math.nan},
+        "rescue_curve": {"llm": (curve_obs / max(curve_n, 1)).tolist(), "bandit": (curve_exp / max(curve_n, 1)).tolist()},
+        "rescue": {"set_size": n, "observed": int(obs_all.sum()), "predicted": int(pred_all.sum()),
+                   "expected": float(exp_all.sum()), **precision_recall(pred_all, obs_all), "auc": auc(exp_all, obs_all),
+                   "per_policy": {p: precision_recall(np.concatenate([a for a, _ in v]), np.concatenate([b for _, b in v]))
+                                  for p, v in per_policy.items()}},
+    }
+
+
+def _regime_numbers(reg: str, data: list[SeedData], threshold: float) -> dict[str, Any]:
+    out = _curve_numbers(reg, data)
+    resc = _rescue_numbers(reg, data, threshold)
+    out["llm"].update(resc.pop("llm"))
+    out["bandit"].update(resc.pop("bandit"))
+    return {**out, **resc}
 
 
 def run_crosscheck(llm_root: str | Path, out_dir: str | Path, opts: CrosscheckOptions | None = None,
