@@ -290,6 +290,7 @@ class LLMPolicyWorker:
         groups: dict[str, dict[str, ExperienceRecord]] = {}
         for rec in records:
             if rec.policy_id != self.name:
+                self._prompt_ids(rec.prompt_id)  # an unrendered prompt: the error that names it
                 groups.setdefault(rec.tokenizer_id, {})[rec.record_id] = rec
         for recs in groups.values():
             todo = list(recs.values())

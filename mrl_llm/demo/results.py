@@ -117,6 +117,43 @@ def aggregate(results: Sequence[dict[str, Any]]) -> dict[tuple[str, str], dict[s
     return {k: {c: mean_ci(v) for c, v in d.items()} for k, d in acc.items()}
 
 
+PAIRED = (("peer_exclusive_accuracy", "Δ peer-excl. acc"), ("eval_accuracy", "Δ eval acc"),
+          ("heldout_own", "Δ held-out own family"), ("heldout_other", "Δ held-out other family"))
+
+
+def paired_vs(results: Sequence[dict[str, Any]], baseline: str = "grpo") -> dict[str, dict[str, tuple]]:
+    """``{regime: {column: (mean, half-width, n)}}`` of the per-seed difference ``regime - baseline``
+    of the policies' mean (same seed, same SFT start: a paired comparison)."""
+    by: dict[tuple[str, int], dict[str, Any]] = {(r["regime"], r["seed"]): r["policies"] for r in results}
+    out: dict[str, dict[str, tuple]] = {}
+    for reg in dict.fromkeys(r["regime"] for r in results):
+        cols = {}
+        for key, _ in PAIRED:
+            diffs = []
+            for (rg, seed), pols in by.items():
+                base = by.get((baseline, seed))
+                if rg != reg or base is None:
+                    continue
+                a = [d.get(key) for d in pols.values()]
+                b = [base[n].get(key) for n in pols if n in base]
+                if None not in a + b and len(a) == len(b):
+                    diffs.append(float(np.mean(a)) - float(np.mean(b)))
+            cols[key] = mean_ci(diffs)
+        out[reg] = cols
+    return out
+
+
+def paired_markdown(paired: dict[str, dict[str, tuple]], regimes: Sequence[str], baseline: str = "grpo") -> str:
+    head = ["regime", *(h for _, h in PAIRED)]
+    lines = [f"Paired differences vs {baseline} (per seed: the regime's value minus {baseline}'s, both averaged "
+             "over the two policies; mean ± 95 % t-interval over seeds):", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for reg in regimes:
+        if reg != baseline and reg in paired:
+            lines.append("| " + " | ".join([reg, *(fmt(paired[reg][k]) for k, _ in PAIRED)]) + " |")
+    return "\n".join(lines)
+
+
 def fmt(m: tuple[float, float | None, int], digits: int = 3) -> str:
     mean, half, n = m
     if n == 0:

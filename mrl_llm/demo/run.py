@@ -30,7 +30,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from mrl_llm.demo.results import aggregate, plot, run_result, table_markdown
+from mrl_llm.demo.results import aggregate, paired_markdown, paired_vs, plot, run_result, table_markdown
 from mrl_llm.demo.setup import DemoConfig, DemoPolicy, rl_pool, run_config
 
 log = logging.getLogger("mrl_llm.demo")
@@ -204,6 +204,8 @@ def finish(cfg: DemoConfig, out: Path, *, wall_s: float, load: tuple, sft: dict,
     pols = [p.name for p in cfg.policies]
     agg = aggregate(results)
     md = table_markdown(agg, cfg.regimes, pols, cfg.seeds)
+    if "grpo" in cfg.regimes and len(cfg.regimes) > 1:
+        md += "\n\n" + paired_markdown(paired_vs(results), cfg.regimes)
     plot(results, agg, cfg.regimes, pols, out / "demo.png")
     make_report(out)
     header = (f"# mutual-RL demo\n\n{cfg.seeds} seed(s) {cfg.seed_list}, {cfg.steps} RL steps x "

@@ -7,6 +7,7 @@ import math
 import time
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from mrl_llm.demo.results import mean_ci, t_quantile
@@ -162,3 +163,33 @@ def test_cli_parses_demo_options(monkeypatch, tmp_path):
     cfg = seen["cfg"]
     assert (cfg.seeds, cfg.steps, cfg.regimes, cfg.lr, seen["jobs"]) == (3, 7, ("sgt", "grpo"), 1e-4, 0)
     assert main(["demo", "--out", str(tmp_path), "--regimes", "nope"]) == 2
+
+
+@pytest.mark.slow
+def test_default_demo_one_seed(tmp_path):
+    """The default demo for seed 0 (5-10 min on 2 cores): complementary SFT skills at full size, every
+    regime, and the demo's headline: GRPO stays near 0 on the peer-exclusive prompts, SGT does not."""
+    from mrl_llm.demo.run import run_demo
+
+    doc = run_demo(DemoConfig(), tmp_path / "demo", jobs=5, say=lambda _: None)
+    for p in POLICIES:
+        other = "sub" if p.family == "add" else "add"
+        acc = doc["sft"]["0"][p.name]["accuracy"]
+        assert acc[p.family]["train"] >= 0.8 and acc[other]["train"] <= 0.1, (p.name, acc)
+    final = {r["regime"]: r["policies"] for r in doc["runs"]}
+    assert set(final) == set(STANDARD_REGIMES)
+    pe = {reg: np.mean([d["peer_exclusive_accuracy"] for d in pols.values()]) for reg, pols in final.items()}
+    assert pe["grpo"] <= 0.1 and pe["sgt"] >= pe["grpo"] + 0.1, pe
+
+
+def test_paired_differences_are_per_seed_differences_of_the_policy_means():
+    from mrl_llm.demo.results import paired_vs
+
+    def run(reg, seed, a, b):
+        return {"regime": reg, "seed": seed, "policies": {"p": {"peer_exclusive_accuracy": a},
+                                                          "q": {"peer_exclusive_accuracy": b}}}
+
+    res = [run("grpo", 0, 0.0, 0.2), run("sgt", 0, 0.4, 0.4), run("grpo", 1, 0.1, 0.1), run("sgt", 1, 0.3, 0.1)]
+    m, h, n = paired_vs(res)["sgt"]["peer_exclusive_accuracy"]
+    assert n == 2 and m == pytest.approx((0.3 + 0.1) / 2) and h == pytest.approx(12.7062 * math.sqrt(0.02) / math.sqrt(2), rel=1e-3)
+    assert paired_vs(res)["grpo"]["peer_exclusive_accuracy"][0] == 0.0
