@@ -18,6 +18,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 DPI = 80
 OUTCOME_LABELS = {"final": "final accuracy", "mean": "mean accuracy after step 0",
@@ -102,7 +103,10 @@ def plot_ordering(res: dict, path: Path) -> None:
         ax.set_title(f"{label}\nSpearman {_f(rho['statistic'], 2)} (p = {_f(rho['p_greater'], 3)})", fontsize=8)
         ax.set_xlabel("bandit", fontsize=8)
         ax.set_ylabel("LLM", fontsize=8)
+        ax.xaxis.set_major_locator(MaxNLocator(4))
+        ax.ticklabel_format(axis="x", style="sci", scilimits=(-2, 3))
         ax.tick_params(labelsize=7)
+        ax.xaxis.get_offset_text().set_fontsize(7)
     fig.tight_layout()
     fig.savefig(path, dpi=DPI)
     plt.close(fig)
@@ -154,7 +158,8 @@ def markdown(res: dict) -> str:
     if lr["unfinished_runs"]:
         out.append(f"Unfinished runs (no summary.json), left out: {', '.join(lr['unfinished_runs'])}.")
     out += ["", f"Bandit: {opt['arms']} arms (one correct), {opt['bandit_seeds']} seeds per LLM seed, tabular softmax, "
-            f"plain SGD, THL residual σ = {opt['thl_sigma']}; LLM's regime settings, clip range and KL coefficient.", ""]
+            f"{best['optimizer']} on the logits (fitted below), THL residual σ = {opt['thl_sigma']}; the LLM's regime "
+            "settings, clip range and KL coefficient.", ""]
     out += ["## Calibration (step 0)", "", "| seed | policy | LLM sample acc. | scenario acc. | never solved | rescue set |",
             "|---|---|---|---|---|---|"]
     for seed, c in res["calibration"].items():
