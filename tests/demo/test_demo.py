@@ -166,6 +166,7 @@ def test_cli_parses_demo_options(monkeypatch, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(2400)
 def test_default_demo_one_seed(tmp_path):
     """The default demo for seed 0 (5-10 min on 2 cores): complementary SFT skills at full size, every
     regime, and the demo's headline: GRPO stays near 0 on the peer-exclusive prompts, SGT does not."""

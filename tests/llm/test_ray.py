@@ -25,7 +25,7 @@ from mrl_llm.contract import learner_tokenizer_dir
 from mrl_llm.distributed.actors import FaultInjection
 from mrl_llm.distributed.ray_trainer import train_on_ray
 from mrl_llm.trainer import train
-from tests.llm.helpers import problems, register_test_verifiers, tiny
+from tests.llm.helpers import problems, ray_test_runtime_env, register_test_verifiers, tiny
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -40,7 +40,7 @@ def ray_llm():
     if ray.is_initialized():
         ray.shutdown()
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, namespace="mrl-tests",
-             runtime_env={"worker_process_setup_hook": "tests.llm.helpers.register_test_verifiers"})
+             runtime_env=ray_test_runtime_env())
     register_test_verifiers()
     try:
         yield ray

