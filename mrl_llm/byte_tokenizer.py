@@ -12,8 +12,8 @@ from functools import lru_cache
 BYTE_TOKENIZER_ID = "utf8-bytes"
 
 
-def _bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's table: byte -> printable stand-in symbol."""
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's table: byte -> printable stand-in symbol (byte-level BPE vocabularies spell bytes with these)."""
     bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
     cs = bs[:]
     n = 0
@@ -31,7 +31,7 @@ def byte_tokenizer():
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {sym: b for b, sym in _bytes_to_unicode().items()}
+    vocab = {sym: b for b, sym in bytes_to_unicode().items()}
     tk = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tk.decoder = decoders.ByteLevel()

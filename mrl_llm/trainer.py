@@ -64,6 +64,19 @@ def load_problems(data: DataConfig) -> list[Problem]:
     return list(report.problems)
 
 
+def resolve_problems(config: RunConfig, problems: Sequence[Problem] | None,
+                     eval_problems: Sequence[Problem] | None) -> tuple[list[Problem], list[Problem]]:
+    """The run's training problems and its evaluation set (at most ``eval.max_prompts``): the given ones,
+    else loaded from the config's ``data`` / ``eval.data`` (evaluation defaults to the training data)."""
+    if problems is None:
+        if config.data is None:
+            raise ConfigError("config has no data section; add data: {path: FILE.jsonl, verifier: math}")
+        problems = load_problems(config.data)
+    if eval_problems is None:
+        eval_problems = load_problems(config.eval.data) if config.eval.data is not None else problems
+    return list(problems), list(eval_problems)[: config.eval.max_prompts]
+
+
 def unique_prompts(batch: Sequence[Problem]) -> list[Problem]:
     """The batch without repeated prompt ids (a batch that spans two epochs can draw a prompt twice; a
     prompt is one group of the exchange, so its second draw is dropped, with a log line)."""
@@ -111,14 +124,8 @@ class Run:
         state = load_run_state(self.ckpt)
         self._check_dir(resume, state)
         self.out.mkdir(parents=True, exist_ok=True)
-        if problems is None:
-            if config.data is None:
-                raise ConfigError("config has no data section; add data: {path: FILE.jsonl, verifier: math}")
-            problems = load_problems(config.data)
-        if eval_problems is None:
-            eval_problems = load_problems(config.eval.data) if config.eval.data is not None else problems
-        self.eval_problems = list(eval_problems)[: config.eval.max_prompts]
-        self.cursor = DataCursor(list(problems), config.prompts_per_step, seed=config.seed)
+        problems, self.eval_problems = resolve_problems(config, problems, eval_problems)
+        self.cursor = DataCursor(problems, config.prompts_per_step, seed=config.seed)
         self.start = 0
         if state is not None:
             self._restore(state)

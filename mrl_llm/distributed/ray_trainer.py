@@ -140,18 +140,12 @@ def train_on_ray(config: RunConfig, out_dir: str | Path, *, problems: Sequence[P
     crash chosen actors once (tests of the fault tolerance)."""
     import ray
 
-    from mrl_llm.trainer import load_problems, run_summary
+    from mrl_llm.trainer import resolve_problems, run_summary
 
     out = Path(out_dir)
     if (out / "metrics.jsonl").exists() or (out / "exchange.jsonl").exists():
         raise FileExistsError(f"{out} already holds a run; choose a new --out directory")
-    if problems is None:
-        if config.data is None:
-            raise ConfigError("config has no data section; add data: {path: FILE.jsonl, verifier: math}")
-        problems = load_problems(config.data)
-    if eval_problems is None:
-        eval_problems = load_problems(config.eval.data) if config.eval.data is not None else problems
-    eval_set = list(eval_problems)[: config.eval.max_prompts]
+    problems, eval_set = resolve_problems(config, problems, eval_problems)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(to_mapping(config), indent=1))
     rt = config.runtime

@@ -36,6 +36,8 @@ from typing import Any, Literal
 
 import numpy as np
 
+from mrl_llm.byte_tokenizer import bytes_to_unicode
+
 Kind = Literal["byte_level", "metaspace", "unknown"]
 
 _CACHE: weakref.WeakKeyDictionary[Any, VocabInfo] = weakref.WeakKeyDictionary()
@@ -47,15 +49,7 @@ _METASPACE_PARTS = {"Replace", "Metaspace", "ByteFallback", "Fuse", "Strip"}
 @lru_cache(maxsize=1)
 def _byte_decoder() -> dict[str, int]:
     """Inverse of GPT-2's ``bytes_to_unicode``: printable stand-in symbol -> byte value."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {chr(c): b for b, c in zip(bs, cs, strict=True)}
+    return {sym: b for b, sym in bytes_to_unicode().items()}
 
 
 def _backend_json(tokenizer: Any) -> dict[str, Any] | None:
