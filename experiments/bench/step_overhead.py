@@ -1,16 +1,19 @@
 """Step overhead under Ray: the share of a training step spent in the exchange + THL (target <= 5 %).
 
-Runs a config (default: the CPU config ``experiments/configs/tiny_cpu.yaml``, two tiny policies of
-different tokenizers; pass the CPU demo's config with ``--config`` once it exists) for ``--steps`` steps on a local Ray cluster through the trainer's Ray runtime
+Runs a config for ``--steps`` steps on a local Ray cluster through the trainer's Ray runtime
 (:func:`mrl_llm.distributed.ray_trainer.train_on_ray`, evaluation off) and prints, per policy, the
 mean step time split into generation / scoring / exchange+THL / update / weight sync as each actor
 measured it (:func:`mrl_llm.metrics.train_row`), and the exchange+THL share of the step. The regime
 is ``--regime`` (default ``prp_thl+sgt``: every peer record is pooled, so every one goes through THL;
-the config's own regime with ``--regime config``). The first ``--warmup`` steps are left out (first
+the config's own regime with ``--regime config``). The config is either a YAML file (``--config``; default
+``experiments/configs/tiny_cpu.yaml``, two tiny random policies with the Qwen1.5 and Llama-2
+vocabularies) or, with ``--demo DIR``, the CPU demo's own run config for seed 0 (``mrl_llm demo``: its
+two SFT'd policies and generated tokenizers, its RL prompt pool, eval off): the tokenizers and the SFT
+are made in DIR, or reused from a demo output directory given as DIR. The first ``--warmup`` steps are left out (first
 calls, lazy imports). The driver's wall time per step (barrier to barrier) is printed against the
 slowest policy's step: the difference is what the barriers and the Ray round trips add.
 
-    PYTHONPATH=. python experiments/bench/step_overhead.py [--config FILE] [--steps 6] [--mode async]
+    PYTHONPATH=. python experiments/bench/step_overhead.py [--config FILE | --demo DIR] [--steps 6] [--mode async]
 
 Measured on the shared 2-core machine (tiny_cpu.yaml, prp_thl+sgt, 6 steps, steps 1-5 averaged):
 exchange + THL 0.9-1.3 % of the step in sync mode and 0.9-2.6 % in async mode (k = 1) — the update
@@ -33,9 +36,28 @@ REPO = Path(__file__).resolve().parents[2]
 PARTS = ("generation_s", "scoring_s", "exchange_thl_s", "update_s", "sync_s")
 
 
+def demo_config(d: Path):
+    """The demo's trainer config and RL prompt pool for seed 0, its tokenizers and SFT'd policies in ``d``."""
+    from mrl_llm.config import config_from_mapping
+    from mrl_llm.demo.run import sft_job
+    from mrl_llm.demo.setup import DemoConfig, rl_pool, run_config
+    from mrl_llm.demo.tokenizers import save_demo_tokenizers
+
+    demo = DemoConfig()
+    tok_dirs = save_demo_tokenizers(d / "tokenizers", demo.task())
+    dirs = {}
+    for pol in demo.policies:
+        dirs[pol.name] = str(d / "seed0" / "sft" / pol.name)
+        rep = sft_job(demo, pol, 0, str(tok_dirs[pol.tokenizer]), dirs[pol.name])
+        print(f"SFT {pol.name}: {'reused' if rep.get('reused') else 'trained'} in {dirs[pol.name]}")
+    return config_from_mapping(run_config(demo, "grpo", 0, dirs)), rl_pool(demo.task(), demo.pool_per_family, 0)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--config", default=str(REPO / "experiments" / "configs" / "tiny_cpu.yaml"))
+    src = ap.add_mutually_exclusive_group()
+    src.add_argument("--config", default=str(REPO / "experiments" / "configs" / "tiny_cpu.yaml"))
+    src.add_argument("--demo", metavar="DIR", help="the CPU demo's config, seed 0 (SFT made or reused in DIR)")
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--warmup", type=int, default=1, help="first steps left out of the means")
     ap.add_argument("--mode", choices=["sync", "async"], default="sync")
@@ -51,7 +73,12 @@ def main(argv: list[str] | None = None) -> int:
     from mrl_llm.config import load_config
     from mrl_llm.distributed.ray_trainer import train_on_ray
 
-    cfg = load_config(args.config)
+    problems = None
+    if args.demo:
+        cfg, problems = demo_config(Path(args.demo))
+        args.config = f"the CPU demo (seed 0, {args.demo})"
+    else:
+        cfg = load_config(args.config)
     if args.regime != "config":
         cfg = cfg.with_regime(args.regime)
     cfg = replace(cfg, steps=args.steps, tensorboard=False, progress=False, eval=replace(cfg.eval, enabled=False),
@@ -62,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix="mrl-step-overhead-") as tmp:
             out = Path(args.out or tmp) / "run"
             t0 = time.perf_counter()
-            train_on_ray(cfg, out)
+            train_on_ray(cfg, out, problems=problems)
             wall = time.perf_counter() - t0
             rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
             walls = {int(k): v for k, v in json.loads((out / "runtime.json").read_text())["step_wall_s"].items()}
