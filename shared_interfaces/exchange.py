@@ -137,6 +137,7 @@ class DiskLogExchange(InMemoryExchange):
 
     def __init__(self, path: str | os.PathLike[str], *, fsync: bool = True) -> None:
         super().__init__()
+        self._lines: dict[str, str] = {}  # record id -> its line in the log (the canonical JSON)
         self.path = Path(path)
         self.fsync = fsync
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -165,7 +166,8 @@ class DiskLogExchange(InMemoryExchange):
                 rec = ExperienceRecord.from_json(line)
             except RecordValidationError as err:
                 raise RecordValidationError(f"exchange log {self.path}, line {lineno}: {err}") from err
-            self._add(rec)
+            if self._add(rec):
+                self._lines[rec.record_id] = line
 
     def publish(self, records: Iterable[ExperienceRecord]) -> int:
         with self._lock:
@@ -174,11 +176,18 @@ class DiskLogExchange(InMemoryExchange):
                 if self._add(r):
                     new.append(r)
             if new:
-                self._fh.write("".join(r.to_json() + "\n" for r in new))
+                lines = [r.to_json() for r in new]
+                self._lines.update(zip((r.record_id for r in new), lines, strict=True))
+                self._fh.write("".join(line + "\n" for line in lines))
                 self._fh.flush()
                 if self.fsync:
                     os.fsync(self._fh.fileno())
             return len(new)
+
+    def line(self, record_id: str) -> str:
+        """The record's line in the log: :meth:`ExperienceRecord.to_json`, serialised once at publication
+        (a service that hands records on as JSON reuses it instead of re-encoding)."""
+        return self._lines[record_id]
 
     def close(self) -> None:
         with self._lock:

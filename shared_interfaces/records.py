@@ -16,8 +16,13 @@ import json
 import math
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal
+
+try:  # orjson parses and writes the same JSON ~4x / ~2x faster; the stdlib is the fallback (same records)
+    import orjson as _orjson
+except ImportError:  # pragma: no cover - e.g. the GPU smoke path on a machine without it
+    _orjson = None
 
 SCHEMA_VERSION = 1
 KNOWN_SCHEMA_VERSIONS = frozenset({1})
@@ -72,8 +77,8 @@ class ExperienceRecord:
 
     def __post_init__(self) -> None:
         # Normalise sequences to tuples so records are hashable and immutable.
-        object.__setattr__(self, "token_ids", tuple(int(t) for t in self.token_ids))
-        object.__setattr__(self, "token_logprobs", tuple(float(x) for x in self.token_logprobs))
+        object.__setattr__(self, "token_ids", tuple(map(int, self.token_ids)))
+        object.__setattr__(self, "token_logprobs", tuple(map(float, self.token_logprobs)))
         object.__setattr__(self, "reward", float(self.reward))
         self._validate()
 
@@ -109,14 +114,16 @@ class ExperienceRecord:
                 f"has {len(self.token_logprobs)} entries but token_ids has {len(self.token_ids)}; "
                 "lengths must match (one behaviour log-prob per response token)",
             )
-        for i, tok in enumerate(self.token_ids):
-            if tok < 0:
-                self._fail("token_ids", f"[{i}] = {tok} is negative; token ids are non-negative")
-        for i, lp in enumerate(self.token_logprobs):
-            if not math.isfinite(lp):
-                self._fail("token_logprobs", f"[{i}] = {lp} is not finite")
-            if lp > 0.0:
-                self._fail("token_logprobs", f"[{i}] = {lp} is positive; log-probs must be <= 0")
+        ids, lps = self.token_ids, self.token_logprobs
+        if ids and min(ids) < 0:  # the scans run in C; the index is looked up only on failure
+            i = next(i for i, tok in enumerate(ids) if tok < 0)
+            self._fail("token_ids", f"[{i}] = {ids[i]} is negative; token ids are non-negative")
+        if not all(map(math.isfinite, lps)):
+            i = next(i for i, lp in enumerate(lps) if not math.isfinite(lp))
+            self._fail("token_logprobs", f"[{i}] = {lps[i]} is not finite")
+        if lps and max(lps) > 0.0:
+            i = next(i for i, lp in enumerate(lps) if lp > 0.0)
+            self._fail("token_logprobs", f"[{i}] = {lps[i]} is positive; log-probs must be <= 0")
         if not math.isfinite(self.reward):
             self._fail("reward", f"= {self.reward} is not finite")
         if self.advantage is not None and not math.isfinite(self.advantage):
@@ -135,24 +142,24 @@ class ExperienceRecord:
 
     # -- serialisation ----------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
+        """Every field by name (``dataclasses.asdict`` without its recursive deep copy), sequences as lists."""
+        d = {name: getattr(self, name) for name in _FIELD_NAMES}
         d["token_ids"] = list(self.token_ids)
         d["token_logprobs"] = list(self.token_logprobs)
         return d
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ExperienceRecord:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
+        if data.keys() == _FIELD_SET:  # the common case: every field, nothing else
+            return cls(**data)
+        unknown = sorted(set(data) - _FIELD_SET)
         producer = data.get("policy_id", "?")
         if unknown:
             raise RecordValidationError(
                 f"experience record {data.get('record_id', '?')!r} from policy {producer!r}: unknown "
                 f"field(s) {unknown} (schema version {data.get('schema_version', '?')})"
             )
-        missing = sorted(
-            f.name for f in fields(cls) if f.name not in data and f.name not in ("advantage", "schema_version")
-        )
+        missing = sorted(n for n in _FIELD_NAMES if n not in data and n not in ("advantage", "schema_version"))
         if missing:
             raise RecordValidationError(
                 f"experience record {data.get('record_id', '?')!r} from policy {producer!r}: missing "
@@ -161,18 +168,32 @@ class ExperienceRecord:
         return cls(**data)
 
     def to_json(self) -> str:
-        """One JSON object, no newline. ``json`` writes floats with ``repr``: bit-exact round trip."""
-        return json.dumps(self.to_dict(), ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+        """One JSON object, no newline, UTF-8 text unescaped. Floats are written as their shortest
+        round-trip repr (``orjson``, else ``json`` with ``repr``): the round trip is bit-exact."""
+        d = self.to_dict()
+        if _orjson is not None:
+            try:
+                return _orjson.dumps(d).decode()
+            except TypeError:  # a lone surrogate in a text: not UTF-8; the stdlib escapes it (\udXXX)
+                return json.dumps(d, ensure_ascii=True, allow_nan=False, separators=(",", ":"))
+        return json.dumps(d, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
 
     @classmethod
-    def from_json(cls, line: str) -> ExperienceRecord:
+    def from_json(cls, line: str | bytes) -> ExperienceRecord:
         try:
-            data = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise RecordValidationError(f"experience record line is not valid JSON: {err}") from err
+            data = _orjson.loads(line) if _orjson is not None else json.loads(line)
+        except json.JSONDecodeError as err:  # orjson.JSONDecodeError subclasses it
+            try:  # the stdlib also reads escaped lone surrogates, which orjson refuses
+                data = json.loads(line)
+            except json.JSONDecodeError:
+                raise RecordValidationError(f"experience record line is not valid JSON: {err}") from err
         if not isinstance(data, dict):
             raise RecordValidationError("experience record line must hold a JSON object")
         return cls.from_dict(data)
+
+
+_FIELD_NAMES: tuple[str, ...] = tuple(f.name for f in fields(ExperienceRecord))
+_FIELD_SET = frozenset(_FIELD_NAMES)
 
 
 def dump_jsonl(records: Iterable[ExperienceRecord]) -> str:

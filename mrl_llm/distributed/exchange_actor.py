@@ -63,7 +63,7 @@ class ExchangeService:
                     include_own: bool = True, max_staleness: int = 0) -> list[str]:
         g = self._ex.fetch_group(prompt_id, step, requester=requester, include_own=include_own,
                                  max_staleness=max_staleness)
-        return encode(g.records)
+        return [self._ex.line(r.record_id) for r in g.records]
 
     def fetch_groups(self, prompt_ids: list[str], step: int, max_staleness: int = 0) -> dict[str, list[str]]:
         """Many prompt groups in one call (the driver fetches a whole step at once)."""
@@ -71,7 +71,7 @@ class ExchangeService:
 
     def records_since(self, start: int) -> list[str]:
         """Records ``start..`` in publication order (a cursor for followers and tests)."""
-        return [r.to_json() for k, r in enumerate(self._ex.records()) if k >= start]
+        return [self._ex.line(r.record_id) for k, r in enumerate(self._ex.records()) if k >= start]
 
     def record_ids(self) -> list[str]:
         return [r.record_id for r in self._ex.records()]

@@ -67,6 +67,9 @@ def test_disk_log_replays_to_identical_state(tmp_path):
         ex2.publish(recs(2))
     with DiskLogExchange(path) as ex3:
         assert len(ex3) == 12
+        # each record's cached line is its canonical JSON and its line in the file, after a replay too
+        assert [ex3.line(r.record_id) for r in ex3.records()] == [r.to_json() for r in ex3.records()]
+        assert [ex3.line(r.record_id) for r in ex3.records()] == path.read_text().splitlines()
 
 
 def test_disk_log_replays_responses_with_unicode_line_separators(tmp_path):

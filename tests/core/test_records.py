@@ -86,6 +86,21 @@ def test_json_round_trip_is_lossless(n, reward, text, adv):
     assert load_jsonl(dump_jsonl([r, r])) == [r, r]
 
 
+@pytest.mark.parametrize("text", ["ans", "x\u2028y\u0085z\n", "lone \ud800 surrogate", "é ∑ 🙂"])
+def test_both_json_codecs_write_lines_the_other_reads(monkeypatch, text):
+    """orjson (when installed) and the stdlib fallback write and read each other's lines."""
+    import shared_interfaces.records as records
+
+    r = make(response_text=text, token_logprobs=(-0.1, -1e-300, -0.0), advantage=-2.5e-7)
+    fast = r.to_json()
+    monkeypatch.setattr(records, "_orjson", None)
+    slow = r.to_json()
+    assert ExperienceRecord.from_json(fast) == r and ExperienceRecord.from_json(slow) == r
+    monkeypatch.undo()
+    assert ExperienceRecord.from_json(fast) == r and ExperienceRecord.from_json(slow) == r
+    assert "\n" not in fast and "\n" not in slow  # one line each
+
+
 def test_from_json_rejects_unknown_and_missing_fields():
     d = make().to_dict()
     with pytest.raises(RecordValidationError, match="unknown field"):
