@@ -128,12 +128,8 @@ def response_layout(x: torch.Tensor, packed: PackedBatch) -> tuple[torch.Tensor,
 
 def pad_rows(values: Sequence[Sequence[float]], T: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Ragged per-row values -> ``[len(values), T]`` (zeros past each row's end)."""
-    out = torch.zeros((len(values), T), dtype=dtype)
-    for i, v in enumerate(values):
-        n = min(len(v), T)
-        if n:
-            out[i, :n] = torch.tensor(list(v[:n]), dtype=dtype)
-    return out
+    rows = [list(v[:T]) + [0] * (T - min(len(v), T)) for v in values]  # one tensor call, not one a row
+    return torch.tensor(rows, dtype=dtype).reshape(len(values), T)
 
 
 def thl_metrics(residuals: Sequence[Any]) -> dict[str, float]:

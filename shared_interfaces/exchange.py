@@ -8,6 +8,7 @@ Contract (every implementation, including the Ray service, keeps it):
   of that prompt's rollout records for that step, in canonical order (policy id, sample index,
   record id), with or without the requester's own records. ``max_staleness=k`` widens the window to
   steps ``step - k .. step`` (bounded-staleness asynchronous training; k = 0 is synchronous).
+  ``fetch_groups(prompt_ids, step, ...)`` is the same for many prompts at once.
 * Records are validated on the way in (they are :class:`ExperienceRecord` instances, validated at
   construction; the on-disk log re-validates every line it replays).
 
@@ -23,7 +24,7 @@ import os
 import threading
 import warnings
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 from shared_interfaces.records import ExperienceRecord, PromptGroup, RecordValidationError
@@ -51,6 +52,19 @@ class ExperienceExchange(abc.ABC):
         max_staleness: int = 0,
     ) -> PromptGroup:
         """Rollout records of ``prompt_id`` for steps ``step - max_staleness .. step``."""
+
+    def fetch_groups(
+        self,
+        prompt_ids: Sequence[str],
+        step: int,
+        *,
+        requester: str | None = None,
+        include_own: bool = True,
+        max_staleness: int = 0,
+    ) -> dict[str, PromptGroup]:
+        """:meth:`fetch_group` for each of ``prompt_ids`` (a service answers them in one call)."""
+        return {p: self.fetch_group(p, step, requester=requester, include_own=include_own,
+                                    max_staleness=max_staleness) for p in prompt_ids}
 
     @abc.abstractmethod
     def records(self) -> Iterator[ExperienceRecord]:

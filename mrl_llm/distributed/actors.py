@@ -8,7 +8,7 @@ it instead of unpickling a closure): ``factory(name, config, seed) -> worker`` w
 * ``worker.train_step(plans: list[LearnerPromptPlan]) -> dict[str, float]``;
 * ``worker.save_checkpoint(dir)`` / ``worker.load_checkpoint(dir)``.
 
-The regime decisions come only from :func:`shared_interfaces.regimes.plan.plan_prompt_group`, fed from the
+The regime decisions come only from :func:`shared_interfaces.regimes.plan.plan_prompt_groups`, fed from the
 exchange's groups; the actor decides nothing itself. Records reach the exchange and come back as
 JSON, validated on receipt (:class:`~mrl_llm.distributed.exchange_actor.RemoteExchange`).
 
@@ -38,8 +38,9 @@ from typing import Any
 import numpy as np
 
 from shared_interfaces.exchange import ExperienceExchange
+from shared_interfaces.records import ExperienceRecord, PromptGroup
 from shared_interfaces.regimes.config import RegimeSpec, parse_regime_config
-from shared_interfaces.regimes.plan import LearnerPromptPlan, plan_prompt_group
+from shared_interfaces.regimes.plan import LearnerPromptPlan, plan_prompt_groups
 
 
 @dataclass(frozen=True)
@@ -88,19 +89,33 @@ def plan_rng(seed: int, step: int, policy: str) -> np.random.Generator:
 
 def learner_plans(exchange: ExperienceExchange, learner: str, regime: RegimeSpec, prompt_ids: Sequence[str],
                   step: int, *, present: Iterable[str], baselines: Mapping[str, int] | None = None,
-                  max_staleness: int = 0, seed: int = 0) -> tuple[list[LearnerPromptPlan], int]:
+                  max_staleness: int = 0, seed: int = 0,
+                  own: Sequence[ExperienceRecord] | None = None) -> tuple[list[LearnerPromptPlan], int]:
     """One learner's step decisions: fetch each prompt's group from the exchange, keep the records of the
     ``present`` policies (a peer record staler than ``max_staleness`` is dropped and counted; the
     learner's own records always stay), and plan with the core. Returns ``(plans, stale_dropped)``,
     one plan per prompt in ``prompt_ids`` order. The Ray actors, the single-process trainer and the
-    contract backend all call this one function."""
+    contract backend all call this one function.
+
+    ``own``: the learner's own records of ``step`` when it still holds them (it published them): then
+    only the peers' records are fetched and the two are merged, which gives the same groups (a group's
+    order is canonical) for half the transfer and decoding."""
     present = set(present)
     baselines = baselines or {}
     learners = sorted(present)
-    groups = (exchange.fetch_groups(list(prompt_ids), step)
-              if hasattr(exchange, "fetch_groups")
-              else {p: exchange.fetch_group(p, step) for p in prompt_ids})
-    plans, stale = [], 0
+    if own is None:
+        groups = exchange.fetch_groups(list(prompt_ids), step)
+    else:
+        foreign = [r.record_id for r in own if r.policy_id != learner or r.step != step]
+        if foreign:
+            raise ValueError(f"learner_plans(own=...) got records of another policy or step: {foreign[:3]}")
+        mine: dict[str, list[ExperienceRecord]] = {p: [] for p in prompt_ids}
+        for r in own:
+            if r.prompt_id in mine:
+                mine[r.prompt_id].append(r)
+        peers = exchange.fetch_groups(list(prompt_ids), step, requester=learner, include_own=False)
+        groups = {p: PromptGroup(p, step, peers[p].records + tuple(mine[p])) for p in prompt_ids}
+    kept, stale = [], 0
     for pid in prompt_ids:
         g = groups[pid]
         keep = []
@@ -111,9 +126,9 @@ def learner_plans(exchange: ExperienceExchange, learner: str, regime: RegimeSpec
                 stale += 1
                 continue
             keep.append(r)
-        group = type(g)(g.prompt_id, g.step, tuple(keep))
-        plans.append(plan_prompt_group(group, learners, regime, rng=plan_rng(seed, step, learner))[learner])
-    return plans, stale
+        kept.append(type(g)(g.prompt_id, g.step, tuple(keep)))
+    plans = plan_prompt_groups(kept, learners, regime, learners=[learner], rng=lambda: plan_rng(seed, step, learner))
+    return [p[learner] for p in plans], stale
 
 
 class PolicyActor:
@@ -131,6 +146,7 @@ class PolicyActor:
         torch.manual_seed(spec.seed)
         self.worker = load_factory(spec.factory)(spec.name, dict(spec.config), spec.seed)
         self.ckpt = Path(spec.checkpoint_dir)
+        self._own: dict[int, list[ExperienceRecord]] = {}  # step -> own published records, until trained on
         self.restored_step: int | None = None
         latest = self.ckpt / "LATEST"
         if latest.is_file():
@@ -160,6 +176,8 @@ class PolicyActor:
             raise ValueError(f"policy {self.spec.name!r} produced records for another policy/step: {bad[:3]}")
         t0 = time.perf_counter()
         new = self.exchange.publish(recs)
+        # kept for this step's training, which then fetches only the peers' records (not after a restart)
+        self._own[step] = list(recs)
         timings = dict(getattr(self.worker, "last_generate", None) or {})
         timings["publish_s"] = time.perf_counter() - t0
         return {"policy": self.spec.name, "step": step, "version": int(self.worker.version),
@@ -186,7 +204,10 @@ class PolicyActor:
                     continue
             present.add(self.spec.name)
             wait = time.perf_counter() - t0  # waiting for the peers' generation, not exchange work
-        plans, stale = learner_plans(self.exchange, self.spec.name, self.regime, prompt_ids, step,
+        own = self._own.pop(step, None)
+        for k in [k for k in self._own if k < step]:
+            del self._own[k]
+        plans, stale = learner_plans(self.exchange, self.spec.name, self.regime, prompt_ids, step, own=own,
                                      present=present, baselines=baselines, max_staleness=max_staleness,
                                      seed=self.spec.seed)
         learners = sorted(present)

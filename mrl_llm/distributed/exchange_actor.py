@@ -19,7 +19,7 @@ written against the SEE contract (the trainer's step functions) runs unchanged o
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -65,9 +65,10 @@ class ExchangeService:
                                  max_staleness=max_staleness)
         return [self._ex.line(r.record_id) for r in g.records]
 
-    def fetch_groups(self, prompt_ids: list[str], step: int, max_staleness: int = 0) -> dict[str, list[str]]:
-        """Many prompt groups in one call (the driver fetches a whole step at once)."""
-        return {p: self.fetch_group(p, step, None, True, max_staleness) for p in prompt_ids}
+    def fetch_groups(self, prompt_ids: list[str], step: int, max_staleness: int = 0, requester: str | None = None,
+                     include_own: bool = True) -> dict[str, list[str]]:
+        """Many prompt groups in one call (a learner fetches its whole step at once)."""
+        return {p: self.fetch_group(p, step, requester, include_own, max_staleness) for p in prompt_ids}
 
     def records_since(self, start: int) -> list[str]:
         """Records ``start..`` in publication order (a cursor for followers and tests)."""
@@ -122,10 +123,11 @@ class RemoteExchange(ExperienceExchange):
         lines = ray.get(self.handle.fetch_group.remote(prompt_id, step, requester, include_own, max_staleness))
         return PromptGroup(prompt_id, step, tuple(decode_lines(lines, "exchange")))
 
-    def fetch_groups(self, prompt_ids: list[str], step: int, *, max_staleness: int = 0) -> dict[str, PromptGroup]:
+    def fetch_groups(self, prompt_ids: Sequence[str], step: int, *, requester: str | None = None,
+                     include_own: bool = True, max_staleness: int = 0) -> dict[str, PromptGroup]:
         import ray
 
-        got = ray.get(self.handle.fetch_groups.remote(list(prompt_ids), step, max_staleness))
+        got = ray.get(self.handle.fetch_groups.remote(list(prompt_ids), step, max_staleness, requester, include_own))
         return {p: PromptGroup(p, step, tuple(decode_lines(got[p], "exchange"))) for p in prompt_ids}
 
     def records(self) -> Iterator[ExperienceRecord]:

@@ -29,6 +29,7 @@ from shared_interfaces.regimes.plan import (
     PGItem,
     group_arrays,
     plan_prompt_group,
+    plan_prompt_groups,
 )
 from shared_interfaces.regimes.rows import TrainRow, learner_rows
 
@@ -53,6 +54,7 @@ __all__ = [
     "parse_regime",
     "parse_regime_config",
     "plan_prompt_group",
+    "plan_prompt_groups",
     "pooled_advantages",
     "ratio_variance",
     "regime_plan",

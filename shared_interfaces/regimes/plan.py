@@ -4,18 +4,23 @@
 samples in canonical order), calls :func:`shared_interfaces.regimes.math.regime_plan` and maps the
 result back onto records: for each learner, the records in its policy-gradient batch with their
 advantage and weight, and its SGT targets. A backend turns these into tensors; it decides nothing.
+
+:func:`plan_prompt_groups` does the same for a step's groups at once: groups of one ``[P, G]`` shape
+go through one ``regime_plan`` call over ``[B, P, G]`` (the math is vectorised over leading dims and
+per prompt), which gives the same plans as one call per group. Under SGT's ``random`` selection each
+group keeps its own call and generator.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from shared_interfaces.records import ExperienceRecord, PromptGroup
 from shared_interfaces.regimes.config import RegimeSpec
-from shared_interfaces.regimes.math import regime_plan
+from shared_interfaces.regimes.math import RegimePlan, regime_plan
 
 
 @dataclass(frozen=True)
@@ -90,29 +95,73 @@ def plan_prompt_group(
 ) -> dict[str, LearnerPromptPlan]:
     """Each learner's plan for ``group`` under ``spec`` (keys: policy ids)."""
     arr = group_arrays(group, policy_ids)
-    if arr.mask.size == 0:  # no records at all: every learner gets an empty plan
-        return {
-            p: LearnerPromptPlan(p, group.prompt_id, group.step, (), False, (), 0.0, spec.denominator,
-                                 spec.prp.ratio_cap)
-            for p in arr.policy_ids
-        }
+    if arr.mask.size == 0:
+        return _empty_plans(group, arr.policy_ids, spec)
     plan = regime_plan(spec, arr.rewards, arr.verified, arr.lengths, arr.mask, rng=rng)
+    return _learner_plans(group, arr, plan, arr.policy_ids)
+
+
+def plan_prompt_groups(
+    groups: Sequence[PromptGroup],
+    policy_ids: Sequence[str],
+    spec: RegimeSpec,
+    *,
+    learners: Sequence[str] | None = None,
+    rng: Callable[[], np.random.Generator] | None = None,
+) -> list[dict[str, LearnerPromptPlan]]:
+    """:func:`plan_prompt_group` for each of ``groups``, in order, batching groups of one shape into one
+    ``regime_plan`` call. ``learners`` limits each result to those policies (default: all);
+    ``rng()`` makes the generator of each group's SGT ``random`` selection (called once per group)."""
+    arrs = [group_arrays(g, policy_ids) for g in groups]
+    keep = tuple(sorted(set(policy_ids))) if learners is None else tuple(learners)
+    out: list[dict[str, LearnerPromptPlan] | None] = [None] * len(groups)
+    per_group = spec.sgt_enabled and spec.sgt.selection == "random"
+    by_shape: dict[tuple[int, ...], list[int]] = {}
+    for k, (g, arr) in enumerate(zip(groups, arrs, strict=True)):
+        if arr.mask.size == 0:
+            out[k] = {p: v for p, v in _empty_plans(g, arr.policy_ids, spec).items() if p in keep}
+        elif per_group:
+            plan = regime_plan(spec, arr.rewards, arr.verified, arr.lengths, arr.mask,
+                               rng=rng() if rng is not None else None)
+            out[k] = _learner_plans(g, arr, plan, keep)
+        else:
+            by_shape.setdefault(arr.mask.shape, []).append(k)
+    for ks in by_shape.values():
+        stack = [arrs[k] for k in ks]
+        plan = regime_plan(spec, np.stack([a.rewards for a in stack]), np.stack([a.verified for a in stack]),
+                           np.stack([a.lengths for a in stack]), np.stack([a.mask for a in stack]))
+        for b, k in enumerate(ks):
+            out[k] = _learner_plans(groups[k], arrs[k], _slice(plan, b), keep)
+    return out  # type: ignore[return-value]
+
+
+def _slice(plan: RegimePlan, b: int) -> RegimePlan:
+    """Prompt ``b`` of a plan over ``[B, ...]``."""
+    return replace(plan, advantages=plan.advantages[b], pg_mask=plan.pg_mask[b], sample_weight=plan.sample_weight[b],
+                   sgt_gate=plan.sgt_gate[b], sgt_targets=plan.sgt_targets[b])
+
+
+def _empty_plans(group: PromptGroup, policy_ids: Sequence[str], spec: RegimeSpec) -> dict[str, LearnerPromptPlan]:
+    """No records at all: every learner gets an empty plan."""
+    return {p: LearnerPromptPlan(p, group.prompt_id, group.step, (), False, (), 0.0, spec.denominator,
+                                 spec.prp.ratio_cap) for p in policy_ids}
+
+
+def _learner_plans(group: PromptGroup, arr: GroupArrays, plan: RegimePlan,
+                   learners: Sequence[str]) -> dict[str, LearnerPromptPlan]:
+    """Map one group's ``[P, G]`` plan back onto its records, for ``learners``."""
+    adv = plan.advantages.tolist()
     out: dict[str, LearnerPromptPlan] = {}
-    for i, learner in enumerate(arr.policy_ids):
+    for learner in learners:
+        i = arr.policy_ids.index(learner)
+        pg, w, tg = plan.pg_mask[i].tolist(), plan.sample_weight[i].tolist(), plan.sgt_targets[i].tolist()
         items = []
         targets = []
         for j, row in enumerate(arr.records):
             for g, rec in enumerate(row):
-                if plan.pg_mask[i, j, g]:
-                    items.append(
-                        PGItem(
-                            record=rec,
-                            advantage=float(plan.advantages[j, g]),
-                            weight=float(plan.sample_weight[i, j, g]),
-                            is_peer=j != i,
-                        )
-                    )
-                if plan.sgt_targets[i, j, g]:
+                if pg[j][g]:
+                    items.append(PGItem(record=rec, advantage=float(adv[j][g]), weight=float(w[j][g]), is_peer=j != i))
+                if tg[j][g]:
                     targets.append(rec)
         out[learner] = LearnerPromptPlan(
             learner=learner,

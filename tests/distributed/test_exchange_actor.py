@@ -89,6 +89,8 @@ def test_remote_exchange_keeps_the_see_contract_and_validates(ray_local, tmp_pat
     assert remote.publish(recs[:3]) == 0
     for kw in (dict(), dict(requester="a", include_own=False), dict(max_staleness=1)):
         assert remote.fetch_group("x", 2, **kw) == local.fetch_group("x", 2, **kw)
+    for kw in (dict(), dict(requester="b", include_own=False), dict(max_staleness=2)):
+        assert remote.fetch_groups(["x", "y"], 1, **kw) == local.fetch_groups(["x", "y"], 1, **kw)
     assert remote.fetch_groups(["x"], 1)["x"] == local.fetch_group("x", 1)
     assert remote.prompt_ids(0) == ["x"] and len(remote) == len(recs)
     assert list(remote.records()) == list(local.records())
