@@ -4,6 +4,7 @@
 
     {"kind": "train", "step": s, "policy": ..., "regime": ..., <the worker's step metrics>,
      "generation_s", "scoring_s", "exchange_thl_s", "update_s", "sync_s", "step_s",
+     "publish_s", "fetch_s", "plan_s", "thl_s",
      "cum_samples", "cum_gen_tokens", "cum_train_tokens", "cum_flops"}
     {"kind": "eval", "step": t, "policy": ..., "eval_accuracy", "pass_at_k", "peer_exclusive_accuracy", ...}
 
@@ -43,6 +44,8 @@ log = logging.getLogger("mrl_llm.metrics")
 #: fetching + planning + THL/batch building, the optimizer update, and pushing the new weights into the
 #: rollout engine (0 for the HF engine, which samples from the trainer's own model).
 TIMES = ("generation_s", "scoring_s", "exchange_thl_s", "update_s", "sync_s")
+#: Every wall-clock column of a train row (what differs between two runs that are otherwise identical).
+TIMING_KEYS = frozenset({*TIMES, "step_s", "peer_wait_s", "publish_s", "fetch_s", "plan_s", "thl_s"})
 
 
 def train_row(step: int, policy: str, regime: str, gen: Mapping[str, Any], res: Mapping[str, Any]) -> dict[str, Any]:
@@ -51,7 +54,10 @@ def train_row(step: int, policy: str, regime: str, gen: Mapping[str, Any], res: 
     what its ``train`` returned (the same in one process and under Ray). ``exchange_thl_s`` is
     everything of the step that is neither sampling, scoring, the update nor the weight sync: publish,
     fetch, the core's plans, THL and batch building. ``peer_wait_s`` (asynchronous mode: waiting for the
-    peers' generation of the step) is idle time, reported apart and not part of ``step_s``."""
+    peers' generation of the step) is idle time, reported apart and not part of ``step_s``.
+    ``exchange_thl_s`` in detail (not summed again): ``publish_s`` (the policy's records into the
+    exchange), ``fetch_s`` (the peers' records out of it), ``plan_s`` (the core's regime plans) and
+    ``thl_s`` (THL alignment and the training batch's token rows)."""
     g, m, t = gen["timings"], res["metrics"], res["timings"]
     c = res.get("counters") or {}
     update, sync = float(m.get("update_s", 0.0)), float(m.get("sync_s", 0.0))
@@ -59,6 +65,7 @@ def train_row(step: int, policy: str, regime: str, gen: Mapping[str, Any], res: 
            "stale_dropped": res["stale_dropped"], "generation_s": g["generation_s"], "scoring_s": g["scoring_s"],
            "exchange_thl_s": max(0.0, g["publish_s"] + t["fetch_plan_s"] + t["train_step_s"] - update - sync),
            "update_s": update, "sync_s": sync, "peer_wait_s": t.get("peer_wait_s", 0.0),
+           "publish_s": g["publish_s"], "fetch_s": t.get("fetch_s"), "plan_s": t.get("plan_s"),
            **{k: g[k] for k in ("samples", "gen_tokens", "skipped_samples", "empty_responses", "truncated_responses")},
            "cum_samples": c.get("samples"), "cum_gen_tokens": c.get("gen_tokens"),
            "cum_train_tokens": c.get("train_tokens"), "cum_flops": c.get("flops")}

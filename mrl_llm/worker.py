@@ -272,8 +272,8 @@ class LLMPolicyWorker:
         tr = self.trace_cache.get_or_compute(rec.record_id, self.tok_id, compute)
         prompt = mine
         if self.template.add_special_tokens and len(tr.prompt_ids):
-            prompt = [int(i) for i in tr.prompt_ids]
-        return prompt, [int(i) for i in tr.target_ids], [float(x) for x in tr.target_logprobs], tr.residual
+            prompt = tr.prompt_ids.tolist()
+        return prompt, tr.target_ids.tolist(), tr.target_logprobs.tolist(), tr.residual
 
     def _source_tokenizer(self, rec: ExperienceRecord) -> Any:
         src = self.peer_tokenizers.get(rec.tokenizer_id)

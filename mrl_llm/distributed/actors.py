@@ -90,7 +90,8 @@ def plan_rng(seed: int, step: int, policy: str) -> np.random.Generator:
 def learner_plans(exchange: ExperienceExchange, learner: str, regime: RegimeSpec, prompt_ids: Sequence[str],
                   step: int, *, present: Iterable[str], baselines: Mapping[str, int] | None = None,
                   max_staleness: int = 0, seed: int = 0,
-                  own: Sequence[ExperienceRecord] | None = None) -> tuple[list[LearnerPromptPlan], int]:
+                  own: Sequence[ExperienceRecord] | None = None,
+                  timings: dict[str, float] | None = None) -> tuple[list[LearnerPromptPlan], int]:
     """One learner's step decisions: fetch each prompt's group from the exchange, keep the records of the
     ``present`` policies (a peer record staler than ``max_staleness`` is dropped and counted; the
     learner's own records always stay), and plan with the core. Returns ``(plans, stale_dropped)``,
@@ -99,7 +100,9 @@ def learner_plans(exchange: ExperienceExchange, learner: str, regime: RegimeSpec
 
     ``own``: the learner's own records of ``step`` when it still holds them (it published them): then
     only the peers' records are fetched and the two are merged, which gives the same groups (a group's
-    order is canonical) for half the transfer and decoding."""
+    order is canonical) for half the transfer and decoding. ``timings`` (when given) gets the seconds
+    spent fetching (``fetch_s``) and planning (``plan_s``)."""
+    t0 = time.perf_counter()
     present = set(present)
     baselines = baselines or {}
     learners = sorted(present)
@@ -115,6 +118,7 @@ def learner_plans(exchange: ExperienceExchange, learner: str, regime: RegimeSpec
                 mine[r.prompt_id].append(r)
         peers = exchange.fetch_groups(list(prompt_ids), step, requester=learner, include_own=False)
         groups = {p: PromptGroup(p, step, peers[p].records + tuple(mine[p])) for p in prompt_ids}
+    t1 = time.perf_counter()
     kept, stale = [], 0
     for pid in prompt_ids:
         g = groups[pid]
@@ -128,6 +132,8 @@ def learner_plans(exchange: ExperienceExchange, learner: str, regime: RegimeSpec
             keep.append(r)
         kept.append(type(g)(g.prompt_id, g.step, tuple(keep)))
     plans = plan_prompt_groups(kept, learners, regime, learners=[learner], rng=lambda: plan_rng(seed, step, learner))
+    if timings is not None:
+        timings.update(fetch_s=t1 - t0, plan_s=time.perf_counter() - t1)
     return [p[learner] for p in plans], stale
 
 
@@ -207,7 +213,8 @@ class PolicyActor:
         own = self._own.pop(step, None)
         for k in [k for k in self._own if k < step]:
             del self._own[k]
-        plans, stale = learner_plans(self.exchange, self.spec.name, self.regime, prompt_ids, step, own=own,
+        parts: dict[str, float] = {}
+        plans, stale = learner_plans(self.exchange, self.spec.name, self.regime, prompt_ids, step, own=own, timings=parts,
                                      present=present, baselines=baselines, max_staleness=max_staleness,
                                      seed=self.spec.seed)
         learners = sorted(present)
@@ -220,7 +227,7 @@ class PolicyActor:
         counters = getattr(self.worker, "counters", None)
         return {"policy": self.spec.name, "step": step, "version": int(self.worker.version),
                 "peers": learners, "stale_dropped": stale, "metrics": metrics,
-                "timings": {"fetch_plan_s": t1 - t0 - wait, "peer_wait_s": wait, "train_step_s": t2 - t1},
+                "timings": {"fetch_plan_s": t1 - t0 - wait, "peer_wait_s": wait, "train_step_s": t2 - t1, **parts},
                 "counters": dict(counters) if counters is not None else {}}
 
     def save(self, step: int) -> str:

@@ -24,13 +24,14 @@ from mrl_llm.config import config_from_mapping
 from mrl_llm.contract import learner_tokenizer_dir
 from mrl_llm.distributed.actors import FaultInjection
 from mrl_llm.distributed.ray_trainer import train_on_ray
+from mrl_llm.metrics import TIMING_KEYS
 from mrl_llm.trainer import train
 from tests.llm.helpers import problems, ray_test_runtime_env, register_test_verifiers, tiny
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 PROBLEMS = problems(6, verifier="short8")
-TIMING = {"generation_s", "scoring_s", "exchange_thl_s", "update_s", "sync_s", "step_s", "thl_s", "peer_wait_s"}
+TIMING = TIMING_KEYS
 
 
 @pytest.fixture(scope="module")

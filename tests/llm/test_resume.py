@@ -11,11 +11,12 @@ from safetensors.torch import load_file
 
 from mrl_llm.config import config_from_mapping
 from mrl_llm.contract import learner_tokenizer_dir
+from mrl_llm.metrics import TIMING_KEYS
 from mrl_llm.trainer import train
 from mrl_llm.worker import LLMPolicyWorker
 from tests.llm.helpers import ShortAnswerVerifier, install_verifier, problems, tiny
 
-TIMING = {"generation_s", "scoring_s", "exchange_thl_s", "update_s", "sync_s", "step_s", "thl_s", "peer_wait_s"}
+TIMING = TIMING_KEYS
 
 
 def small_config(steps: int = 3, regime: str = "prp_thl+sgt", **extra):
