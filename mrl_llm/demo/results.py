@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from mrl_llm.evaluate import read_eval_rows
+from mrl_llm.report import render_table
 
 #: The table's columns: key in a run's per-policy result, header.
 COLUMNS = (
@@ -145,13 +146,9 @@ def paired_vs(results: Sequence[dict[str, Any]], baseline: str = "grpo") -> dict
 
 def paired_markdown(paired: dict[str, dict[str, tuple]], regimes: Sequence[str], baseline: str = "grpo") -> str:
     head = ["regime", *(h for _, h in PAIRED)]
-    lines = [f"Paired differences vs {baseline} (per seed: the regime's value minus {baseline}'s, both averaged "
-             "over the two policies; mean ± 95 % t-interval over seeds):", "",
-             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for reg in regimes:
-        if reg != baseline and reg in paired:
-            lines.append("| " + " | ".join([reg, *(fmt(paired[reg][k]) for k, _ in PAIRED)]) + " |")
-    return "\n".join(lines)
+    body = [[reg, *(fmt(paired[reg][k]) for k, _ in PAIRED)] for reg in regimes if reg != baseline and reg in paired]
+    return (f"Paired differences vs {baseline} (per seed: the regime's value minus {baseline}'s, both averaged "
+            "over the two policies; mean ± 95 % t-interval over seeds):\n\n" + render_table(head, body))
 
 
 def fmt(m: tuple[float, float | None, int], digits: int = 3) -> str:
@@ -164,7 +161,7 @@ def fmt(m: tuple[float, float | None, int], digits: int = 3) -> str:
 def table_markdown(agg: dict, regimes: Sequence[str], policies: Sequence[str], n_seeds: int) -> str:
     """The markdown table (rows in regime order, then policy order)."""
     head = ["regime", "policy", *(h for _, h in COLUMNS)]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    body = []
     for reg in regimes:
         for pol in policies:
             d = agg.get((reg, pol))
@@ -172,10 +169,10 @@ def table_markdown(agg: dict, regimes: Sequence[str], policies: Sequence[str], n
                 continue
             cells = [fmt(d[c], 1 if c in ("peer_exclusive_n", "sgt_activations") else 3) if c in d else "-"
                      for c, _ in COLUMNS]
-            lines.append("| " + " | ".join([reg, pol, *cells]) + " |")
+            body.append([reg, pol, *cells])
     note = (f"Means over {n_seeds} seed(s)" + (" ± the half-width of the 95 % Student-t interval." if n_seeds > 1
                                                else " (one seed: no interval)."))
-    return "\n".join(lines) + "\n\n" + note
+    return render_table(head, body) + "\n\n" + note
 
 
 def _bars(ax, agg: dict, regimes: Sequence[str], policies: Sequence[str], key: str, start_key: str | None,

@@ -191,7 +191,9 @@ def _pool(jobs: int) -> ProcessPoolExecutor:
 
 def _longest_first(regimes: tuple[str, ...]) -> list[str]:
     """PRP runs train on twice the rows: start them first so the pool ends together."""
-    return sorted(regimes, key=lambda r: 0 if r.startswith("prp") else 1)
+    from shared_interfaces.regimes import parse_regime
+
+    return sorted(regimes, key=lambda r: 0 if parse_regime(r).uses_peer_samples else 1)
 
 
 def finish(cfg: DemoConfig, out: Path, *, wall_s: float, load: tuple, sft: dict, say: Callable[[str], None],
