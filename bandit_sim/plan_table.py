@@ -31,7 +31,7 @@ ROW_FIELDS = ("advantages", "sample_weight", "pg_mask", "sgt_mask", "use_mu")
 
 def tabulable(spec: RegimeSpec, P: int, G: int) -> bool:
     """Whether ``spec``'s plan of a prompt is a function of its ``P * G`` reward bits that fits a table."""
-    return P * G <= MAX_BITS and not (spec.sgt_enabled and spec.sgt.selection == "random")
+    return P * G <= MAX_BITS and not spec.random_plan
 
 
 class PlanTable:

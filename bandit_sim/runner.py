@@ -46,7 +46,7 @@ def _worker(scenario: Scenario, cfg: RunConfig, seed_range: tuple[int, int] | No
 
 
 def _jobs(cfg: RunConfig, workers: int) -> tuple[str, list[tuple[RunConfig, tuple[int, int] | None]]]:
-    if any(s.sgt_enabled and s.sgt.selection == "random" for s in cfg.regime_specs()):
+    if any(s.random_plan for s in cfg.regime_specs()):
         n = min(workers, len(cfg.regimes))
         return "regimes", [(replace(cfg, regimes=cfg.regimes[i::n], threads=1), None) for i in range(n)]
     n = min(workers, cfg.seeds)

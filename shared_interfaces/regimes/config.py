@@ -148,6 +148,12 @@ class RegimeSpec:
         return self.base in ("prp_snapshot", "prp_thl")
 
     @property
+    def random_plan(self) -> bool:
+        """The plan draws random numbers (SGT's ``random`` selection): it needs a generator, and is not a
+        function of the rewards alone."""
+        return self.sgt_enabled and self.sgt.selection == "random"
+
+    @property
     def denominator(self) -> Literal["snapshot", "thl"] | None:
         """The PRP ratio denominator, or None when the regime trains on no peer samples."""
         return {"prp_snapshot": "snapshot", "prp_thl": "thl"}.get(self.base)  # type: ignore[return-value]

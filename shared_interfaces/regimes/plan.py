@@ -115,7 +115,7 @@ def plan_prompt_groups(
     arrs = [group_arrays(g, policy_ids) for g in groups]
     keep = tuple(sorted(set(policy_ids))) if learners is None else tuple(learners)
     out: list[dict[str, LearnerPromptPlan] | None] = [None] * len(groups)
-    per_group = spec.sgt_enabled and spec.sgt.selection == "random"
+    per_group = spec.random_plan
     by_shape: dict[tuple[int, ...], list[int]] = {}
     for k, (g, arr) in enumerate(zip(groups, arrs, strict=True)):
         if arr.mask.size == 0:
