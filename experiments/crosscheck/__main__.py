@@ -42,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--adam-lrs", type=_floats, default=d.adam_lrs,
                     help="comma-separated Adam learning rates to fit over ('' leaves Adam out)")
     ap.add_argument("--epochs", type=_ints, default=d.epochs, help="comma-separated epochs per step to fit over")
-    ap.add_argument("--threshold", type=float, default=0.5, help="predicted rescue: mean P(solved) >= this")
+    ap.add_argument("--threshold", type=float, default=CrosscheckOptions().threshold, help="predicted rescue: mean P(solved) >= this")
     ap.add_argument("--sgt-factors", type=_floats, default=CrosscheckOptions().sgt_factors,
                     help="SGT weight diagnostic: multiples of the LLM's lambda to rerun the SGT regimes with")
     return ap
@@ -58,7 +58,6 @@ def main(argv: list[str] | None = None) -> int:
                            adam_lrs=args.adam_lrs, epochs=args.epochs),
             threshold=args.threshold, sgt_factors=args.sgt_factors,
         )
-        opts.sim.grid()  # an empty grid fails here
         res = run_crosscheck(args.llm_runs, args.out, opts)
     except (RunsError, ConfigError, ValueError) as err:
         print(f"crosscheck: error: {err}", file=sys.stderr)

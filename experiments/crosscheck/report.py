@@ -191,8 +191,9 @@ def markdown(res: dict) -> str:
         out.append(f"| {label} | {_order(res, 'llm', key)} | {_order(res, 'bandit', key)} | {_f(s['statistic'], 2)} | "
                    f"{_f(s['p_greater'])}, {_f(s['p_two_sided'])} | {_f(k['statistic'], 2)} | {_f(k['p_greater'])}, "
                    f"{_f(k['p_two_sided'])} |")
-    n = res["ordering"]["final"]["spearman"]["n"]
-    out += ["", f"p-values: exact, over all {math.factorial(n) if n <= 8 else 'sampled'} orderings of {n} regimes; "
+    sp = res["ordering"]["final"]["spearman"]
+    over = (f"exact, over all {sp['permutations']}" if sp["exact"] else f"Monte Carlo, over {sp['permutations']} sampled")
+    out += ["", f"p-values: {over} orderings of {sp['n']} regimes; "
             "one-sided = P(ρ or τ ≥ observed) under a random order.", "", "![ordering](ordering.png)", ""]
     out += ["## Rescues", "", "| regime | rescue set | observed | predicted | expected | both | precision | recall | AUC | "
             "per policy (precision / recall) |", "|---|---|---|---|---|---|---|---|---|---|"]

@@ -29,18 +29,18 @@ say how far the bandit's λ would have to move to match what the LLM's SGT did.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
-from bandit_sim.config import RunConfig
+from bandit_sim.config import RunConfig, with_overrides
 from bandit_sim.engine import Engine
 from bandit_sim.scenario import Scenario
 from experiments.crosscheck.calibrate import solve_probability
 from shared_interfaces.config_io import from_mapping
-from shared_interfaces.regimes.config import AdvantageConfig, LossConfig, PRPConfig, SGTConfig
+from shared_interfaces.regimes.config import LossConfig, parse_regime_config
 
 
 @dataclass(frozen=True)
@@ -63,12 +63,13 @@ class SimOptions:
     adam_lrs: tuple[float, ...] = (0.003, 0.01, 0.03, 0.1, 0.3)
     epochs: tuple[int, ...] = (1, 2, 4)
 
+    def __post_init__(self) -> None:
+        if not (self.sgd_lrs or self.adam_lrs) or not self.epochs:
+            raise ValueError("the fit grid is empty: give --sgd-lrs or --adam-lrs, and --epochs")
+
     def grid(self) -> list[FreeSettings]:
         lrs = {"sgd": self.sgd_lrs, "adam": self.adam_lrs}
-        out = [FreeSettings(o, lr, e) for o, ls in lrs.items() for lr in ls for e in self.epochs]
-        if not out:
-            raise ValueError("the fit grid is empty: give --sgd-lrs or --adam-lrs, and --epochs")
-        return out
+        return [FreeSettings(o, lr, e) for o, ls in lrs.items() for lr in ls for e in self.epochs]
 
 
 def _section(cls, data: dict | None, where: str):
@@ -79,15 +80,14 @@ def _section(cls, data: dict | None, where: str):
 def bandit_config(llm_config: dict[str, Any], regimes: tuple[str, ...], n_contexts: int, free: FreeSettings,
                   opts: SimOptions, group_size: int, record_every: int = 1) -> RunConfig:
     """The bandit run that mirrors ``llm_config`` (module docstring); metrics every ``record_every`` steps."""
-    reg = llm_config.get("regime") or {}
+    spec = parse_regime_config(llm_config["regime"])  # the LLM run's regime settings, parsed by the core
     loss = _section(LossConfig, llm_config.get("loss"), "loss")
     return RunConfig(
         regimes=tuple(regimes), steps=int(llm_config["steps"]), seeds=opts.seeds, seed=int(llm_config.get("seed", 0)),
         batch_prompts=min(int(llm_config["prompts_per_step"]), n_contexts), group_size=group_size,
         epochs=free.epochs, lr=free.lr, optimizer=free.optimizer, model="tabular", thl_sigma=opts.thl_sigma,
         record_every=record_every, dtype="float64", threads=1,
-        advantage=_section(AdvantageConfig, reg.get("advantage"), "regime.advantage"),
-        prp=_section(PRPConfig, reg.get("prp"), "regime.prp"), sgt=_section(SGTConfig, reg.get("sgt"), "regime.sgt"),
+        advantage=spec.advantage, prp=spec.prp, sgt=spec.sgt,
         loss=LossConfig(clip_low=loss.clip_low, clip_high=loss.clip_high, agg="token-mean", kl_coef=loss.kl_coef),
     )
 
@@ -205,7 +205,7 @@ def sgt_weight_scan(case: FitCase, regimes: tuple[str, ...], free: FreeSettings,
     for f in factors:
         cfg = bandit_config(case.llm_config, regimes, case.scenario.n_contexts, free, opts, case.group_size,
                             eval_gcd(case.fractions, int(case.llm_config["steps"])))
-        cfg = replace(cfg, sgt=replace(cfg.sgt, weight=cfg.sgt.weight * f))
+        cfg = with_overrides(cfg, sgt_weight=cfg.sgt.weight * f)
         pred = simulate(case.scenario, cfg, case.eval_k)
         for r, reg in enumerate(pred.regimes):
             q = pred.final_solve_prob[r].mean(axis=0)
