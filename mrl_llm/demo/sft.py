@@ -25,8 +25,9 @@ from typing import Any
 
 import torch
 
+from mrl_llm.config import PolicyConfig
 from mrl_llm.data.problem import Problem
-from mrl_llm.models import save_policy
+from mrl_llm.models import build_model, save_policy
 from mrl_llm.rewards import ArithmeticTask, arithmetic_reward, reference_response
 from mrl_llm.rollout import HFEngine, SamplingConfig
 from mrl_llm.templates import PromptTemplate, TemplateConfig
@@ -59,21 +60,16 @@ class SFTConfig:
     seed: int = 0
 
 
-def arch_config(arch: str, tokenizer: Any, size: ArchSize) -> Any:
-    """A transformers config of a Qwen2-style (``qwen2``: biased QKV, GQA, RMSNorm, SwiGLU) or
-    Llama-style (``llama``) causal LM for ``tokenizer``'s vocabulary; tied input/output embeddings."""
-    from transformers import LlamaConfig, Qwen2Config
-
-    common = dict(vocab_size=len(tokenizer), hidden_size=size.hidden, intermediate_size=size.mlp_mult * size.hidden,
-                  num_hidden_layers=size.layers, num_attention_heads=size.heads, num_key_value_heads=size.kv_heads,
-                  max_position_embeddings=size.max_positions, tie_word_embeddings=True,
-                  bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                  pad_token_id=tokenizer.pad_token_id)
-    if arch == "qwen2":
-        return Qwen2Config(**common, use_sliding_window=False)
-    if arch == "llama":
-        return LlamaConfig(**common)
-    raise ValueError(f"unknown demo architecture {arch!r}; choose one of {list(ARCHS)}")
+def arch_config(arch: str, size: ArchSize) -> dict[str, Any]:
+    """The ``model_config`` of a Qwen2-style (``qwen2``: biased QKV, GQA, RMSNorm, SwiGLU) or Llama-style
+    (``llama``) causal LM with tied input/output embeddings; :func:`mrl_llm.models.build_model` adds the
+    tokenizer's vocabulary size and special-token ids."""
+    if arch not in ARCHS:
+        raise ValueError(f"unknown demo architecture {arch!r}; choose one of {list(ARCHS)}")
+    cfg = {"model_type": arch, "hidden_size": size.hidden, "intermediate_size": size.mlp_mult * size.hidden,
+           "num_hidden_layers": size.layers, "num_attention_heads": size.heads, "num_key_value_heads": size.kv_heads,
+           "max_position_embeddings": size.max_positions, "tie_word_embeddings": True}
+    return {**cfg, "use_sliding_window": False} if arch == "qwen2" else cfg
 
 
 def encode_example(tokenizer: Any, template: PromptTemplate, problem: Problem) -> tuple[list[int], int]:
@@ -126,13 +122,9 @@ def sft_policy(*, name: str, arch: str, tokenizer: Any, task: ArithmeticTask, fa
     """Build, SFT on ``families`` and save policy ``name`` to ``out_dir``; returns its report
     (``params``, ``train_s``, ``final_loss`` and ``accuracy[family][split]``: greedy, on at most
     ``eval_max`` problems per cell, a fixed sample)."""
-    from transformers import AutoModelForCausalLM
-
     template = template or TemplateConfig(text="{question}\n")
     tpl = PromptTemplate(template, tokenizer, policy=f"demo policy {name!r}")
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(sft.seed)
-        model = AutoModelForCausalLM.from_config(arch_config(arch, tokenizer, size))
+    model = build_model(PolicyConfig(name=name, model_config=arch_config(arch, size)), tokenizer, seed=sft.seed)
     examples = [encode_example(tokenizer, tpl, p) for p in task.problems("train", families)]
     if not examples:
         raise ValueError(f"demo policy {name!r}: no training problems in families {list(families)}")
@@ -158,7 +150,6 @@ def sft_policy(*, name: str, arch: str, tokenizer: Any, task: ArithmeticTask, fa
     acc = {f: {split: greedy_accuracy(model, tokenizer, tpl, _sample(task.problems(split, [f]), eval_max, f"{f}:{split}"),
                                       max_new_tokens)
                for split in ("train", "eval")} for f in task.family_names}
-    model.train()
     report = {"name": name, "arch": arch, "families": list(families), "params": sum(p.numel() for p in model.parameters()),
               "vocab": len(tokenizer), "train_s": train_s, "final_loss": float(loss.item()), "accuracy": acc,
               "size": asdict(size), "sft": asdict(sft)}
