@@ -77,6 +77,19 @@ def resolve_problems(config: RunConfig, problems: Sequence[Problem] | None,
     return list(problems), list(eval_problems)[: config.eval.max_prompts]
 
 
+def log_eval(log: MetricsLog, rows: list[dict[str, Any]], names: Sequence[str], t: int, regime: str,
+             exclusive: dict[str, set[str]]) -> dict[str, set[str]]:
+    """Write evaluation ``t``'s per-prompt ``rows`` to ``eval.jsonl`` and one ``kind: eval`` metrics row per
+    policy of ``names``; returns the peer-exclusive prompt sets (measured at t = 0, else ``exclusive``).
+    Both runtimes call it, so their evaluation output cannot drift apart."""
+    if t == 0:
+        exclusive = peer_exclusive_sets(rows)
+    log.eval_rows(rows)
+    summ = summarize(rows, exclusive)
+    log.metrics([{"kind": "eval", "step": t, "policy": n, "regime": regime, **summ.get(n, {})} for n in names])
+    return exclusive
+
+
 def unique_prompts(batch: Sequence[Problem]) -> list[Problem]:
     """The batch without repeated prompt ids (a batch that spans two epochs can draw a prompt twice; a
     prompt is one group of the exchange, so its second draw is dropped, with a log line)."""
@@ -171,12 +184,7 @@ class Run:
             return
         rows = evaluate_workers({n: a.worker for n, a in self.actors.items()}, self.eval_problems, step=t, k=e.k,
                                 temperature=e.temperature, top_p=e.top_p, max_new_tokens=e.max_new_tokens)
-        if t == 0:
-            self.exclusive = peer_exclusive_sets(rows)
-        self.log.eval_rows(rows)
-        summ = summarize(rows, self.exclusive)
-        self.log.metrics([{"kind": "eval", "step": t, "policy": n, "regime": self.regime, **summ.get(n, {})}
-                          for n in self.actors])
+        self.exclusive = log_eval(self.log, rows, list(self.actors), t, self.regime, self.exclusive)
 
     def step(self, s: int) -> list[dict[str, Any]]:
         problems = unique_prompts(self.cursor.next_batch())

@@ -40,7 +40,6 @@ from mrl_llm.distributed.driver import Membership, RayDriver, wait_status
 from mrl_llm.distributed.memory import GiB, PolicyFootprint
 from mrl_llm.distributed.plan_cli import footprints_from_config
 from mrl_llm.distributed.planner import PlacementPlan, plan_placement
-from mrl_llm.evaluate import peer_exclusive_sets, summarize
 from mrl_llm.metrics import MetricsLog, clean, train_row
 from mrl_llm.runstate import prune
 from shared_interfaces.config_io import ConfigError, to_mapping
@@ -140,7 +139,7 @@ def train_on_ray(config: RunConfig, out_dir: str | Path, *, problems: Sequence[P
     crash chosen actors once (tests of the fault tolerance)."""
     import ray
 
-    from mrl_llm.trainer import resolve_problems, run_summary
+    from mrl_llm.trainer import log_eval, resolve_problems, run_summary
 
     out = Path(out_dir)
     if (out / "metrics.jsonl").exists() or (out / "exchange.jsonl").exists():
@@ -187,12 +186,7 @@ def train_on_ray(config: RunConfig, out_dir: str | Path, *, problems: Sequence[P
             refs = {n: drv.actors[n].evaluate.remote(eval_set, step=t, k=e.k, temperature=e.temperature,
                                                       top_p=e.top_p, max_new_tokens=e.max_new_tokens) for n in names}
             rows = [{"step": t, "policy": n, **r} for n in names for r in ray.get(refs[n])]
-            if t == 0:
-                exclusive = peer_exclusive_sets(rows)
-            metrics.eval_rows(rows)
-            summ = summarize(rows, exclusive)
-            metrics.metrics([{"kind": "eval", "step": t, "policy": n, "regime": regime, **summ.get(n, {})}
-                             for n in names])
+            exclusive = log_eval(metrics, rows, names, t, regime, exclusive)
 
         cursor = DataCursor(list(problems), config.prompts_per_step, seed=config.seed)
         with RayDriver(specs, _Batches(cursor), out, mode=rt.mode, max_staleness=rt.max_staleness,
