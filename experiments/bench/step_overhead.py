@@ -85,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from mrl_llm.config import load_config
     from mrl_llm.distributed.ray_trainer import train_on_ray
+    from mrl_llm.metrics import read_metrics
 
     problems = None
     if args.demo:
@@ -104,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.perf_counter()
             train_on_ray(cfg, out, problems=problems)
             wall = time.perf_counter() - t0
-            rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+            rows = read_metrics(out / "metrics.jsonl")
             walls = {int(k): v for k, v in json.loads((out / "runtime.json").read_text())["step_wall_s"].items()}
             plan = (out / "plan.txt").read_text().splitlines()[0]
     finally:
