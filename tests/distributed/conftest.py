@@ -2,20 +2,12 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
+
+from tests.llm.helpers import local_ray
 
 
 @pytest.fixture(scope="module")
 def ray_local():
-    ray = pytest.importorskip("ray")
-    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-    if ray.is_initialized():
-        ray.shutdown()
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
-             namespace="mrl-tests")
-    try:
+    with local_ray("mrl-tests") as ray:
         yield ray
-    finally:
-        ray.shutdown()

@@ -11,21 +11,15 @@ from mrl_llm.distributed.cluster import ClusterSpec, NodeSpec
 from mrl_llm.distributed.driver import actor_options, reserve_placement_group
 from mrl_llm.distributed.planner import plan_placement
 from tests.distributed.specs import cpu_demo, paper_pair
+from tests.llm.helpers import local_ray
 
 pytestmark = pytest.mark.ray
 
 
 @pytest.fixture(scope="module")
 def ray_gpu():
-    ray = pytest.importorskip("ray")
-    if ray.is_initialized():
-        ray.shutdown()
-    ray.init(address="local", num_cpus=2, num_gpus=1, include_dashboard=False, log_to_driver=False,
-             namespace="mrl-tests-placement")
-    try:
+    with local_ray("mrl-tests-placement", num_gpus=1) as ray:
         yield ray
-    finally:
-        ray.shutdown()
 
 
 class Probe:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -55,19 +57,6 @@ def problems(n: int, verifier: str = "short", prefix: str = "p") -> list[Problem
             for i in range(n)]
 
 
-def build_with_short_verifier(name: str, config: Any, seed: int):
-    """A worker factory for processes the test cannot monkeypatch (Ray actors): registers a
-    ``ShortAnswerVerifier(max_chars=8)`` as verifier ``short8``, then builds the LLM worker."""
-    from mrl_llm.rewards import VERIFIERS
-    from mrl_llm.worker import build
-
-    class Short8(ShortAnswerVerifier):
-        name = "short8"
-
-    VERIFIERS.setdefault("short8", lambda **_: Short8(max_chars=8))
-    return build(name, config, seed)
-
-
 def register_test_verifiers() -> None:
     """Register ``ShortAnswerVerifier(max_chars=8)`` as verifier ``short8`` in this process (a Ray
     ``worker_process_setup_hook``, so that Ray actors built by the trainer itself know it)."""
@@ -89,6 +78,25 @@ def ray_test_runtime_env() -> dict[str, Any]:
     path = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)
     return {"worker_process_setup_hook": "tests.llm.helpers.register_test_verifiers",
             "env_vars": {"PYTHONPATH": path}}
+
+
+@contextlib.contextmanager
+def local_ray(namespace: str, *, num_gpus: int | None = None, test_verifiers: bool = False) -> Iterator[Any]:
+    """A real local Ray cluster for a test module (2 CPUs, ``num_gpus`` declared GPUs, no dashboard), shut
+    down afterwards; with ``test_verifiers`` its workers and this process know the test verifiers
+    (:func:`ray_test_runtime_env`). Yields the ``ray`` module; skips the test when Ray is missing."""
+    ray = pytest.importorskip("ray")
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    if ray.is_initialized():
+        ray.shutdown()
+    ray.init(address="local", num_cpus=2, num_gpus=num_gpus, include_dashboard=False, log_to_driver=False,
+             namespace=namespace, runtime_env=ray_test_runtime_env() if test_verifiers else None)
+    if test_verifiers:
+        register_test_verifiers()
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
 
 
 def require_vllm() -> None:

@@ -14,7 +14,6 @@ One Ray cluster for the module; its workers register the test verifier ``short8`
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import replace
 
 import pytest
@@ -26,27 +25,17 @@ from mrl_llm.distributed.actors import FaultInjection
 from mrl_llm.distributed.ray_trainer import train_on_ray
 from mrl_llm.metrics import TIMING_KEYS
 from mrl_llm.trainer import train
-from tests.llm.helpers import problems, ray_test_runtime_env, register_test_verifiers, tiny
+from tests.llm.helpers import local_ray, problems, tiny
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 PROBLEMS = problems(6, verifier="short8")
-TIMING = TIMING_KEYS
 
 
 @pytest.fixture(scope="module")
 def ray_llm():
-    ray = pytest.importorskip("ray")
-    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-    if ray.is_initialized():
-        ray.shutdown()
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, namespace="mrl-tests",
-             runtime_env=ray_test_runtime_env())
-    register_test_verifiers()
-    try:
+    with local_ray("mrl-tests", test_verifiers=True) as ray:
         yield ray
-    finally:
-        ray.shutdown()
 
 
 def policy(name: str, model_type: str, tokenizer: str, max_new_tokens: int) -> dict:
@@ -67,7 +56,7 @@ def run_files(d, names):
     evals = [json.loads(x) for x in (d / "eval.jsonl").read_text().splitlines()]
     weights = {n: load_file(d / "policies" / n / "model.safetensors") for n in names}
     records = sorted((d / "exchange.jsonl").read_text().split("\n")[:-1])  # publishers run concurrently under Ray
-    return [{k: v for k, v in r.items() if k not in TIMING} for r in rows], evals, weights, records
+    return [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in rows], evals, weights, records
 
 
 def test_ray_runtime_equals_the_single_process_loop(ray_llm, tmp_path):

@@ -16,8 +16,6 @@ from mrl_llm.trainer import train
 from mrl_llm.worker import LLMPolicyWorker
 from tests.llm.helpers import ShortAnswerVerifier, install_verifier, problems, tiny
 
-TIMING = TIMING_KEYS
-
 
 def small_config(steps: int = 3, regime: str = "prp_thl+sgt", **extra):
     return config_from_mapping({
@@ -35,7 +33,7 @@ def small_config(steps: int = 3, regime: str = "prp_thl+sgt", **extra):
 
 def outputs(d):
     rows = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]
-    rows = [{k: v for k, v in r.items() if k not in TIMING} for r in rows]
+    rows = [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in rows]
     evals = [json.loads(x) for x in (d / "eval.jsonl").read_text().splitlines()]
     weights = {n: load_file(d / "policies" / n / "model.safetensors") for n in ("bytes", "bpe")}
     return rows, evals, weights, (d / "exchange.jsonl").read_text()

@@ -31,7 +31,7 @@ from mrl_llm.rollout.base import RolloutEngine, Sample
 from mrl_llm.trainer import train
 from mrl_llm.worker import derive_seed
 from shared_interfaces.exchange import DiskLogExchange
-from tests.llm.helpers import problems, ray_test_runtime_env, register_test_verifiers, require_vllm, tiny
+from tests.llm.helpers import local_ray, problems, register_test_verifiers, require_vllm, tiny
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -159,15 +159,8 @@ def test_vllm_run_equals_the_hf_engine_path_on_the_same_responses(tmp_path, monk
 @pytest.fixture(scope="module")
 def ray_cluster():
     require_vllm()
-    ray = pytest.importorskip("ray")
-    if ray.is_initialized():
-        ray.shutdown()
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, namespace="mrl-tests-vllm",
-             runtime_env=ray_test_runtime_env())
-    try:
+    with local_ray("mrl-tests-vllm", test_verifiers=True) as ray:
         yield ray
-    finally:
-        ray.shutdown()
 
 
 @pytest.mark.ray
