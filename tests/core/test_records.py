@@ -47,6 +47,10 @@ def make(**kw) -> ExperienceRecord:
         (dict(policy_version=-1), "policy_version"),
         (dict(policy_id=""), "policy_id"),
         (dict(advantage=float("nan")), "advantage"),
+        (dict(advantage="0.5"), "advantage"),
+        (dict(prompt_text=["Q"]), "prompt_text"),
+        (dict(response_text=None), "response_text"),
+        (dict(verifier=1), "verifier"),
     ],
 )
 def test_invalid_records_are_rejected_naming_field_and_producer(kw, field):
@@ -99,6 +103,31 @@ def test_both_json_codecs_write_lines_the_other_reads(monkeypatch, text):
     monkeypatch.undo()
     assert ExperienceRecord.from_json(fast) == r and ExperienceRecord.from_json(slow) == r
     assert "\n" not in fast and "\n" not in slow  # one line each
+
+
+_ODD_VALUES = st.sampled_from([1, 1.0, 1.5, -1, True, "1", None, [], [1, -2], [1.0], [True], ["1"], [-0.5, 0.0],
+                                [-0.5, 1], [float("nan")], (1, 2)])
+
+
+@given(field=st.sampled_from(sorted(make().to_dict())), value=_ODD_VALUES,
+       ids=st.lists(st.integers(0, 2**40), max_size=5), lps=st.lists(st.one_of(finite_logprob, st.integers(-3, 0)), max_size=5))
+def test_from_dict_fast_path_equals_the_constructor(field, value, ids, lps):
+    """from_dict's fast path (JSON lists filled in directly) gives exactly what ``ExperienceRecord(**d)``
+    gives, record or error, for well-typed dicts and for any field replaced by an odd value."""
+    d = {**make().to_dict(), "token_ids": ids, "token_logprobs": lps[: len(ids)] + [-1.0] * (len(ids) - len(lps))}
+    for data in (d, {**d, field: value}):
+        try:
+            want: object = ExperienceRecord(**data)
+        except Exception as err:  # noqa: BLE001 - the same error type is what is compared
+            want = type(err)
+        try:
+            got: object = ExperienceRecord.from_dict(dict(data))
+        except Exception as err:  # noqa: BLE001
+            got = type(err)
+        assert got == want
+        if isinstance(got, ExperienceRecord):
+            assert type(got.token_ids) is tuple and type(got.token_logprobs) is tuple and type(got.reward) is float
+            assert all(type(x) is float for x in got.token_logprobs) and hash(got) == hash(want)
 
 
 def test_from_json_rejects_unknown_and_missing_fields():
