@@ -184,13 +184,19 @@ class DiskLogExchange(InMemoryExchange):
                 self._lines[rec.record_id] = line
 
     def publish(self, records: Iterable[ExperienceRecord]) -> int:
+        return self.publish_lines([(r, None) for r in records])
+
+    def publish_lines(self, items: Iterable[tuple[ExperienceRecord, str | None]]) -> int:
+        """:meth:`publish` of ``(record, line)`` pairs where ``line`` is the JSON the record was parsed
+        from (a service receives records as JSON): a one-line ``line`` is logged as it is instead of
+        re-encoding the record; None (or a line holding a newline) logs ``record.to_json()``."""
         with self._lock:
-            new = []
-            for r in records:
+            new, lines = [], []
+            for r, line in items:
                 if self._add(r):
                     new.append(r)
+                    lines.append(line if line is not None and "\n" not in line else r.to_json())
             if new:
-                lines = [r.to_json() for r in new]
                 self._lines.update(zip((r.record_id for r in new), lines, strict=True))
                 self._fh.write("".join(line + "\n" for line in lines))
                 self._fh.flush()

@@ -56,8 +56,9 @@ class ExchangeService:
         self.started_with = len(self._ex)  # records replayed from the log at (re)start
 
     def publish(self, lines: list[str], producer: str = "?") -> int:
-        """Validate and add records; returns how many were new."""
-        return self._ex.publish(decode_lines(lines, producer))
+        """Validate and add records; returns how many were new. A record is logged as the line it came
+        in (it parsed to a valid record), not re-encoded."""
+        return self._ex.publish_lines(zip(decode_lines(lines, producer), lines, strict=True))
 
     def fetch_group(self, prompt_id: str, step: int, requester: str | None = None,
                     include_own: bool = True, max_staleness: int = 0) -> list[str]:

@@ -107,3 +107,20 @@ def test_disk_log_rejects_invalid_line(tmp_path):
     with pytest.raises(Exception, match="line"):
         DiskLogExchange(path)
 
+
+
+def test_disk_log_publish_lines_logs_the_received_line(tmp_path):
+    """A record received as JSON is logged as that line (not re-encoded) and replays to the same record;
+    a line that would break the log (a newline inside) is replaced by the record's own JSON."""
+    import json
+
+    a, b = recs()[:2]
+    spaced = json.dumps(a.to_dict(), indent=None, separators=(", ", ": "))  # valid, not canonical
+    pretty = json.dumps(b.to_dict(), indent=1)
+    with DiskLogExchange(tmp_path / "x.jsonl", fsync=False) as ex:
+        assert ex.publish_lines([(a, spaced), (b, pretty)]) == 2
+        assert ex.publish_lines([(a, a.to_json())]) == 0  # idempotent by id
+        assert ex.line(a.record_id) == spaced and ex.line(b.record_id) == b.to_json()
+    lines = (tmp_path / "x.jsonl").read_text().split("\n")
+    assert lines == [spaced, b.to_json(), ""]
+    assert list(DiskLogExchange(tmp_path / "x.jsonl").records()) == [a, b]
