@@ -294,8 +294,8 @@ class LLMPolicyWorker:
                 groups.setdefault(rec.tokenizer_id, {})[rec.record_id] = rec
         for recs in groups.values():
             todo = list(recs.values())
-            traces = align_traces(self._source_tokenizer(todo[0]), self.tokenizer, [list(r.token_ids) for r in todo],
-                                  [list(r.token_logprobs) for r in todo],
+            traces = align_traces(self._source_tokenizer(todo[0]), self.tokenizer, [r.token_ids for r in todo],
+                                  [r.token_logprobs for r in todo],
                                   prompt_texts=[self._prompts[r.prompt_id][0] for r in todo])
             for rec, tr in zip(todo, traces, strict=True):
                 self.trace_cache.get_or_compute(rec.record_id, self.tok_id, lambda tr=tr: tr)

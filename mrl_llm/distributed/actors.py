@@ -78,6 +78,15 @@ def load_factory(path: str) -> Any:
         raise ValueError(f"worker factory {path!r} cannot be imported ({err}); is the package installed?") from err
 
 
+def limit_tokenizer_threads(threads: int) -> None:
+    """Keep the Rust tokenizers' thread pool to the actor's CPUs, as ``torch.set_num_threads`` does for
+    torch: their batch encode/decode otherwise spreads over every core of the node, on top of the
+    other actors (unless the user set ``TOKENIZERS_PARALLELISM`` / ``RAYON_NUM_THREADS`` already)."""
+    os.environ.setdefault("RAYON_NUM_THREADS", str(max(1, threads)))
+    if threads <= 1:
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
 def problem_id(problem: Any) -> str:
     return str(getattr(problem, "prompt_id", problem))
 
@@ -144,6 +153,7 @@ class PolicyActor:
         import torch
 
         torch.set_num_threads(max(1, spec.threads))
+        limit_tokenizer_threads(spec.threads)
         self.spec = spec
         self.exchange = exchange
         self.regime = parse_regime_config(dict(spec.regime))

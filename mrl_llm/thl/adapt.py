@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -57,6 +58,9 @@ def as_arrays(info: VocabInfo, batch_ids: Sequence[Any], batch_logprobs: Sequenc
     """
     if len(batch_ids) != len(batch_logprobs):
         raise THLInputError(f"got {len(batch_ids)} id sequences but {len(batch_logprobs)} log-prob sequences; pass one log-prob list per id list")
+    fast = _from_python_sequences(batch_ids, batch_logprobs)
+    if fast is not None:
+        return _checked(info, *fast)
     ids_out, lp_out = [], []
     for i, (ids, lps) in enumerate(zip(batch_ids, batch_logprobs, strict=True)):
         a, b = _to_numpy(ids, False), _to_numpy(lps, True)
@@ -73,6 +77,39 @@ def as_arrays(info: VocabInfo, batch_ids: Sequence[Any], batch_logprobs: Sequenc
     lengths = np.fromiter((a.size for a in ids_out), dtype=np.int64, count=len(ids_out))
     flat_ids = np.concatenate(ids_out) if ids_out else np.zeros(0, np.int64)
     flat_lp = np.concatenate(lp_out) if lp_out else np.zeros(0)
+    return _checked(info, ids_out, lp_out, flat_ids, flat_lp, lengths)
+
+
+_INT = frozenset({int})
+_NUMBER = frozenset({int, float})
+
+
+def _from_python_sequences(batch_ids: Sequence[Any], batch_logprobs: Sequence[Any]) -> tuple[Any, ...] | None:
+    """The batch as arrays in a few C-level passes when every sequence is a list/tuple of Python ints
+    (ids) and numbers (log-probs) of matching lengths — what records hold; else None (the general path
+    converts or reports it)."""
+    n = len(batch_ids)
+    if n == 0 or not (set(map(type, batch_ids)) | set(map(type, batch_logprobs))) <= {list, tuple}:
+        return None
+    lengths = np.fromiter(map(len, batch_ids), dtype=np.int64, count=n)
+    if not np.array_equal(lengths, np.fromiter(map(len, batch_logprobs), dtype=np.int64, count=n)):
+        return None
+    if not (set(map(type, chain.from_iterable(batch_ids))) <= _INT
+            and set(map(type, chain.from_iterable(batch_logprobs))) <= _NUMBER):
+        return None
+    total = int(lengths.sum())
+    try:
+        flat_ids = np.fromiter(chain.from_iterable(batch_ids), dtype=np.int64, count=total)
+    except OverflowError:  # an id beyond int64: the general path reports it
+        return None
+    flat_lp = np.fromiter(chain.from_iterable(batch_logprobs), dtype=np.float64, count=total)
+    cuts = np.cumsum(lengths)[:-1]
+    return np.split(flat_ids, cuts), np.split(flat_lp, cuts), flat_ids, flat_lp, lengths
+
+
+def _checked(info: VocabInfo, ids_out: list[np.ndarray], lp_out: list[np.ndarray], flat_ids: np.ndarray,
+             flat_lp: np.ndarray, lengths: np.ndarray) -> Batch:
+    """The batch after the range checks of :func:`as_arrays` (errors name the sequence and position)."""
     bad_id = (flat_ids < 0) | (flat_ids >= info.size)
     bad_lp = ~np.isfinite(flat_lp) | (flat_lp > 0)
     if bad_id.any() or bad_lp.any():
@@ -96,6 +133,15 @@ def decode_batch(tokenizer: Any, seqs: list[list[int]]) -> list[str]:
     if backend is not None:
         return backend.decode_batch(seqs, skip_special_tokens=True)
     return tokenizer.batch_decode(seqs, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+
+def _decode_unique(tokenizer: Any, seqs: list[list[int]]) -> list[str]:
+    """:func:`decode_batch`, each distinct sequence decoded once (a group's samples often repeat)."""
+    unique = list(dict.fromkeys(map(tuple, seqs)))
+    if len(unique) == len(seqs):
+        return decode_batch(tokenizer, seqs)
+    text = dict(zip(unique, decode_batch(tokenizer, [list(u) for u in unique]), strict=True))
+    return [text[tuple(s)] for s in seqs]
 
 
 @dataclass(frozen=True)
@@ -132,7 +178,7 @@ def adapt_source(tokenizer: Any, info: VocabInfo, batch: Batch, *, append_eos: b
     k_ids, k_lp, k_seq = all_ids[keep], all_lp[keep], seq[keep]
     bounds = np.concatenate([[0], np.cumsum(np.bincount(k_seq, minlength=n))])
     id_lists = [k_ids[bounds[i] : bounds[i + 1]].tolist() for i in range(n)]
-    texts = decode_batch(tokenizer, id_lists)
+    texts = _decode_unique(tokenizer, id_lists)
     starts = np.zeros(k_ids.size, dtype=np.int64)
     ends = np.zeros(k_ids.size, dtype=np.int64)
     fallback = list(range(n))

@@ -115,6 +115,16 @@ def _concat(rows: list[_Flat]) -> _Flat:
     return np.concatenate(ids), np.concatenate(off), np.concatenate(added), np.concatenate(lens)
 
 
+def _take_rows(flat: _Flat, rows: np.ndarray) -> _Flat:
+    """The encodings ``rows`` (indices into ``flat``'s encodings, repeats allowed), flat again."""
+    ids, off, added, lens = flat
+    first = np.cumsum(lens) - lens
+    new_lens = lens[rows]
+    within = np.arange(int(new_lens.sum())) - np.repeat(np.cumsum(new_lens) - new_lens, new_lens)
+    idx = np.repeat(first[rows], new_lens) + within
+    return ids[idx], off[idx], added[idx], new_lens
+
+
 def _segment_min(values: np.ndarray, lens: np.ndarray, empty: int) -> np.ndarray:
     out = np.full(lens.size, empty, dtype=np.int64)
     nonempty = lens > 0
@@ -165,10 +175,14 @@ def encode_target(tokenizer: Any, info: VocabInfo, texts: list[str], prompts: li
     plen = np.zeros(n, np.int64) if prompts is None else np.fromiter(map(len, prompts), np.int64, count=n)
     text_len = np.fromiter(map(len, texts), np.int64, count=n)
     backend = getattr(tokenizer, "backend_tokenizer", None)
+    unique = list(dict.fromkeys(full))  # a group's samples often repeat a response: encode each text once
     if backend is not None:
-        flat = _flat_backend(backend.encode_batch(full, add_special_tokens=add_special), add_special)
+        flat = _flat_backend(backend.encode_batch(unique, add_special_tokens=add_special), add_special)
     else:
-        flat = _concat([_encode_python(tokenizer, f, add_special, literal=False) for f in full])
+        flat = _concat([_encode_python(tokenizer, f, add_special, literal=False) for f in unique])
+    if len(unique) < n:
+        row = {f: j for j, f in enumerate(unique)}
+        flat = _take_rows(flat, np.fromiter(map(row.__getitem__, full), dtype=np.int64, count=n))
     targets, prompt_ids, seq, starts, ends, straddle = _slice(flat, plen, text_len)
     bad = np.unique(seq[info.special[np.concatenate(targets)]]) if n else []
     if len(bad) == 0:

@@ -79,12 +79,15 @@ def test_same_vocabulary_is_directional(tiny_tokenizers):
         ([5, 6], [float("nan"), -1.0], r"at position 0 is NaN"),
         ([5], [float("-inf")], r"is infinite"),
         ([5.5], [-1.0], r"token ids must be integers"),
+        ([2**70], [-1.0], r"token ids must be integers"),
         ([[5]], [[-1.0]], r"flat 1-D"),
     ],
 )
-def test_bad_input_names_the_problem(real_tokenizers, ids, lps, match):
+@pytest.mark.parametrize("container", [list, tuple, np.asarray])
+def test_bad_input_names_the_problem(real_tokenizers, ids, lps, match, container):
+    """The same error whether the batch comes as lists (the fast path), tuples (records) or arrays."""
     with pytest.raises(THLInputError, match=match):
-        align_trace(real_tokenizers["llama2"], real_tokenizers["gpt2"], ids, lps)
+        align_trace(real_tokenizers["llama2"], real_tokenizers["gpt2"], container(ids), container(lps))
 
 
 def test_bad_batch_names_the_sequence(real_tokenizers):
@@ -95,3 +98,25 @@ def test_bad_batch_names_the_sequence(real_tokenizers):
         align_traces(llama, gpt2, [[5], [6]], [[-1.0]])
     with pytest.raises(THLInputError, match="outside"):  # pass-through validates too
         align_trace(llama, llama, [40000], [-1.0])
+
+
+def test_a_batch_with_repeated_responses_equals_one_at_a_time(real_tokenizers):
+    """Repeated responses are decoded and encoded once per batch; every sequence still gets its own
+    log-probs and prompt, exactly as aligned alone (lists, tuples and arrays alike)."""
+    qwen, llama = real_tokenizers["qwen1.5"], real_tokenizers["llama2"]
+    texts = ["\\boxed{24}", "The answer is 7.", "\\boxed{24}", "</s> x", "The answer is 7.", "\\boxed{24}"]
+    prompts = ["What is 19-5?\n", "Q\n", "What is 19-5?\n", "Q\n", "Other\n", "What is 19-5?\n"]
+    rng = np.random.default_rng(3)
+    ids = [qwen(t, add_special_tokens=False)["input_ids"] + [qwen.eos_token_id] for t in texts]
+    lps = [(-rng.exponential(size=len(i))).tolist() for i in ids]
+    lps[5] = lps[0]  # an exact duplicate too
+    for batch_ids in (ids, [tuple(i) for i in ids], [np.array(i) for i in ids]):
+        batch = align_traces(qwen, llama, batch_ids, lps, prompt_texts=prompts)
+        for tr, i, lp, p in zip(batch, ids, lps, prompts, strict=True):
+            one = align_trace(qwen, llama, i, lp, prompt_text=p)
+            assert tr.text == one.text and tr.residual == one.residual and tr.eos_appended == one.eos_appended
+            for a, b in ((tr.target_ids, one.target_ids), (tr.target_logprobs, one.target_logprobs),
+                         (tr.prompt_ids, one.prompt_ids), (tr.word_spans, one.word_spans)):
+                assert np.array_equal(a, b)
+    assert not np.array_equal(batch[0].target_logprobs, batch[2].target_logprobs)
+    assert np.array_equal(batch[0].target_logprobs, batch[5].target_logprobs)
