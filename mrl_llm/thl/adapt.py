@@ -103,8 +103,9 @@ def _from_python_sequences(batch_ids: Sequence[Any], batch_logprobs: Sequence[An
     except OverflowError:  # an id beyond int64: the general path reports it
         return None
     flat_lp = np.fromiter(chain.from_iterable(batch_logprobs), dtype=np.float64, count=total)
-    cuts = np.cumsum(lengths)[:-1]
-    return np.split(flat_ids, cuts), np.split(flat_lp, cuts), flat_ids, flat_lp, lengths
+    b = np.concatenate([[0], np.cumsum(lengths)]).tolist()
+    ids = [flat_ids[b[i] : b[i + 1]] for i in range(n)]  # views (np.split is several times slower)
+    return ids, [flat_lp[b[i] : b[i + 1]] for i in range(n)], flat_ids, flat_lp, lengths
 
 
 def _checked(info: VocabInfo, ids_out: list[np.ndarray], lp_out: list[np.ndarray], flat_ids: np.ndarray,

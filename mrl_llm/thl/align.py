@@ -82,13 +82,37 @@ def align_traces(
     prompt_texts: Sequence[str] | None = None,
     append_eos: bool = True,
 ) -> list[AlignedTrace]:
-    """:func:`align_trace` for many sequences at once (batched decode and encode, vectorised pooling)."""
+    """:func:`align_trace` for many sequences at once (batched decode and encode, vectorised pooling).
+
+    Identical sequences (same ids, log-probs and prompt: a confident policy's group often repeats a
+    response) are aligned once and share one trace (its arrays are read-only)."""
     src, tgt = vocab_info(source_tokenizer), vocab_info(target_tokenizer)
     batch = as_arrays(src, batch_ids, batch_logprobs)
     if prompt_texts is not None:
         if len(prompt_texts) != len(batch.ids):
             raise ValueError(f"got {len(prompt_texts)} prompt texts for {len(batch.ids)} sequences; pass one prompt per sequence or none")
         prompt_texts = [str(p) for p in prompt_texts]
+    prompts = prompt_texts if prompt_texts is not None else [None] * len(batch.ids)
+    keys = [(a.tobytes(), b.tobytes(), p) for a, b, p in zip(batch.ids, batch.logprobs, prompts, strict=True)]
+    first = {k: i for i, k in reversed(list(enumerate(keys)))}  # each key's first sequence
+    if len(first) == len(keys):
+        return _align_batch(source_tokenizer, target_tokenizer, src, tgt, batch, prompt_texts, append_eos)
+    rows = sorted(first.values())
+    at = {keys[i]: j for j, i in enumerate(rows)}
+    unique = _align_batch(source_tokenizer, target_tokenizer, src, tgt, _take(batch, rows),
+                          None if prompt_texts is None else [prompt_texts[i] for i in rows], append_eos)
+    return [unique[at[k]] for k in keys]
+
+
+def _take(batch: Batch, rows: list[int]) -> Batch:
+    """The sequences ``rows`` of ``batch``."""
+    ids, lps = [batch.ids[i] for i in rows], [batch.logprobs[i] for i in rows]
+    return Batch(ids, lps, np.concatenate(ids) if ids else np.zeros(0, np.int64),
+                 np.concatenate(lps) if lps else np.zeros(0), batch.lengths[rows])
+
+
+def _align_batch(source_tokenizer: Any, target_tokenizer: Any, src: VocabInfo, tgt: VocabInfo, batch: Batch,
+                 prompt_texts: list[str] | None, append_eos: bool) -> list[AlignedTrace]:
     if same_vocabulary(source_tokenizer, target_tokenizer):
         return _passthrough(source_tokenizer, target_tokenizer, src, tgt, batch, prompt_texts, append_eos)
     source = adapt_source(source_tokenizer, src, batch, append_eos=append_eos)

@@ -119,4 +119,6 @@ def test_a_batch_with_repeated_responses_equals_one_at_a_time(real_tokenizers):
                          (tr.prompt_ids, one.prompt_ids), (tr.word_spans, one.word_spans)):
                 assert np.array_equal(a, b)
     assert not np.array_equal(batch[0].target_logprobs, batch[2].target_logprobs)
-    assert np.array_equal(batch[0].target_logprobs, batch[5].target_logprobs)
+    assert batch[5] is batch[0]  # an exact repeat shares the (read-only) trace
+    with pytest.raises(ValueError, match="read-only"):
+        batch[0].target_logprobs[0] = 0.0
