@@ -56,7 +56,9 @@ def train_row(step: int, policy: str, regime: str, gen: Mapping[str, Any], res: 
     fetch, the core's plans, THL and batch building. ``peer_wait_s`` (asynchronous mode: waiting for the
     peers' generation of the step) is idle time, reported apart and not part of ``step_s``.
     ``exchange_thl_s`` in detail (not summed again): ``publish_s`` (the policy's records into the
-    exchange), ``fetch_s`` (the peers' records out of it), ``plan_s`` (the core's regime plans) and
+    exchange: sending them, plus, with pipelined publishing on Ray, waiting at the start of training
+    until they are written), ``fetch_s`` (the peers' records out of it, including waiting for them to
+    arrive), ``plan_s`` (the core's regime plans) and
     ``thl_s`` (THL alignment and the training batch's token rows)."""
     g, m, t = gen["timings"], res["metrics"], res["timings"]
     c = res.get("counters") or {}
@@ -65,7 +67,7 @@ def train_row(step: int, policy: str, regime: str, gen: Mapping[str, Any], res: 
            "stale_dropped": res["stale_dropped"], "generation_s": g["generation_s"], "scoring_s": g["scoring_s"],
            "exchange_thl_s": max(0.0, g["publish_s"] + t["fetch_plan_s"] + t["train_step_s"] - update - sync),
            "update_s": update, "sync_s": sync, "peer_wait_s": t.get("peer_wait_s", 0.0),
-           "publish_s": g["publish_s"], "fetch_s": t.get("fetch_s"), "plan_s": t.get("plan_s"),
+           "publish_s": g["publish_s"] + t.get("publish_wait_s", 0.0), "fetch_s": t.get("fetch_s"), "plan_s": t.get("plan_s"),
            **{k: g[k] for k in ("samples", "gen_tokens", "skipped_samples", "empty_responses", "truncated_responses")},
            "cum_samples": c.get("samples"), "cum_gen_tokens": c.get("gen_tokens"),
            "cum_train_tokens": c.get("train_tokens"), "cum_flops": c.get("flops")}

@@ -100,6 +100,7 @@ def learner_plans(exchange: ExperienceExchange, learner: str, regime: RegimeSpec
                   step: int, *, present: Iterable[str], baselines: Mapping[str, int] | None = None,
                   max_staleness: int = 0, seed: int = 0,
                   own: Sequence[ExperienceRecord] | None = None,
+                  expect: Mapping[str, int] | None = None,
                   timings: dict[str, float] | None = None) -> tuple[list[LearnerPromptPlan], int]:
     """One learner's step decisions: fetch each prompt's group from the exchange, keep the records of the
     ``present`` policies (a peer record staler than ``max_staleness`` is dropped and counted; the
@@ -109,8 +110,9 @@ def learner_plans(exchange: ExperienceExchange, learner: str, regime: RegimeSpec
 
     ``own``: the learner's own records of ``step`` when it still holds them (it published them): then
     only the peers' records are fetched and the two are merged, which gives the same groups (a group's
-    order is canonical) for half the transfer and decoding. ``timings`` (when given) gets the seconds
-    spent fetching (``fetch_s``) and planning (``plan_s``)."""
+    order is canonical) for half the transfer and decoding. ``expect`` (``{peer: n_records}``, a remote
+    exchange with pipelined publishing only) makes the fetch wait until the peers' records of ``step``
+    are in. ``timings`` (when given) gets the seconds spent fetching (``fetch_s``) and planning (``plan_s``)."""
     t0 = time.perf_counter()
     present = set(present)
     baselines = baselines or {}
@@ -125,7 +127,8 @@ def learner_plans(exchange: ExperienceExchange, learner: str, regime: RegimeSpec
         for r in own:
             if r.prompt_id in mine:
                 mine[r.prompt_id].append(r)
-        peers = exchange.fetch_groups(list(prompt_ids), step, requester=learner, include_own=False)
+        wait = {"expect": dict(expect)} if expect else {}
+        peers = exchange.fetch_groups(list(prompt_ids), step, requester=learner, include_own=False, **wait)
         groups = {p: PromptGroup(p, step, peers[p].records + tuple(mine[p])) for p in prompt_ids}
     t1 = time.perf_counter()
     kept, stale = [], 0
@@ -163,6 +166,7 @@ class PolicyActor:
         self.worker = load_factory(spec.factory)(spec.name, dict(spec.config), spec.seed)
         self.ckpt = Path(spec.checkpoint_dir)
         self._own: dict[int, list[ExperienceRecord]] = {}  # step -> own published records, until trained on
+        self._publishing: dict[int, Any] = {}  # step -> the pending publish (a remote exchange's ObjectRef)
         self.restored_step: int | None = None
         latest = self.ckpt / "LATEST"
         if latest.is_file():
@@ -191,23 +195,31 @@ class PolicyActor:
         if bad:
             raise ValueError(f"policy {self.spec.name!r} produced records for another policy/step: {bad[:3]}")
         t0 = time.perf_counter()
-        new = self.exchange.publish(recs)
+        submit = getattr(self.exchange, "publish_async", None)
+        if submit is not None:  # a remote exchange: train() waits for the write (pipelined publishing)
+            self._publishing[step] = submit(recs, step)
+        else:
+            self.exchange.publish(recs)
         # kept for this step's training, which then fetches only the peers' records (not after a restart)
         self._own[step] = list(recs)
         timings = dict(getattr(self.worker, "last_generate", None) or {})
         timings["publish_s"] = time.perf_counter() - t0
         return {"policy": self.spec.name, "step": step, "version": int(self.worker.version),
-                "records": len(recs), "new": new, "timings": timings}
+                "records": len(recs), "timings": timings}
 
     def train(self, step: int, prompt_ids: Sequence[str], ready: Sequence[Any] | None,
-              peers: Sequence[str], baselines: Mapping[str, int], max_staleness: int = 0) -> dict[str, Any]:
+              peers: Sequence[str], baselines: Mapping[str, int], max_staleness: int = 0,
+              expect: Mapping[str, int] | None = None) -> dict[str, Any]:
         """Train on this step's groups with the records of ``peers`` (self included).
 
         ``ready`` are the peers' generate results (Ray object refs, nested so Ray does not resolve them
-        eagerly): a peer whose generate failed is left out of this step (a gap). In-process, ``None``.
+        eagerly): a peer whose generate failed is left out of this step (a gap). In-process, ``None``;
+        then ``expect`` may give each peer's record count of the step (the driver has their generate
+        results), which a remote exchange waits for before answering the fetch.
         """
         t0 = time.perf_counter()
         present = set(peers)
+        counts = dict(expect or {})
         wait = 0.0
         if ready is not None:
             import ray
@@ -215,18 +227,30 @@ class PolicyActor:
             present = set()
             for ref in ready:
                 try:
-                    present.add(ray.get(ref)["policy"])
+                    got = ray.get(ref)
                 except Exception:  # the peer died in this step: it simply has no records here
                     continue
+                present.add(got["policy"])
+                counts[got["policy"]] = got["records"]
             present.add(self.spec.name)
             wait = time.perf_counter() - t0  # waiting for the peers' generation, not exchange work
+        t_pub = time.perf_counter()
+        pending = self._publishing.pop(step, None)
+        if pending is not None:
+            import ray
+
+            ray.get(pending)  # this policy's records are in the exchange (a refused publish raises here)
+        for k in [k for k in self._publishing if k < step]:
+            del self._publishing[k]
+        publish_wait = time.perf_counter() - t_pub
         own = self._own.pop(step, None)
         for k in [k for k in self._own if k < step]:
             del self._own[k]
-        parts: dict[str, float] = {}
+        parts: dict[str, float] = {"publish_wait_s": publish_wait}
+        expect_peers = {p: n for p, n in counts.items() if p in present and p != self.spec.name}
         plans, stale = learner_plans(self.exchange, self.spec.name, self.regime, prompt_ids, step, own=own, timings=parts,
                                      present=present, baselines=baselines, max_staleness=max_staleness,
-                                     seed=self.spec.seed)
+                                     seed=self.spec.seed, expect=expect_peers)
         learners = sorted(present)
         self._maybe_crash("train", step)
         t1 = time.perf_counter()

@@ -300,7 +300,9 @@ class RayDriver:
             pids = [problem_id(p) for p in problems]
             gens = self._collect(s, "generate", {n: self.actors[n].generate.remote(problems, s) for n in live})
             peers = sorted(gens)
-            refs = {n: self.actors[n].train.remote(s, pids, None, peers, dict(self.baselines), 0) for n in peers}
+            counts = {n: gens[n]["records"] for n in peers}
+            refs = {n: self.actors[n].train.remote(s, pids, None, peers, dict(self.baselines), 0, counts)
+                    for n in peers}
             self._record(s, gens, self._collect(s, "train", refs))
             self.next_step = s + 1
 

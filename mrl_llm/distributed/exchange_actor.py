@@ -13,13 +13,24 @@ durable before it returns (``fsync``), so Ray's at-least-once retry across a res
 record exactly once: a call that died before the write is redone, one that died after it is a no-op,
 and a torn last line is truncated on replay and rewritten by the retry.
 
+Pipelined publishing: a policy actor does not wait for its publish to be written
+(:meth:`RemoteExchange.publish_async`); a learner's ``fetch_groups(..., expect={peer: n})`` waits in
+the service until each peer's ``n`` records of the step are in (a peer whose publish of that step was
+refused is not waited for). The service is a threaded actor, so publishes land while fetches wait.
+A peer that never delivers (it died between sampling and publishing) is given up after
+``wait_timeout_s``, with a warning; its records are then simply absent from that step.
+
 :class:`RemoteExchange` is the client: an :class:`ExperienceExchange` over an actor handle, so code
 written against the SEE contract (the trainer's step functions) runs unchanged on Ray.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,18 +58,62 @@ def encode(records: Iterable[ExperienceRecord]) -> list[str]:
     return [r.to_json() for r in records]
 
 
+log = logging.getLogger("mrl_llm.exchange")
+
+
 class ExchangeService:
     """The actor body: a :class:`DiskLogExchange` whose inputs and outputs are JSON lines."""
 
-    def __init__(self, log_path: str, fsync: bool = True) -> None:
+    def __init__(self, log_path: str, fsync: bool = True, wait_timeout_s: float = 120.0) -> None:
         self.log_path = str(log_path)
+        self.wait_timeout_s = wait_timeout_s
         self._ex = DiskLogExchange(log_path, fsync=fsync)
         self.started_with = len(self._ex)  # records replayed from the log at (re)start
+        self._arrived = threading.Condition()
+        self._counts: Counter[tuple[str, int]] = Counter((r.policy_id, r.step) for r in self._ex.records())
+        self._refused: dict[tuple[str, int], str] = {}  # (producer, step) -> why its publish was refused
 
-    def publish(self, lines: list[str], producer: str = "?") -> int:
+    def publish(self, lines: list[str], producer: str = "?", step: int | None = None) -> int:
         """Validate and add records; returns how many were new. A record is logged as the line it came
-        in (it parsed to a valid record), not re-encoded."""
-        return self._ex.publish_lines(zip(decode_lines(lines, producer), lines, strict=True))
+        in (it parsed to a valid record), not re-encoded. ``step``: the step the lines are from (a
+        refused publish then releases the fetches waiting for it)."""
+        try:
+            recs = decode_lines(lines, producer)
+        except RecordValidationError as err:
+            if step is not None:
+                with self._arrived:
+                    self._refused[(producer, step)] = str(err)
+                    self._arrived.notify_all()
+            raise
+        with self._arrived:
+            fresh = {r.record_id: r for r in recs if self._ex.get(r.record_id) is None}
+            new = self._ex.publish_lines(zip(recs, lines, strict=True))
+            self._counts.update((r.policy_id, r.step) for r in fresh.values())
+            self._arrived.notify_all()
+        return new
+
+    def count(self, policy_id: str | None = None, step: int | None = None) -> int:
+        """All records, or those of ``policy_id`` at ``step``."""
+        if policy_id is None:
+            return len(self._ex)
+        return self._counts[(policy_id, step)]
+
+    def _wait_for(self, step: int, expect: Mapping[str, int]) -> None:
+        """Block until each producer in ``expect`` has that many records of ``step`` here (or had its
+        publish of ``step`` refused), at most ``wait_timeout_s``."""
+        deadline = time.monotonic() + self.wait_timeout_s
+        with self._arrived:
+            while True:
+                missing = {p: n - self._counts[(p, step)] for p, n in expect.items()
+                           if self._counts[(p, step)] < n and (p, step) not in self._refused}
+                left = deadline - time.monotonic()
+                if not missing:
+                    return
+                if left <= 0:
+                    log.warning("step %d: gave up waiting %.0f s for records %s (missing counts by producer); "
+                                "fetching without them", step, self.wait_timeout_s, missing)
+                    return
+                self._arrived.wait(left)
 
     def fetch_group(self, prompt_id: str, step: int, requester: str | None = None,
                     include_own: bool = True, max_staleness: int = 0) -> list[str]:
@@ -67,8 +122,11 @@ class ExchangeService:
         return [self._ex.line(r.record_id) for r in g.records]
 
     def fetch_groups(self, prompt_ids: list[str], step: int, max_staleness: int = 0, requester: str | None = None,
-                     include_own: bool = True) -> dict[str, list[str]]:
-        """Many prompt groups in one call (a learner fetches its whole step at once)."""
+                     include_own: bool = True, expect: Mapping[str, int] | None = None) -> dict[str, list[str]]:
+        """Many prompt groups in one call (a learner fetches its whole step at once), after the
+        ``expect``-ed records of ``step`` have arrived (module docstring)."""
+        if expect:
+            self._wait_for(step, expect)
         return {p: self.fetch_group(p, step, requester, include_own, max_staleness) for p in prompt_ids}
 
     def records_since(self, start: int) -> list[str]:
@@ -81,9 +139,6 @@ class ExchangeService:
     def prompt_ids(self, step: int) -> list[str]:
         return self._ex.prompt_ids(step)
 
-    def count(self) -> int:
-        return len(self._ex)
-
     def info(self) -> dict[str, Any]:
         import os
 
@@ -92,17 +147,18 @@ class ExchangeService:
 
 
 def start_exchange(log_path: str | Path, *, name: str | None = None, fsync: bool = True,
-                   namespace: str | None = None) -> Any:
-    """Start the exchange actor (restartable, retried calls, no CPU reserved); returns its handle."""
+                   namespace: str | None = None, wait_timeout_s: float = 120.0, max_concurrency: int = 32) -> Any:
+    """Start the exchange actor (restartable, retried calls, no CPU reserved, ``max_concurrency``
+    threads so publishes land while fetches wait); returns its handle."""
     import ray
 
     cls = ray.remote(ExchangeService)
-    opts: dict[str, Any] = dict(max_restarts=-1, max_task_retries=-1, num_cpus=0)
+    opts: dict[str, Any] = dict(max_restarts=-1, max_task_retries=-1, num_cpus=0, max_concurrency=max_concurrency)
     if name is not None:
         opts.update(name=name, lifetime=None)
         if namespace is not None:
             opts["namespace"] = namespace
-    return cls.options(**opts).remote(str(log_path), fsync)
+    return cls.options(**opts).remote(str(log_path), fsync, wait_timeout_s)
 
 
 class RemoteExchange(ExperienceExchange):
@@ -117,6 +173,11 @@ class RemoteExchange(ExperienceExchange):
 
         return ray.get(self.handle.publish.remote(encode(records), self.producer))
 
+    def publish_async(self, records: Iterable[ExperienceRecord], step: int) -> Any:
+        """Send ``step``'s records without waiting for the write; returns the call's ObjectRef (its
+        ``ray.get`` is the number of new records, or the validation error)."""
+        return self.handle.publish.remote(encode(records), self.producer, step)
+
     def fetch_group(self, prompt_id: str, step: int, *, requester: str | None = None,
                     include_own: bool = True, max_staleness: int = 0) -> PromptGroup:
         import ray
@@ -125,10 +186,14 @@ class RemoteExchange(ExperienceExchange):
         return PromptGroup(prompt_id, step, tuple(decode_lines(lines, "exchange")))
 
     def fetch_groups(self, prompt_ids: Sequence[str], step: int, *, requester: str | None = None,
-                     include_own: bool = True, max_staleness: int = 0) -> dict[str, PromptGroup]:
+                     include_own: bool = True, max_staleness: int = 0,
+                     expect: Mapping[str, int] | None = None) -> dict[str, PromptGroup]:
+        """The SEE ``fetch_groups``; ``expect={producer: n}`` first waits in the service for those
+        records of ``step`` (pipelined publishing, module docstring)."""
         import ray
 
-        got = ray.get(self.handle.fetch_groups.remote(list(prompt_ids), step, max_staleness, requester, include_own))
+        got = ray.get(self.handle.fetch_groups.remote(list(prompt_ids), step, max_staleness, requester, include_own,
+                                                      dict(expect) if expect else None))
         return {p: PromptGroup(p, step, tuple(decode_lines(got[p], "exchange"))) for p in prompt_ids}
 
     def records(self) -> Iterator[ExperienceRecord]:
