@@ -107,6 +107,25 @@ def _comparable(cfg: RunConfig) -> dict[str, Any]:
     return json.loads(json.dumps(d))
 
 
+def check_run_dir(config: RunConfig, out: Path, resume: bool) -> None:
+    """A new run needs an empty ``out``; a resumed one the run's own config there (only
+    :data:`RESUMABLE_CHANGES` may differ). Both runtimes check with this."""
+    if resume:
+        if not (out / "config.json").is_file():
+            raise FileNotFoundError(f"--resume {out}: no config.json there; nothing to resume")
+        saved = json.loads((out / "config.json").read_text())
+        mine = _comparable(config)
+        theirs = {k: v for k, v in saved.items() if k not in RESUMABLE_CHANGES}
+        diff = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
+        if diff:
+            raise ConfigError(f"--resume {out}: the config differs from the run's in {diff}; resume with "
+                              f"the run's own config ({out / 'config.json'}); only {list(RESUMABLE_CHANGES)} "
+                              "may change")
+    elif (out / "metrics.jsonl").exists() or (out / "exchange.jsonl").exists():
+        raise FileExistsError(f"{out} already holds a run; pass --resume {out} to continue it or choose "
+                              "a new --out directory")
+
+
 def worker_config(config: RunConfig, name: str) -> dict[str, Any]:
     """The plain mapping a policy's worker is built from (also what a Ray actor receives)."""
     pol = config.policy(name)
@@ -151,21 +170,9 @@ class Run:
         self.exclusive = peer_exclusive_sets(step0) if step0 else {}
 
     def _check_dir(self, resume: bool, state: dict | None) -> None:
-        busy = (self.out / "metrics.jsonl").exists() or (self.out / "exchange.jsonl").exists()
-        if resume:
-            if state is None:
-                raise FileNotFoundError(f"--resume {self.out}: no checkpoints/run_state.json there; nothing to resume")
-            saved = json.loads((self.out / "config.json").read_text())
-            mine = _comparable(self.cfg)
-            theirs = {k: v for k, v in saved.items() if k not in RESUMABLE_CHANGES}
-            diff = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
-            if diff:
-                raise ConfigError(f"--resume {self.out}: the config differs from the run's in {diff}; resume with "
-                                  f"the run's own config ({self.out / 'config.json'}); only {list(RESUMABLE_CHANGES)} "
-                                  "may change")
-        elif busy:
-            raise FileExistsError(f"{self.out} already holds a run; pass --resume {self.out} to continue it or choose "
-                                  "a new --out directory")
+        if resume and state is None:
+            raise FileNotFoundError(f"--resume {self.out}: no checkpoints/run_state.json there; nothing to resume")
+        check_run_dir(self.cfg, self.out, resume)
 
     def _restore(self, state: dict) -> None:
         self.start = int(state["step"]) + 1
@@ -279,8 +286,5 @@ def train(config: RunConfig, out_dir: str | Path, *, resume: bool = False, probl
     if config.runtime.backend == "ray":
         from mrl_llm.distributed.ray_trainer import train_on_ray
 
-        if resume:
-            raise ConfigError("--resume is not supported with runtime.backend ray yet; resume with the local runtime "
-                              "or start a new run directory")
-        return train_on_ray(config, out_dir, problems=problems, eval_problems=eval_problems)
+        return train_on_ray(config, out_dir, resume=resume, problems=problems, eval_problems=eval_problems)
     return Run(config, out_dir, resume=resume, problems=problems, eval_problems=eval_problems).run()

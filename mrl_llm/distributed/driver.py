@@ -141,6 +141,7 @@ class RayDriver:
         summary_file: str = "summary.json",
         on_leave: Callable[[str, Any], None] | None = None,
         placement_timeout_s: float = 120.0,
+        start_step: int = 0,
     ) -> None:
         import ray
 
@@ -168,7 +169,7 @@ class RayDriver:
         self.baselines: dict[str, int] = {}
         self.down: dict[str, int] = {}  # policy -> step of its failure
         self.result = RunResult()
-        self.next_step = 0
+        self.next_step = start_step  # > 0 when a run directory is resumed
         for s in specs:
             self.add_policy(s, (membership or {}).get(s.name, Membership()))
 

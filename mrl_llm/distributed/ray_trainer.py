@@ -17,7 +17,10 @@ run-directory files (``config.json``, ``metrics.jsonl``, ``eval.jsonl``, ``summa
    its policy every ``checkpoint_every`` steps (0: never, so a crashed actor restarts from its initial
    weights), which is where Ray restarts a crashed actor from
    (the ``gap`` / ``rejoin`` events go to ``events.jsonl``). A policy that leaves is exported to
-   ``policies/<name>/`` as it leaves, the others at the end.
+   ``policies/<name>/`` as it leaves, the others at the end; the last step is always checkpointed.
+4. ``resume=True`` (``train --resume DIR``) continues after the newest step every policy active at it
+   has a checkpoint of (:mod:`mrl_llm.distributed.resume`); in ``mode: sync`` the result equals an
+   uninterrupted run's.
 
 With ``mode: sync`` and the same ``threads`` the files equal the local loop's up to timings.
 """
@@ -132,21 +135,30 @@ class _Batches:
         return self.batches[step]
 
 
-def train_on_ray(config: RunConfig, out_dir: str | Path, *, problems: Sequence[Problem] | None = None,
-                 eval_problems: Sequence[Problem] | None = None,
+def train_on_ray(config: RunConfig, out_dir: str | Path, *, resume: bool = False,
+                 problems: Sequence[Problem] | None = None, eval_problems: Sequence[Problem] | None = None,
                  faults: Mapping[str, FaultInjection] | None = None) -> dict[str, Any]:
-    """Train ``config`` on Ray into ``out_dir`` (module docstring); returns the summary. ``faults``
-    crash chosen actors once (tests of the fault tolerance)."""
+    """Train ``config`` on Ray into ``out_dir`` (module docstring); returns the summary. ``resume``
+    continues the run in ``out_dir`` after its newest complete checkpoint
+    (:mod:`mrl_llm.distributed.resume`). ``faults`` crash chosen actors once (tests of the fault tolerance)."""
     import ray
 
-    from mrl_llm.trainer import log_eval, resolve_problems, run_summary
+    from mrl_llm.distributed.resume import restore_run_dir, resume_step
+    from mrl_llm.evaluate import peer_exclusive_sets, read_eval_rows
+    from mrl_llm.trainer import check_run_dir, log_eval, resolve_problems, run_summary
 
     out = Path(out_dir)
-    if (out / "metrics.jsonl").exists() or (out / "exchange.jsonl").exists():
-        raise FileExistsError(f"{out} already holds a run; choose a new --out directory")
+    check_run_dir(config, out, resume)
     problems, eval_set = resolve_problems(config, problems, eval_problems)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(to_mapping(config), indent=1))
+    start = 0
+    if resume:
+        start = resume_step(config, out) + 1
+        restore_run_dir(config, out, start - 1)
+        log.info("resuming %s at step %d", out, start)
+    else:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "config.json").write_text(json.dumps(to_mapping(config), indent=1))
+    done_evals = {int(r["step"]) for r in read_eval_rows(out / "eval.jsonl")}
     rt = config.runtime
     started = not ray.is_initialized()
     if started:
@@ -157,7 +169,8 @@ def train_on_ray(config: RunConfig, out_dir: str | Path, *, problems: Sequence[P
     order = list(config.policy_names)
     regime = config.regime_spec.name
     counters: dict[str, dict[str, float]] = {}
-    exclusive: dict[str, set[str]] = {}
+    step0 = [r for r in read_eval_rows(out / "eval.jsonl") if r["step"] == 0]
+    exclusive: dict[str, set[str]] = peer_exclusive_sets(step0) if step0 else {}
     try:
         plan = plan_run(config, ray_cluster_spec(rt.cluster))
         (out / "plan.txt").write_text(plan.render() + "\n")
@@ -176,10 +189,10 @@ def train_on_ray(config: RunConfig, out_dir: str | Path, *, problems: Sequence[P
         def evaluate(drv: RayDriver, t: int) -> None:
             nonlocal exclusive
             e = config.eval
-            if not e.enabled or not eval_set:
+            if not e.enabled or not eval_set or t in done_evals:
                 return
-            if t == 0:
-                drv.ensure_members(0)
+            if t == drv.next_step:  # before the first step of this session: start the actors
+                drv.ensure_members(t)
             names = [n for n in order if n in drv.actors]
             for n in names:
                 wait_status(drv.actors[n])  # an actor Ray is restarting after a crash comes back first
@@ -189,18 +202,24 @@ def train_on_ray(config: RunConfig, out_dir: str | Path, *, problems: Sequence[P
             exclusive = log_eval(metrics, rows, names, t, regime, exclusive)
 
         cursor = DataCursor(list(problems), config.prompts_per_step, seed=config.seed)
+        every = config.eval.every
         with RayDriver(specs, _Batches(cursor), out, mode=rt.mode, max_staleness=rt.max_staleness,
                        membership=membership, placement=plan, exchange_fsync=config.exchange_fsync,
-                       on_step=on_step, summary_file="runtime.json",
+                       on_step=on_step, summary_file="runtime.json", start_step=start,
                        on_leave=lambda n, actor: ray.get(actor.export.remote(str(out / "policies" / n)))) as drv:
-            evaluate(drv, 0)
-            t = 0
+            if start == 0 or (every and start % every == 0):
+                evaluate(drv, start)
+            t = start
             while t < config.steps:
-                t = min(config.steps, t + config.eval.every) if config.eval.every else config.steps
+                t = min(config.steps, (t // every + 1) * every) if every else config.steps
                 drv.run(t)
                 evaluate(drv, t)
+            last = config.steps - 1
             for n in order:
                 if n in drv.actors:
+                    if last >= start and not (config.checkpoint_every and config.steps % config.checkpoint_every == 0):
+                        ray.get(drv.actors[n].save.remote(last))  # the end is a checkpoint (resume continues there)
+                        prune(out / "checkpoints" / n, config.keep_checkpoints)
                     ray.get(drv.actors[n].export.remote(str(out / "policies" / n)))
         summary = run_summary(config, out, {n: counters.get(n, {}) for n in order}, time.perf_counter() - t_start)
         summary["events"] = [e for e in drv.result.events if e["event"] != "join" or e["step"]]

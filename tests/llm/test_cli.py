@@ -88,7 +88,7 @@ def test_module_entry_point_runs_plan(tmp_path):
 @pytest.mark.slow
 def test_train_on_ray_from_the_command_line(tmp_path, capsys):
     """``--runtime ray`` starts a local Ray cluster itself, honours ``--leave``, writes the usual files,
-    and shuts the cluster down; ``--resume`` is refused on Ray."""
+    and shuts the cluster down; ``--resume`` continues the run on Ray."""
     ray = pytest.importorskip("ray")
     if ray.is_initialized():
         ray.shutdown()
@@ -104,5 +104,11 @@ def test_train_on_ray_from_the_command_line(tmp_path, capsys):
     assert {r["step"] for r in rows if r["kind"] == "eval"} == {0, 2}
     assert (out / "eval.jsonl").is_file() and (out / "plan.txt").is_file()
     assert all((out / "policies" / n / "model.safetensors").is_file() for n in "ab")  # b exported as it left
+    # resumed with one more step (the same config otherwise): b has left, a trains step 2
     assert main(["train", "--config", str(cfg), "--resume", str(out), "--runtime", "ray"]) == 2
-    assert "not supported with runtime.backend ray" in capsys.readouterr().err
+    assert "the config differs from the run's in ['policies']" in capsys.readouterr().err  # --leave is config
+    assert main(["train", "--config", str(cfg), "--resume", str(out), "--runtime", "ray", "--steps", "3",
+                 "--leave", "b=1"]) == 0
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["policy"]) for r in rows if r["kind"] == "train"] == [(0, "a"), (0, "b"), (1, "a"), (2, "a")]
+    assert {r["step"] for r in rows if r["kind"] == "eval"} == {0, 2, 3}

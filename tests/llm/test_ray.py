@@ -6,7 +6,8 @@
 * three LLM policies in asynchronous mode with staleness 1, one of them joining late;
 * an LLM policy's actor crashing mid-run: Ray restarts it from its last checkpoint, the other policy
   continues without its records (a ``gap``), it rejoins with its checkpoint's weights (``rejoin`` with
-  the lost steps) and the run finishes with every file written.
+  the lost steps) and the run finishes with every file written;
+* a Ray run stopped after step 1 and resumed (``--resume``) ends equal to an uninterrupted one.
 
 One Ray cluster for the module; its workers register the test verifier ``short8`` at start-up.
 """
@@ -122,3 +123,22 @@ def test_a_crashed_llm_policy_restarts_from_its_checkpoint_and_the_run_finishes(
     assert {r["policy_version"] for r in recs if r["policy_id"] == "b" and r["step"] == 3} == {2}
     assert (tmp_path / "policies" / "b" / "model.safetensors").is_file()
     assert [(e["event"], e["policy"]) for e in summary["events"]] == [("gap", "b"), ("rejoin", "b")]
+
+
+def test_a_stopped_ray_run_resumed_equals_an_uninterrupted_one(ray_llm, tmp_path):
+    pols = [policy("a", "llama", "utf8-bytes", 4), policy("b", "qwen2", learner_tokenizer_dir(), 12)]
+    cfg = config(pols, steps=3, eval={"k": 2, "max_prompts": 3, "every": 1}, checkpoint_every=2)
+    train(cfg, tmp_path / "whole", problems=PROBLEMS)
+    train(replace(cfg, steps=2), tmp_path / "parts", problems=PROBLEMS)  # no checkpoint step: saved at its end
+    with pytest.raises(FileExistsError, match="--resume"):
+        train(cfg, tmp_path / "parts", problems=PROBLEMS)
+    summary = train(cfg, tmp_path / "parts", resume=True, problems=PROBLEMS)
+
+    whole, parts = run_files(tmp_path / "whole", "ab"), run_files(tmp_path / "parts", "ab")
+    assert parts[0] == whole[0] and parts[1] == whole[1] and parts[3] == whole[3]
+    for n in "ab":
+        assert all(parts[2][n][k].equal(whole[2][n][k]) for k in whole[2][n]), n
+    assert [p["compute"] for p in summary["policies"]] == [
+        p["compute"] for p in json.loads((tmp_path / "whole" / "summary.json").read_text())["policies"]]
+    events = [json.loads(x) for x in (tmp_path / "parts" / "events.jsonl").read_text().splitlines()]
+    assert [(e["event"], e["step"], e["checkpoint_step"]) for e in events if e["event"] == "resume"] == [("resume", 2, 1)]
