@@ -18,15 +18,16 @@ slowest policy's step: the difference is what the barriers and the Ray round tri
 Measured on a quiet 2-core machine (prp_thl+sgt, sync mode unless said; steps from 1 averaged):
 
 * **the CPU demo's config** (``--demo``, 16 prompts x G = 8 per policy, so 128 peer records per
-  learner per step through the exchange and THL; a step is ~0.4-0.6 s): exchange + THL **4.7-5.8 %**
-  of the step over six runs of 8-10 steps (async, k = 1: 5.4 %), i.e. at the 5 % target, not clearly
-  under it. Per step and policy: publish 6-8 ms, fetch 6-9 ms, plans 2-3 ms, THL + batch rows 9-11 ms.
-  Publish and fetch are each ~3 ms of work (JSON encode / validate-on-receipt / log write, one Ray
-  call each) that both policies do at the same moment, with a third process (the exchange) on two
-  cores. Before this was measured on the demo config it was 14.3 %: ``dataclasses.asdict`` and the
-  stdlib JSON codec in the record path, one ``regime_plan`` call per prompt, every record re-encoded
-  by the exchange and every learner fetching its own records back (now: orjson, one batched plan
-  call, the logged line reused, only the peers' records fetched).
+  learner per step through the exchange and THL; a step is ~0.5 s): exchange + THL **3.1-3.4 %** of
+  the step over three 16-step runs (async, k = 1: 3.6 %). Per step and policy: publish 1.5-4 ms
+  (sending; the write is awaited at the start of training), fetch 4.4-5.3 ms (one Ray call, ~2 ms of
+  it round-trip latency on this VM, plus validation on receipt), plans 1.5-1.8 ms, THL + batch rows
+  4-6 ms. History: 14.3 % when first measured (``dataclasses.asdict`` and the stdlib JSON codec in the
+  record path, one ``regime_plan`` call per prompt, every record re-encoded by the exchange, every
+  learner fetching its own records back); 4.7-5.8 % after those were fixed; then, measured side by side
+  against that version (5.0-5.7 % vs 3.8-4.3 % on a noisy machine): a faster record decode, the
+  exchange logging received lines as they came, THL aligning each distinct response once, the
+  tokenizers' threads kept to the actor's CPUs, and pipelined publishing.
 * ``tiny_cpu.yaml`` (random models with the Qwen1.5 / Llama-2 vocabularies; the update of the
   151k-token LM head dominates a ~6 s step): 0.4 % (sync), 0.9-2.6 % (async, k = 1).
 

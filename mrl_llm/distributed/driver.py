@@ -2,7 +2,10 @@
 
 Synchronous (``max_staleness = 0``, ``mode="sync"``): each step every live policy generates and
 publishes; the driver waits for all (the barrier over the live policies); then every policy fetches the
-step's groups, plans with the core and trains, concurrently; the driver waits again.
+step's groups, plans with the core and trains, concurrently; the driver waits again. Publishing is
+pipelined: a policy sends its records and returns without waiting for the write; its ``train`` waits
+for its own write, and its fetch waits in the exchange for each peer's record count of the step
+(``expect``, from the generate results) — see :mod:`.exchange_actor`.
 
 Asynchronous (``mode="async"``, bounded staleness ``k``): each policy's generation runs up to ``k``
 steps ahead of its training (``generate(s + k)`` is queued right behind ``train(s - 1)``), and a
