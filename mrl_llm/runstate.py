@@ -84,10 +84,15 @@ def point_latest(policy_dir: Path, step: int) -> None:
     atomic_write(policy_dir / "LATEST", d.name)
 
 
+def step_dirs(policy_dir: Path) -> list[tuple[int, Path]]:
+    """The policy's ``step_<s>`` directories as ``(s, path)``, oldest first."""
+    return sorted((int(p.name[5:]), p) for p in policy_dir.glob("step_*") if p.name[5:].isdigit())
+
+
 def prune(policy_dir: Path, keep: int) -> None:
     """Delete all but the newest ``keep`` ``step_*`` directories (never the one LATEST names)."""
     latest = (policy_dir / "LATEST").read_text().strip() if (policy_dir / "LATEST").is_file() else None
-    steps = sorted((int(p.name[5:]), p) for p in policy_dir.glob("step_*") if p.name[5:].isdigit())
+    steps = step_dirs(policy_dir)
     for _, p in steps[:-keep] if keep > 0 else steps:
         if p.name != latest:
             shutil.rmtree(p, ignore_errors=True)

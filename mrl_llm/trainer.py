@@ -166,8 +166,7 @@ class Run:
         self.exchange = DiskLogExchange(self.out / "exchange.jsonl", fsync=config.exchange_fsync)
         self.actors = {s.name: PolicyActor(s, self.exchange) for s in actor_specs(config, self.ckpt)}
         self.log = MetricsLog(self.out, tensorboard=config.tensorboard)
-        step0 = [r for r in read_eval_rows(self.out / "eval.jsonl") if r["step"] == 0]
-        self.exclusive = peer_exclusive_sets(step0) if step0 else {}
+        self.exclusive = peer_exclusive_sets(r for r in read_eval_rows(self.out / "eval.jsonl") if r["step"] == 0)
 
     def _check_dir(self, resume: bool, state: dict | None) -> None:
         if resume and state is None:

@@ -71,7 +71,7 @@ class ExchangeService:
         self.started_with = len(self._ex)  # records replayed from the log at (re)start
         self._arrived = threading.Condition()
         self._counts: Counter[tuple[str, int]] = Counter((r.policy_id, r.step) for r in self._ex.records())
-        self._refused: dict[tuple[str, int], str] = {}  # (producer, step) -> why its publish was refused
+        self._refused: set[tuple[str, int]] = set()  # (producer, step) of refused publishes
 
     def publish(self, lines: list[str], producer: str = "?", step: int | None = None) -> int:
         """Validate and add records; returns how many were new. A record is logged as the line it came
@@ -79,10 +79,10 @@ class ExchangeService:
         refused publish then releases the fetches waiting for it)."""
         try:
             recs = decode_lines(lines, producer)
-        except RecordValidationError as err:
+        except RecordValidationError:
             if step is not None:
                 with self._arrived:
-                    self._refused[(producer, step)] = str(err)
+                    self._refused.add((producer, step))
                     self._arrived.notify_all()
             raise
         with self._arrived:

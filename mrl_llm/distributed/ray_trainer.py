@@ -158,7 +158,8 @@ def train_on_ray(config: RunConfig, out_dir: str | Path, *, resume: bool = False
     else:
         out.mkdir(parents=True, exist_ok=True)
         (out / "config.json").write_text(json.dumps(to_mapping(config), indent=1))
-    done_evals = {int(r["step"]) for r in read_eval_rows(out / "eval.jsonl")}
+    logged = read_eval_rows(out / "eval.jsonl")  # a resumed run's earlier evaluations
+    done_evals = {int(r["step"]) for r in logged}
     rt = config.runtime
     started = not ray.is_initialized()
     if started:
@@ -169,8 +170,7 @@ def train_on_ray(config: RunConfig, out_dir: str | Path, *, resume: bool = False
     order = list(config.policy_names)
     regime = config.regime_spec.name
     counters: dict[str, dict[str, float]] = {}
-    step0 = [r for r in read_eval_rows(out / "eval.jsonl") if r["step"] == 0]
-    exclusive: dict[str, set[str]] = peer_exclusive_sets(step0) if step0 else {}
+    exclusive = peer_exclusive_sets(r for r in logged if r["step"] == 0)
     try:
         plan = plan_run(config, ray_cluster_spec(rt.cluster))
         (out / "plan.txt").write_text(plan.render() + "\n")

@@ -10,10 +10,11 @@ checkpoints themselves:
   (``join_step <= S < leave_step``) has a complete checkpoint.
 * :func:`restore_run_dir` cuts the directory back to the end of step ``S``: each policy's checkpoints
   after ``S`` are deleted and ``LATEST`` points at ``step_<S>`` (a policy that joins after ``S`` loses
-  its pointer and starts from its initial weights, as it did the first time; one that left keeps its own); exchange records of steps after ``S``
-  are dropped (they are generated again, identically in synchronous mode); train rows after ``S``,
-  evaluation rows after ``S + 1`` (evaluation ``S + 1`` measures the weights of checkpoint ``S``) and
-  events after ``S`` are dropped; a ``resume`` event is appended.
+  its pointer and starts from its initial weights, as it did the first time; one that left keeps its
+  own); exchange records of steps after ``S`` are dropped (they are generated again, identically in
+  synchronous mode); train rows after ``S``, evaluation rows after ``S + 1`` (evaluation ``S + 1``
+  measures the weights of checkpoint ``S``) and events after ``S`` are dropped; a ``resume`` event is
+  appended.
 
 The data cursor needs no state: the driver draws step ``s``'s batch by replaying the seeded cursor.
 """
@@ -29,12 +30,12 @@ from typing import Any
 
 from mrl_llm.config import RunConfig
 from mrl_llm.distributed.driver import Membership
-from mrl_llm.runstate import atomic_write, point_latest
+from mrl_llm.runstate import atomic_write, point_latest, step_dirs
 
 
 def checkpoint_steps(policy_dir: Path) -> set[int]:
     """Steps with a complete checkpoint (``actor.json`` is written after the worker's files)."""
-    return {int(d.name[5:]) for d in policy_dir.glob("step_*") if d.name[5:].isdigit() and (d / "actor.json").is_file()}
+    return {s for s, d in step_dirs(policy_dir) if (d / "actor.json").is_file()}
 
 
 def resume_step(config: RunConfig, out: Path) -> int:
@@ -71,8 +72,8 @@ def restore_run_dir(config: RunConfig, out: Path, step: int) -> dict[str, Any]:
     ckpt = out / "checkpoints"
     for p in config.policies:
         d = ckpt / p.name
-        for x in d.glob("step_*"):
-            if x.name[5:].isdigit() and int(x.name[5:]) > step:
+        for s, x in step_dirs(d):
+            if s > step:
                 shutil.rmtree(x, ignore_errors=True)
         if (d / f"step_{step}" / "actor.json").is_file():
             point_latest(d, step)

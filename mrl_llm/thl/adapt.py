@@ -136,15 +136,6 @@ def decode_batch(tokenizer: Any, seqs: list[list[int]]) -> list[str]:
     return tokenizer.batch_decode(seqs, skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
 
-def _decode_unique(tokenizer: Any, seqs: list[list[int]]) -> list[str]:
-    """:func:`decode_batch`, each distinct sequence decoded once (a group's samples often repeat)."""
-    unique = list(dict.fromkeys(map(tuple, seqs)))
-    if len(unique) == len(seqs):
-        return decode_batch(tokenizer, seqs)
-    text = dict(zip(unique, decode_batch(tokenizer, [list(u) for u in unique]), strict=True))
-    return [text[tuple(s)] for s in seqs]
-
-
 @dataclass(frozen=True)
 class SourceSide:
     """The peer side of a batch. Token arrays hold the kept (non-special) tokens of all sequences, in
@@ -179,7 +170,7 @@ def adapt_source(tokenizer: Any, info: VocabInfo, batch: Batch, *, append_eos: b
     k_ids, k_lp, k_seq = all_ids[keep], all_lp[keep], seq[keep]
     bounds = np.concatenate([[0], np.cumsum(np.bincount(k_seq, minlength=n))])
     id_lists = [k_ids[bounds[i] : bounds[i + 1]].tolist() for i in range(n)]
-    texts = _decode_unique(tokenizer, id_lists)
+    texts = decode_batch(tokenizer, id_lists)
     starts = np.zeros(k_ids.size, dtype=np.int64)
     ends = np.zeros(k_ids.size, dtype=np.int64)
     fallback = list(range(n))
