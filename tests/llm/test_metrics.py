@@ -33,3 +33,12 @@ def test_rows_are_json_and_go_to_tensorboard(tmp_path, monkeypatch):
     assert ("a/train/loss", 0.5, 1) in calls and ("a/eval/eval_accuracy", 0.25, 1) in calls
     assert not any(c[0] == "a/train/kl_to_ref" for c in calls) and calls[-1] == ("close",)
     assert calls[0] == ("init", str(tmp_path / "tensorboard"))
+
+
+def test_the_llm_extra_installs_tensorboard(tmp_path):
+    """`scripts/setup.sh` installs the `llm` extra, which brings TensorBoard: the real writer writes event files."""
+    log = MetricsLog(tmp_path, tensorboard=True)
+    assert log.tb is not None, "tensorboard is not installed: it is part of the llm extra (pyproject.toml)"
+    log.metrics([{"kind": "train", "step": 0, "policy": "a", "loss": 0.5}])
+    log.close()
+    assert any(p.name.startswith("events.out.tfevents") for p in (tmp_path / "tensorboard").iterdir())
