@@ -7,7 +7,7 @@ import json
 import pytest
 
 from mrl_llm.config import config_from_mapping
-from mrl_llm.distributed.resume import restore_run_dir, resume_step
+from mrl_llm.distributed.resume import record_checkpoint, restore_run_dir, resume_step
 
 from .records_util import make_record
 
@@ -25,6 +25,7 @@ def _checkpoint(out, policy, step, complete=True):
     if complete:
         (d / "actor.json").write_text(json.dumps({"step": step, "version": step + 1}))
     (out / "checkpoints" / policy / "LATEST").write_text(d.name)
+    record_checkpoint(out, step, (0, "digest"), "fingerprint")
 
 
 def _jsonl(path, rows):
