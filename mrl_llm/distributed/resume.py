@@ -144,8 +144,15 @@ def _filter_jsonl(path: Path, keep: Callable[[dict[str, Any]], bool]) -> int:
         return 0
     lines = path.read_bytes().split(b"\n")
     kept = []
-    for line in lines[:-1]:  # the part after the last newline is empty or a torn line
-        if line.strip() and keep(json.loads(line)):
+    for k, line in enumerate(lines[:-1], start=1):  # the part after the last newline is empty or a torn line
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError:
+            raise CheckpointError(f"{path}, line {k}: not a JSON row; the log is corrupt — repair or remove the line") \
+                from None
+        if keep(row):
             kept.append(line)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_bytes(b"".join(line + b"\n" for line in kept))
