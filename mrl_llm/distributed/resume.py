@@ -138,13 +138,13 @@ def resume_step(config: RunConfig, out: Path) -> int:
     )
 
 
-def _filter_jsonl(path: Path, keep: Callable[[dict[str, Any]], bool]) -> int:
-    """Rewrite ``path`` with the rows ``keep`` accepts (a torn last line is dropped); returns the rows kept."""
+def _kept_lines(path: Path, keep: Callable[[dict[str, Any]], bool]) -> list[bytes] | None:
+    """The lines of ``path`` whose row ``keep`` accepts (a torn last line is dropped); None without a file.
+    A line that is not JSON is a :class:`CheckpointError` naming the file and line."""
     if not path.is_file():
-        return 0
-    lines = path.read_bytes().split(b"\n")
+        return None
     kept = []
-    for k, line in enumerate(lines[:-1], start=1):  # the part after the last newline is empty or a torn line
+    for k, line in enumerate(path.read_bytes().split(b"\n")[:-1], start=1):  # after the last newline: torn or empty
         if not line.strip():
             continue
         try:
@@ -154,14 +154,19 @@ def _filter_jsonl(path: Path, keep: Callable[[dict[str, Any]], bool]) -> int:
                 from None
         if keep(row):
             kept.append(line)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(b"".join(line + b"\n" for line in kept))
-    os.replace(tmp, path)
-    return len(kept)
+    return kept
 
 
 def restore_run_dir(config: RunConfig, out: Path, step: int) -> dict[str, Any]:
-    """Cut ``out`` back to the end of ``step`` (module docstring); returns what was kept."""
+    """Cut ``out`` back to the end of ``step`` (module docstring); returns what was kept. The logs are
+    read (and a corrupt line reported) before anything is changed."""
+    logs = {
+        "exchange_records": (out / "exchange.jsonl", lambda r: r["step"] <= step),
+        "metrics_rows": (out / "metrics.jsonl", lambda r: r["step"] <= (step + 1 if r.get("kind") == "eval" else step)),
+        "eval_rows": (out / "eval.jsonl", lambda r: r["step"] <= step + 1),
+        "events": (out / "events.jsonl", lambda r: r.get("step", 0) <= step),
+    }
+    lines = {k: (path, _kept_lines(path, keep)) for k, (path, keep) in logs.items()}
     ckpt = out / "checkpoints"
     for p in config.policies:
         d = ckpt / p.name
@@ -172,13 +177,13 @@ def restore_run_dir(config: RunConfig, out: Path, step: int) -> dict[str, Any]:
             point_latest(d, step)
         elif p.join_step > step and (d / "LATEST").is_file():  # it joins again later, from its initial weights
             (d / "LATEST").unlink()
-    kept = {
-        "exchange_records": _filter_jsonl(out / "exchange.jsonl", lambda r: r["step"] <= step),
-        "metrics_rows": _filter_jsonl(out / "metrics.jsonl",
-                                      lambda r: r["step"] <= (step + 1 if r.get("kind") == "eval" else step)),
-        "eval_rows": _filter_jsonl(out / "eval.jsonl", lambda r: r["step"] <= step + 1),
-        "events": _filter_jsonl(out / "events.jsonl", lambda r: r.get("step", 0) <= step),
-    }
+    kept = {}
+    for k, (path, rows) in lines.items():
+        kept[k] = len(rows or [])
+        if rows is not None:
+            tmp = path.with_name(path.name + ".tmp")
+            tmp.write_bytes(b"".join(line + b"\n" for line in rows))
+            os.replace(tmp, path)
     with open(out / "events.jsonl", "a", encoding="utf-8") as fh:
         fh.write(json.dumps({"event": "resume", "step": step + 1, "checkpoint_step": step, **kept}) + "\n")
     (out / "summary.json").unlink(missing_ok=True)
