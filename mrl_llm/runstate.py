@@ -120,6 +120,20 @@ def verify_manifest(step_dir: str | Path) -> None:
                                   "edited — restore it, or resume from another checkpoint")
 
 
+def verify_checkpoint(step_dir: str | Path) -> dict[str, Any]:
+    """:func:`verify_manifest` of a policy's ``step_<s>`` dir, and its ``actor.json`` (``{"step": s,
+    "version": v}``, the completion marker written after the manifest) checked and returned."""
+    d = Path(step_dir)
+    verify_manifest(d)
+    if not (d / "actor.json").is_file():
+        raise CheckpointError(f"checkpoint {d} has no actor.json; it is incomplete — resume from another checkpoint")
+    meta = read_json(d / "actor.json", "checkpoint marker")
+    if not isinstance(meta, dict) or not isinstance(meta.get("step"), int) or not isinstance(meta.get("version"), int):
+        raise CheckpointError(f"{d / 'actor.json'}: expected {{\"step\": <int>, \"version\": <int>}}; the checkpoint "
+                              "is corrupt")
+    return meta
+
+
 def lines_digest(lines: Iterable[str | bytes]) -> tuple[int, str]:
     """``(n, sha256)`` of ``lines`` (without their newlines), each hashed as UTF-8 bytes plus ``\\n``."""
     h, n = hashlib.sha256(), 0

@@ -51,7 +51,7 @@ from mrl_llm.runstate import (
     prune,
     save_run_state,
     truncate_lines,
-    verify_manifest,
+    verify_checkpoint,
 )
 from mrl_llm.worker import WorkerConfig
 from shared_interfaces.config_io import ConfigError, to_mapping
@@ -175,7 +175,7 @@ class Run:
                                   "or start a new run directory")
         self.cursor.load_state_dict(state["data_cursor"])
         for p in self.cfg.policies:
-            verify_manifest(self.ckpt / p.name / f"step_{s}")
+            verify_checkpoint(self.ckpt / p.name / f"step_{s}")
         self.start = s + 1
         for p in self.cfg.policies:
             point_latest(self.ckpt / p.name, s)

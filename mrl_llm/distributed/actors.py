@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from mrl_llm.runstate import CheckpointError, read_json, verify_manifest, write_manifest
+from mrl_llm.runstate import CheckpointError, verify_checkpoint, write_manifest
 from shared_interfaces.exchange import ExperienceExchange
 from shared_interfaces.records import ExperienceRecord, PromptGroup
 from shared_interfaces.regimes.config import RegimeSpec, parse_regime_config
@@ -174,10 +174,7 @@ class PolicyActor:
         latest = self.ckpt / "LATEST"
         if latest.is_file():
             d = self.ckpt / latest.read_text().strip()
-            verify_manifest(d)
-            meta = read_json(d / "actor.json", "checkpoint marker")
-            if not isinstance(meta, dict) or not isinstance(meta.get("step"), int):
-                raise CheckpointError(f"{d / 'actor.json'}: expected {{\"step\": <int>, ...}}; the checkpoint is corrupt")
+            meta = verify_checkpoint(d)
             try:
                 self.worker.load_checkpoint(str(d))
             except CheckpointError:

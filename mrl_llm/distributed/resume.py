@@ -50,7 +50,7 @@ from mrl_llm.runstate import (
     point_latest,
     read_json,
     step_dirs,
-    verify_manifest,
+    verify_checkpoint,
 )
 
 RAY_STATE = "ray_state.json"
@@ -113,7 +113,7 @@ def verify_run_dir(config: RunConfig, out: Path, step: int, dataset_fingerprint:
     for p in config.policies:
         d = out / "checkpoints" / p.name / f"step_{step}"
         if (d / "actor.json").is_file():
-            verify_manifest(d)
+            verify_checkpoint(d)
 
 
 def checkpoint_steps(policy_dir: Path) -> set[int]:

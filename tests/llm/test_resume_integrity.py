@@ -99,11 +99,12 @@ def test_resume_detects_a_flipped_bit_in_a_checkpoint_file(one_step_run, tmp_pat
     _resume_fails(cfg, run, CheckpointError, r"bytes/step_0/model/model\.safetensors does not match its digest")
 
 
-@pytest.mark.parametrize("name", ["run_state.json", "worker.json"])
+@pytest.mark.parametrize("name", ["run_state.json", "bpe/step_0/worker.json", "bpe/step_0/actor.json",
+                                  "bytes/step_0/manifest.json"])
 def test_resume_names_a_corrupt_json_state_file(one_step_run, tmp_path, verifier, name):
     cfg, src, _ = one_step_run
     run = _copy(src, tmp_path)
-    f = run / "checkpoints" / ("run_state.json" if name == "run_state.json" else "bpe/step_0/worker.json")
+    f = run / "checkpoints" / name
     f.write_text(f.read_text()[:-7])
     _resume_fails(cfg, run, CheckpointError, name.replace(".", r"\."))
 
