@@ -165,7 +165,7 @@ def mark_rolled_back(path: str | Path, policy: str, steps: Collection[int]) -> i
     for line in lines[:-1]:
         if line.strip():
             r = json.loads(line)
-            if r.get("kind") == "train" and r.get("policy") == policy and r.get("step") in steps \
+            if r.get("kind", "train") == "train" and r.get("policy") == policy and r.get("step") in steps \
                     and not r.get("rolled_back"):
                 r["rolled_back"] = True
                 line = json.dumps(r).encode("utf-8")
