@@ -28,7 +28,20 @@ from pathlib import Path
 
 from shared_interfaces.config_io import ConfigError
 
-USER_ERRORS = (ConfigError, FileNotFoundError, FileExistsError, KeyError, ValueError)
+USER_ERRORS = (ConfigError, FileNotFoundError, FileExistsError, KeyError, ValueError, PermissionError)
+
+
+def one_line(err: BaseException) -> str:
+    """The message of a user error, on one line (a ``KeyError``'s own text; an ``OSError``'s reason and file)."""
+    if isinstance(err, KeyError) and err.args:
+        msg = str(err.args[0])
+    elif isinstance(err, OSError) and err.filename is not None:
+        msg = f"{err.filename}: {err.strerror or err}"
+        if isinstance(err, PermissionError):
+            msg += " (a read-only directory or file?); choose a writable location"
+    else:
+        msg = str(err)
+    return " ".join(msg.split())
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -182,8 +195,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return {"train": _train, "eval": _eval, "report": _report, "demo": _demo}[args.cmd](args)
     except USER_ERRORS as err:
-        msg = err.args[0] if isinstance(err, KeyError) and err.args else err
-        print(f"mrl_llm {args.cmd}: {msg}", file=sys.stderr)
+        print(f"mrl_llm {args.cmd}: {one_line(err)}", file=sys.stderr)
         return 2
 
 

@@ -8,6 +8,9 @@
      "cum_samples", "cum_gen_tokens", "cum_train_tokens", "cum_flops"}
     {"kind": "eval", "step": t, "policy": ..., "eval_accuracy", "pass_at_k", "peer_exclusive_accuracy", ...}
 
+A train row may carry ``"rolled_back": true`` (Ray runtime): its update was lost when the policy's
+actor died and was restored from an older checkpoint (:func:`mark_rolled_back`); readers skip it.
+
 A train row's ``step`` s is the step index (the policy has then taken s + 1 training steps); an eval
 row's ``step`` t is the number of training steps taken (t = 0: before training). Non-finite numbers are
 written as ``null`` (JSON has no NaN).
@@ -33,7 +36,8 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Mapping
+import os
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -125,8 +129,49 @@ class MetricsLog:
             self.tb.close()
 
 
-def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+def read_metrics(path: str | Path, *, rolled_back: bool = False) -> list[dict[str, Any]]:
+    """The rows of a ``metrics.jsonl``, without the train rows marked ``"rolled_back": true`` (see
+    :func:`mark_rolled_back`) unless ``rolled_back=True``. A line that is not JSON is an error naming
+    the file and line."""
     p = Path(path)
     if not p.is_file():
         return []
-    return [json.loads(line) for line in p.read_text(encoding="utf-8").splitlines() if line.strip()]
+    rows = []
+    for k, line in enumerate(p.read_text(encoding="utf-8").split("\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{p}, line {k}: not a JSON row ({err})") from None
+    return rows if rolled_back else [r for r in rows if not r.get("rolled_back")]
+
+
+def mark_rolled_back(path: str | Path, policy: str, steps: Collection[int]) -> int:
+    """Mark ``policy``'s train rows of ``steps`` in ``metrics.jsonl`` with ``"rolled_back": true``
+    (the file is rewritten atomically); returns how many rows were marked.
+
+    The rule (Ray runtime): when a policy's actor dies and is restored from its checkpoint of step
+    ``c``, the updates of the steps after ``c`` that it had taken before it died (``c < t < f``, ``f``
+    the step whose call failed) are gone from its weights; their train rows no longer describe the
+    policy and are marked. Rows stay in the file for the record (the ``rejoin`` event in
+    ``events.jsonl`` lists the steps); :func:`read_metrics`, and so reports and summaries, skip them.
+    TensorBoard scalars already written are not retracted."""
+    p, steps = Path(path), set(steps)
+    if not p.is_file() or not steps:
+        return 0
+    lines = p.read_bytes().split(b"\n")
+    marked, out = 0, []
+    for line in lines[:-1]:
+        if line.strip():
+            r = json.loads(line)
+            if r.get("kind", "train") == "train" and r.get("policy") == policy and r.get("step") in steps \
+                    and not r.get("rolled_back"):
+                r["rolled_back"] = True
+                line = json.dumps(r).encode("utf-8")
+                marked += 1
+        out.append(line + b"\n")
+    tmp = p.with_name(p.name + ".tmp")
+    tmp.write_bytes(b"".join(out) + lines[-1])
+    os.replace(tmp, p)
+    return marked

@@ -39,16 +39,25 @@ from mrl_llm.data import DataConfig, DataCursor, Problem, load_jsonl
 from mrl_llm.distributed.actors import PolicyActor, PolicyActorSpec
 from mrl_llm.evaluate import evaluate_workers, peer_exclusive_sets, read_eval_rows, summarize
 from mrl_llm.metrics import TIMES, MetricsLog, clean, read_metrics, train_row
-from mrl_llm.runstate import count_lines, load_run_state, point_latest, prune, save_run_state, truncate_lines
+from mrl_llm.rundir import RESUMABLE_CHANGES, check_run_dir, new_run_guard  # noqa: F401 - re-exported
+from mrl_llm.runstate import (
+    CheckpointError,
+    LogDigest,
+    count_lines,
+    head_lines,
+    lines_digest,
+    load_run_state,
+    point_latest,
+    prune,
+    save_run_state,
+    truncate_lines,
+    verify_checkpoint,
+)
 from mrl_llm.worker import WorkerConfig
 from shared_interfaces.config_io import ConfigError, to_mapping
 from shared_interfaces.exchange import DiskLogExchange
 
 log = logging.getLogger("mrl_llm.trainer")
-
-#: Config keys that may differ between a run and its resumption.
-RESUMABLE_CHANGES = ("steps", "progress", "tensorboard", "threads", "eval")
-
 
 def load_problems(data: DataConfig) -> list[Problem]:
     """A dataset's problems; rows whose gold answer the verifier cannot use are skipped (counted, warned)."""
@@ -100,32 +109,6 @@ def unique_prompts(batch: Sequence[Problem]) -> list[Problem]:
     return out
 
 
-def _comparable(cfg: RunConfig) -> dict[str, Any]:
-    d = to_mapping(cfg)
-    for k in RESUMABLE_CHANGES:
-        d.pop(k, None)
-    return json.loads(json.dumps(d))
-
-
-def check_run_dir(config: RunConfig, out: Path, resume: bool) -> None:
-    """A new run needs an empty ``out``; a resumed one the run's own config there (only
-    :data:`RESUMABLE_CHANGES` may differ). Both runtimes check with this."""
-    if resume:
-        if not (out / "config.json").is_file():
-            raise FileNotFoundError(f"--resume {out}: no config.json there; nothing to resume")
-        saved = json.loads((out / "config.json").read_text())
-        mine = _comparable(config)
-        theirs = {k: v for k, v in saved.items() if k not in RESUMABLE_CHANGES}
-        diff = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
-        if diff:
-            raise ConfigError(f"--resume {out}: the config differs from the run's in {diff}; resume with "
-                              f"the run's own config ({out / 'config.json'}); only {list(RESUMABLE_CHANGES)} "
-                              "may change")
-    elif (out / "metrics.jsonl").exists() or (out / "exchange.jsonl").exists():
-        raise FileExistsError(f"{out} already holds a run; pass --resume {out} to continue it or choose "
-                              "a new --out directory")
-
-
 def worker_config(config: RunConfig, name: str) -> dict[str, Any]:
     """The plain mapping a policy's worker is built from (also what a Ray actor receives)."""
     pol = config.policy(name)
@@ -153,12 +136,15 @@ class Run:
         self.regime = config.regime_spec.name
         if config.threads:
             torch.set_num_threads(config.threads)
-        state = load_run_state(self.ckpt)
-        self._check_dir(resume, state)
+        self._check_dir(resume)
+        state = load_run_state(self.ckpt) if resume else None
         self.out.mkdir(parents=True, exist_ok=True)
+        given = problems
         problems, self.eval_problems = resolve_problems(config, problems, eval_problems)
-        self.cursor = DataCursor(problems, config.prompts_per_step, seed=config.seed)
+        source = config.data.path if given is None and config.data is not None else "the problems given to train()"
+        self.cursor = DataCursor(problems, config.prompts_per_step, seed=config.seed, source=source)
         self.start = 0
+        self.ex_digest = LogDigest(self.out / "exchange.jsonl")
         if state is not None:
             self._restore(state)
         else:
@@ -168,20 +154,36 @@ class Run:
         self.log = MetricsLog(self.out, tensorboard=config.tensorboard)
         self.exclusive = peer_exclusive_sets(r for r in read_eval_rows(self.out / "eval.jsonl") if r["step"] == 0)
 
-    def _check_dir(self, resume: bool, state: dict | None) -> None:
-        if resume and state is None:
-            raise FileNotFoundError(f"--resume {self.out}: no checkpoints/run_state.json there; nothing to resume")
+    def _check_dir(self, resume: bool) -> None:
         check_run_dir(self.cfg, self.out, resume)
+        if resume and not (self.ckpt / "run_state.json").is_file():
+            raise FileNotFoundError(f"--resume {self.out}: no checkpoints/run_state.json there; nothing to resume")
 
     def _restore(self, state: dict) -> None:
-        self.start = int(state["step"]) + 1
+        """Verify the checkpoint (exchange digest, dataset, every policy's manifest), then cut the logs back
+        to it; nothing in the directory changes when a check fails."""
+        s = state.get("step")
+        if not isinstance(s, int) or not isinstance(state.get("exchange_lines"), int):
+            raise CheckpointError(f"{self.ckpt / 'run_state.json'}: no valid step / exchange_lines; the run state is "
+                                  "corrupt")
+        ex = self.out / "exchange.jsonl"
+        n = int(state["exchange_lines"])
+        head = head_lines(ex, n)
+        if len(head) < n or lines_digest(head)[1] != state.get("exchange_sha256"):
+            raise CheckpointError(f"{ex} was edited: its first {n} lines (up to the checkpoint of step {s}) do not "
+                                  "match the digest stored in checkpoints/run_state.json; restore the original log "
+                                  "or start a new run directory")
+        self.cursor.load_state_dict(state["data_cursor"])
         for p in self.cfg.policies:
-            point_latest(self.ckpt / p.name, int(state["step"]))
-        truncate_lines(self.out / "exchange.jsonl", int(state["exchange_lines"]))
+            verify_checkpoint(self.ckpt / p.name / f"step_{s}")
+        self.start = s + 1
+        for p in self.cfg.policies:
+            point_latest(self.ckpt / p.name, s)
+        truncate_lines(ex, n)
         truncate_lines(self.out / "metrics.jsonl", int(state["metrics_lines"]))
         truncate_lines(self.out / "eval.jsonl", int(state["eval_lines"]))
-        self.cursor.load_state_dict(state["data_cursor"])
-        log.info("resuming %s after step %d", self.out, state["step"])
+        self.ex_digest.update()
+        log.info("resuming %s after step %d", self.out, s)
 
     # -- pieces of a step --------------------------------------------------------------------
     def evaluate(self, t: int) -> None:
@@ -205,7 +207,7 @@ class Run:
             a.save(s)
         save_run_state(self.ckpt, {
             "step": s, "data_cursor": self.cursor.state_dict(),
-            "exchange_lines": count_lines(self.out / "exchange.jsonl"),
+            **dict(zip(("exchange_lines", "exchange_sha256"), self.ex_digest.update(), strict=True)),
             "metrics_lines": count_lines(self.out / "metrics.jsonl"),
             "eval_lines": count_lines(self.out / "eval.jsonl"),
         })
@@ -281,9 +283,13 @@ def train(config: RunConfig, out_dir: str | Path, *, resume: bool = False, probl
     """Train ``config`` into ``out_dir`` (one regime per directory) and return the summary (``summary.json``).
 
     ``resume=True`` continues the run in ``out_dir`` from its last checkpoint (the config must be the
-    run's own, except ``steps``, ``eval``, ``threads``, ``progress`` and ``tensorboard``)."""
+    run's own, except ``steps``, ``eval``, ``threads``, ``progress`` and ``tensorboard``; the checkpoint's
+    files, the exchange log up to it and the dataset must be unedited, see :mod:`mrl_llm.runstate`).
+    A new run needs a new or empty ``out_dir`` and leaves nothing there if it fails before its first
+    checkpoint (:mod:`mrl_llm.rundir`)."""
     if config.runtime.backend == "ray":
         from mrl_llm.distributed.ray_trainer import train_on_ray
 
         return train_on_ray(config, out_dir, resume=resume, problems=problems, eval_problems=eval_problems)
-    return Run(config, out_dir, resume=resume, problems=problems, eval_problems=eval_problems).run()
+    with new_run_guard(Path(out_dir), resume):
+        return Run(config, out_dir, resume=resume, problems=problems, eval_problems=eval_problems).run()

@@ -51,6 +51,7 @@ from mrl_llm.models import (
     tokenizer_id,
 )
 from mrl_llm.rollout import HFEngine, SamplingConfig
+from mrl_llm.runstate import CheckpointError, read_json
 from mrl_llm.templates import PromptTemplate
 from mrl_llm.thl import align_trace, align_traces
 from mrl_llm.update import run_update
@@ -403,7 +404,10 @@ class LLMPolicyWorker:
         from transformers import AutoModelForCausalLM
 
         d = Path(path)
-        meta = json.loads((d / "worker.json").read_text())
+        meta = read_json(d / "worker.json", "worker state")
+        if not isinstance(meta, dict) or not {"version", "nan_streak", "counters", "tokenizer_id"} <= meta.keys():
+            raise CheckpointError(f"{d / 'worker.json'}: expected the keys version, nan_streak, counters, tokenizer_id; "
+                                  "the checkpoint is corrupt")
         if meta["tokenizer_id"] != self.tok_id:
             raise ValueError(f"checkpoint {d} was written with tokenizer {meta['tokenizer_id']!r}, this policy "
                              f"uses {self.tok_id!r}; resume with the same config")

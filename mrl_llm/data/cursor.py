@@ -7,29 +7,33 @@ epoch's order (every batch has exactly ``batch_size`` problems; a problem repeat
 only when ``batch_size`` exceeds the dataset). ``shuffle=False`` keeps file order in every epoch.
 
 The state (:meth:`DataCursor.state_dict`) is a small JSON-able dict: seed, epoch, position and a
-fingerprint of the prompt ids, so a resume against a different dataset fails instead of silently
-drawing other prompts.
+fingerprint of what the run uses of every problem (:func:`fingerprint`: id, question, gold answer,
+choices, verifier), so a resume against a different or edited dataset fails instead of silently
+drawing other prompts or scoring against other answers.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import random
 from collections.abc import Sequence
 from typing import Any
 
 from mrl_llm.data.problem import Problem
 
-STATE_VERSION = 1
+STATE_VERSION = 2  # 2: the fingerprint covers each problem's content, not only its id
 
 
-def fingerprint(prompt_ids: Sequence[str]) -> str:
-    """A short hash of the ordered prompt ids (identifies the dataset a cursor walks)."""
+def fingerprint(problems: Sequence[Problem]) -> str:
+    """SHA-256 (hex) of the ordered problems as the run uses them: per problem the JSON list
+    ``[prompt_id, question, gold, list(choices), verifier]`` plus a newline. Changing any of these
+    fields of any row, or the rows' order or number, changes it."""
     h = hashlib.sha256()
-    for pid in prompt_ids:
-        h.update(pid.encode("utf-8"))
-        h.update(b"\0")
-    return h.hexdigest()[:16]
+    for p in problems:
+        h.update(json.dumps([p.prompt_id, p.question, p.gold, list(p.choices), p.verifier]).encode("utf-8"))
+        h.update(b"\n")
+    return h.hexdigest()
 
 
 def epoch_order(n: int, seed: int, epoch: int, *, shuffle: bool = True) -> list[int]:
@@ -43,7 +47,9 @@ def epoch_order(n: int, seed: int, epoch: int, *, shuffle: bool = True) -> list[
 class DataCursor:
     """Draws per-step prompt batches from ``problems`` deterministically from ``seed``; resumable."""
 
-    def __init__(self, problems: Sequence[Problem], batch_size: int, *, seed: int = 0, shuffle: bool = True):
+    def __init__(self, problems: Sequence[Problem], batch_size: int, *, seed: int = 0, shuffle: bool = True,
+                 source: str = "the dataset"):
+        """``source`` names the dataset in errors (e.g. its file)."""
         if not problems:
             raise ValueError("DataCursor needs at least one problem; the dataset is empty")
         if batch_size < 1:
@@ -52,7 +58,8 @@ class DataCursor:
         self.batch_size = batch_size
         self.seed = seed
         self.shuffle = shuffle
-        self.fingerprint = fingerprint([p.prompt_id for p in self.problems])
+        self.source = source
+        self.fingerprint = fingerprint(self.problems)
         self.epoch = 0
         self.position = 0
         self._order = epoch_order(len(self.problems), seed, 0, shuffle=shuffle)
@@ -89,9 +96,13 @@ class DataCursor:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from :meth:`state_dict`; a different dataset, seed, batch size or order is an error."""
         if state.get("version") != STATE_VERSION:
-            raise ValueError(f"data cursor state version {state.get('version')!r} is not {STATE_VERSION}")
+            raise ValueError(f"data cursor state version {state.get('version')!r} is not {STATE_VERSION} (a checkpoint "
+                             "of an older version); start a new run directory")
+        if state.get("fingerprint") != self.fingerprint:
+            raise ValueError(f"cannot resume: {self.source} differs from the dataset the run was trained on (its "
+                             "fingerprint over prompt ids, questions, gold answers and choices changed); resume "
+                             "with the run's own dataset, unedited")
         for key, mine in (
-            ("fingerprint", self.fingerprint),
             ("n_problems", len(self.problems)),
             ("seed", self.seed),
             ("batch_size", self.batch_size),

@@ -18,9 +18,11 @@ restart at step ``s`` from a checkpoint of version ``v``). Its staleness is ``la
 updates behind its producer's schedule it was generated. A learner sees a peer's record only when
 staleness ``<= max_staleness`` (stale ones are counted, never silently used); its own records always.
 
-Checkpoints: ``<checkpoint_dir>/step_<s>/`` (the worker's files plus ``actor.json``) and a ``LATEST``
-pointer written last; a (re)started actor loads ``LATEST`` if present, so Ray's restart of a dead
-actor brings it back with its last checkpoint's weights.
+Checkpoints: ``<checkpoint_dir>/step_<s>/`` (the worker's files, their ``manifest.json`` of digests —
+:func:`mrl_llm.runstate.write_manifest` — then ``actor.json``) and a ``LATEST`` pointer written last; a
+(re)started actor verifies and loads ``LATEST`` if present, so Ray's restart of a dead actor brings it
+back with its last checkpoint's weights (a checkpoint that fails its manifest is a
+:class:`~mrl_llm.runstate.CheckpointError` naming the file).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from mrl_llm.runstate import CheckpointError, verify_checkpoint, write_manifest
 from shared_interfaces.exchange import ExperienceExchange
 from shared_interfaces.records import ExperienceRecord, PromptGroup
 from shared_interfaces.regimes.config import RegimeSpec, parse_regime_config
@@ -171,8 +174,16 @@ class PolicyActor:
         latest = self.ckpt / "LATEST"
         if latest.is_file():
             d = self.ckpt / latest.read_text().strip()
-            self.worker.load_checkpoint(str(d))
-            self.restored_step = json.loads((d / "actor.json").read_text())["step"]
+            meta = verify_checkpoint(d)
+            try:
+                self.worker.load_checkpoint(str(d))
+            except CheckpointError:
+                raise
+            except Exception as err:  # verified bytes that still do not load: name the checkpoint
+                first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+                raise CheckpointError(f"checkpoint {d} of policy {spec.name!r} cannot be loaded "
+                                      f"({type(err).__name__}: {first})") from err
+            self.restored_step = meta["step"]
 
     # -- fault injection (tests) -------------------------------------------------------------
     def _maybe_crash(self, phase: str, step: int) -> None:
@@ -268,6 +279,7 @@ class PolicyActor:
         d = self.ckpt / f"step_{step}"
         d.mkdir(parents=True, exist_ok=True)
         self.worker.save_checkpoint(str(d))
+        write_manifest(d)
         (d / "actor.json").write_text(json.dumps({"step": step, "version": int(self.worker.version)}))
         tmp = self.ckpt / "LATEST.tmp"
         tmp.write_text(d.name)

@@ -19,6 +19,9 @@ its policy's last checkpoint. The calls it was running fail; the driver logs a `
 call; the other policies train that step without its records. Before the next step the driver waits
 for the restarted actor, logs ``rejoin`` with the checkpoint step and the ``lost_steps`` (updates since
 the checkpoint that are gone), resets the policy's baseline lag, and lets it rejoin at the current step.
+The train rows of the steps the dead process had trained after its checkpoint (``rolled_back_steps``
+of the ``rejoin`` event) are marked ``"rolled_back": true`` in ``metrics.jsonl``
+(:func:`mrl_llm.metrics.mark_rolled_back`), so the metrics describe the weights; readers skip them.
 
 Membership: :meth:`RayDriver.add_policy` / :meth:`RayDriver.remove_policy` between steps, or
 ``join_step`` / ``leave_step`` per policy (the config/CLI route, :class:`Membership`).
@@ -245,11 +248,24 @@ class RayDriver:
                 st = wait_status(self.actors[name])  # waits for Ray's restart
                 ck = st["restored_step"]
                 lost = list(range(ck + 1 if ck is not None else 0, step))
+                failed_at = self.down.pop(name)
+                rolled = [t for t in lost if t < failed_at]  # trained by the dead process, then lost
+                self._roll_back(name, rolled)
                 self.baselines[name] = step - st["version"]
                 self._event(event="rejoin", step=step, policy=name, checkpoint_step=ck, version=st["version"],
-                            lost_steps=lost, failed_at=self.down.pop(name))
+                            lost_steps=lost, failed_at=failed_at, rolled_back_steps=rolled)
             live.append(name)
         return live
+
+    def _roll_back(self, name: str, steps: list[int]) -> None:
+        """Mark ``name``'s rows of ``steps`` rolled back, in ``metrics.jsonl`` and in :attr:`result`
+        (:func:`mrl_llm.metrics.mark_rolled_back`): their updates are not in the restored weights."""
+        from mrl_llm.metrics import mark_rolled_back
+
+        mark_rolled_back(self.out / "metrics.jsonl", name, steps)
+        for r in self.result.metrics:
+            if r.get("policy") == name and r.get("step") in steps:
+                r["rolled_back"] = True
 
     def ensure_members(self, step: int) -> list[str]:
         """Bring the membership to ``step`` (start joiners, stop leavers, wait for restarted actors) and

@@ -133,6 +133,15 @@ class ExchangeService:
         """Records ``start..`` in publication order (a cursor for followers and tests)."""
         return [self._ex.line(r.record_id) for k, r in enumerate(self._ex.records()) if k >= start]
 
+    def digest(self, max_step: int) -> tuple[int, str]:
+        """``(n, sha256)`` of the log lines of the records with ``step <= max_step``, in log order
+        (:func:`mrl_llm.runstate.lines_digest`): what a checkpoint at ``max_step`` stores of the log."""
+        from mrl_llm.runstate import lines_digest
+
+        with self._arrived:
+            lines = [self._ex.line(r.record_id) for r in self._ex.records() if r.step <= max_step]
+        return lines_digest(lines)
+
     def record_ids(self) -> list[str]:
         return [r.record_id for r in self._ex.records()]
 

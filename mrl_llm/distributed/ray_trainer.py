@@ -141,18 +141,31 @@ def train_on_ray(config: RunConfig, out_dir: str | Path, *, resume: bool = False
     """Train ``config`` on Ray into ``out_dir`` (module docstring); returns the summary. ``resume``
     continues the run in ``out_dir`` after its newest complete checkpoint
     (:mod:`mrl_llm.distributed.resume`). ``faults`` crash chosen actors once (tests of the fault tolerance)."""
-    import ray
-
-    from mrl_llm.distributed.resume import restore_run_dir, resume_step
-    from mrl_llm.evaluate import peer_exclusive_sets, read_eval_rows
-    from mrl_llm.trainer import check_run_dir, log_eval, resolve_problems, run_summary
+    from mrl_llm.rundir import check_run_dir, new_run_guard
 
     out = Path(out_dir)
     check_run_dir(config, out, resume)
+    with new_run_guard(out, resume):
+        return _train_on_ray(config, out, resume=resume, problems=problems, eval_problems=eval_problems, faults=faults)
+
+
+def _train_on_ray(config: RunConfig, out: Path, *, resume: bool, problems: Sequence[Problem] | None,
+                  eval_problems: Sequence[Problem] | None,
+                  faults: Mapping[str, FaultInjection] | None) -> dict[str, Any]:
+    import ray
+
+    from mrl_llm.data import fingerprint
+    from mrl_llm.distributed.resume import record_checkpoint, restore_run_dir, resume_step, verify_run_dir
+    from mrl_llm.evaluate import peer_exclusive_sets, read_eval_rows
+    from mrl_llm.trainer import log_eval, resolve_problems, run_summary
+
+    source = config.data.path if problems is None and config.data is not None else "the problems given to train()"
     problems, eval_set = resolve_problems(config, problems, eval_problems)
+    data_fp = fingerprint(problems)
     start = 0
     if resume:
         start = resume_step(config, out) + 1
+        verify_run_dir(config, out, start - 1, data_fp, source)
         restore_run_dir(config, out, start - 1)
         log.info("resuming %s at step %d", out, start)
     else:
@@ -184,6 +197,8 @@ def train_on_ray(config: RunConfig, out_dir: str | Path, *, resume: bool = False
                 counters[n] = dict(trains[n].get("counters") or {})
                 if config.checkpoint_every:
                     prune(out / "checkpoints" / n, config.keep_checkpoints)
+            if trains and config.checkpoint_every and (step + 1) % config.checkpoint_every == 0:  # the actors saved
+                record_checkpoint(out, step, ray.get(drv.exchange_handle.digest.remote(step)), data_fp)
             log.info("step %d: %s", step, " ".join(f"{r['policy']} r={r['reward_mean']:.2f}" for r in rows))
 
         def evaluate(drv: RayDriver, t: int) -> None:
@@ -221,6 +236,8 @@ def train_on_ray(config: RunConfig, out_dir: str | Path, *, resume: bool = False
                         ray.get(drv.actors[n].save.remote(last))  # the end is a checkpoint (resume continues there)
                         prune(out / "checkpoints" / n, config.keep_checkpoints)
                     ray.get(drv.actors[n].export.remote(str(out / "policies" / n)))
+            if last >= start:
+                record_checkpoint(out, last, ray.get(drv.exchange_handle.digest.remote(last)), data_fp)
         summary = run_summary(config, out, {n: counters.get(n, {}) for n in order}, time.perf_counter() - t_start)
         summary["events"] = [e for e in drv.result.events if e["event"] != "join" or e["step"]]
     finally:

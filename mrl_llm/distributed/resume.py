@@ -17,6 +17,19 @@ checkpoints themselves:
   appended.
 
 The data cursor needs no state: the driver draws step ``s``'s batch by replaying the seeded cursor.
+
+Integrity: when the actors have checkpointed step ``s`` the driver records, in
+``checkpoints/ray_state.json`` (:func:`record_checkpoint`)::
+
+    {"version": 1, "dataset_fingerprint": "<sha256>",
+     "steps": {"<s>": {"exchange_records": n, "exchange_sha256": "<hex>"}, ...}}
+
+the digest of the exchange lines of records with ``step <= s`` (computed by the exchange service,
+:meth:`~mrl_llm.distributed.exchange_actor.ExchangeService.digest`) and the dataset's fingerprint. A step is
+a resume point only once it is recorded there, and :func:`verify_run_dir` checks, before anything in the
+directory changes, that those log lines, the dataset and each policy's checkpoint files
+(:func:`mrl_llm.runstate.verify_manifest`) are unedited: a mismatch is a
+:class:`~mrl_llm.runstate.CheckpointError` (or, for the dataset, a ``ValueError``) naming the file.
 """
 
 from __future__ import annotations
@@ -30,7 +43,77 @@ from typing import Any
 
 from mrl_llm.config import RunConfig
 from mrl_llm.distributed.driver import Membership
-from mrl_llm.runstate import atomic_write, point_latest, step_dirs
+from mrl_llm.runstate import (
+    CheckpointError,
+    atomic_write,
+    check_log_digest,
+    point_latest,
+    read_json,
+    step_dirs,
+    verify_checkpoint,
+)
+
+RAY_STATE = "ray_state.json"
+RAY_STATE_VERSION = 1
+
+
+def load_ray_state(out: Path) -> dict[str, Any] | None:
+    """``checkpoints/ray_state.json`` of a Ray run directory (None when there is none)."""
+    p = out / "checkpoints" / RAY_STATE
+    if not p.is_file():
+        return None
+    st = read_json(p, "Ray run state")
+    if (not isinstance(st, dict) or st.get("version") != RAY_STATE_VERSION or not isinstance(st.get("steps"), dict)
+            or not all(isinstance(v, dict) and isinstance(v.get("exchange_sha256"), str) for v in st["steps"].values())):
+        raise CheckpointError(f"{p}: not a version-{RAY_STATE_VERSION} Ray run state; restore it or start a new run "
+                              "directory")
+    return st
+
+
+def record_checkpoint(out: Path, step: int, exchange: tuple[int, str], dataset_fingerprint: str) -> None:
+    """Record that step ``step`` is checkpointed, with its exchange digest ``(n, sha256)`` (module docstring)."""
+    st = load_ray_state(out) or {"version": RAY_STATE_VERSION, "dataset_fingerprint": dataset_fingerprint, "steps": {}}
+    st["steps"][str(step)] = {"exchange_records": int(exchange[0]), "exchange_sha256": exchange[1]}
+    (out / "checkpoints").mkdir(parents=True, exist_ok=True)
+    atomic_write(out / "checkpoints" / RAY_STATE, json.dumps(st, indent=1))
+
+
+def _lines_up_to(path: Path, step: int) -> list[bytes]:
+    """The complete lines of the exchange log whose record has ``step <= step`` (bytes, in log order)."""
+    if not path.is_file():
+        return []
+    out = []
+    for k, line in enumerate(path.read_bytes().split(b"\n")[:-1], start=1):
+        if not line.strip():
+            continue
+        try:
+            s = json.loads(line)["step"]
+        except (ValueError, KeyError, TypeError) as err:
+            raise CheckpointError(f"{path}, line {k}: not an exchange record ({type(err).__name__}); the log was "
+                                  "edited or corrupted — restore it or start a new run directory") from None
+        if isinstance(s, int) and s <= step:
+            out.append(line)
+    return out
+
+
+def verify_run_dir(config: RunConfig, out: Path, step: int, dataset_fingerprint: str, dataset: str) -> None:
+    """Check the exchange log up to ``step``, the dataset and each policy's checkpoint of ``step`` against
+    what was recorded (module docstring); changes nothing."""
+    st = load_ray_state(out) or {}
+    rec = st.get("steps", {}).get(str(step))
+    if rec is None:
+        raise CheckpointError(f"{out / 'checkpoints' / RAY_STATE} has no record of step {step}; nothing to verify it "
+                              "against — start a new run directory")
+    if st.get("dataset_fingerprint") != dataset_fingerprint:
+        raise ValueError(f"cannot resume: {dataset} differs from the dataset the run was trained on (its fingerprint "
+                         "over prompt ids, questions, gold answers and choices changed); resume with the run's own "
+                         "dataset, unedited")
+    ex = out / "exchange.jsonl"
+    check_log_digest(ex, _lines_up_to(ex, step), rec["exchange_sha256"], f"records of steps <= {step}")
+    for p in config.policies:
+        d = out / "checkpoints" / p.name / f"step_{step}"
+        if (d / "actor.json").is_file():
+            verify_checkpoint(d)
 
 
 def checkpoint_steps(policy_dir: Path) -> set[int]:
@@ -39,36 +122,51 @@ def checkpoint_steps(policy_dir: Path) -> set[int]:
 
 
 def resume_step(config: RunConfig, out: Path) -> int:
-    """The newest step every policy active at it has a complete checkpoint of (module docstring)."""
+    """The newest step every policy active at it has a complete checkpoint of, recorded in
+    ``ray_state.json`` (module docstring)."""
     ckpt = out / "checkpoints"
     have = {p.name: checkpoint_steps(ckpt / p.name) for p in config.policies}
-    for s in sorted(set().union(*have.values()), reverse=True):
+    recorded = {int(k) for k in (load_ray_state(out) or {}).get("steps", {})}
+    for s in sorted(set().union(*have.values()) & recorded, reverse=True):
         active = [p.name for p in config.policies if Membership(p.join_step, p.leave_step).active(s)]
         if active and all(s in have[n] for n in active):
             return s
     raise FileNotFoundError(
         f"--resume {out}: no step has a complete checkpoint of every policy active at it "
-        f"(found {({n: sorted(v) for n, v in have.items()})}); nothing to resume — start a new run directory"
+        f"and a record in checkpoints/{RAY_STATE} (found {({n: sorted(v) for n, v in have.items()})}, recorded "
+        f"{sorted(recorded)}); nothing to resume — start a new run directory"
     )
 
 
-def _filter_jsonl(path: Path, keep: Callable[[dict[str, Any]], bool]) -> int:
-    """Rewrite ``path`` with the rows ``keep`` accepts (a torn last line is dropped); returns the rows kept."""
+def _kept_lines(path: Path, keep: Callable[[dict[str, Any]], bool]) -> list[bytes] | None:
+    """The lines of ``path`` whose row ``keep`` accepts (a torn last line is dropped); None without a file.
+    A line that is not JSON is a :class:`CheckpointError` naming the file and line."""
     if not path.is_file():
-        return 0
-    lines = path.read_bytes().split(b"\n")
+        return None
     kept = []
-    for line in lines[:-1]:  # the part after the last newline is empty or a torn line
-        if line.strip() and keep(json.loads(line)):
+    for k, line in enumerate(path.read_bytes().split(b"\n")[:-1], start=1):  # after the last newline: torn or empty
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError:
+            raise CheckpointError(f"{path}, line {k}: not a JSON row; the log is corrupt — repair or remove the line") \
+                from None
+        if keep(row):
             kept.append(line)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(b"".join(line + b"\n" for line in kept))
-    os.replace(tmp, path)
-    return len(kept)
+    return kept
 
 
 def restore_run_dir(config: RunConfig, out: Path, step: int) -> dict[str, Any]:
-    """Cut ``out`` back to the end of ``step`` (module docstring); returns what was kept."""
+    """Cut ``out`` back to the end of ``step`` (module docstring); returns what was kept. The logs are
+    read (and a corrupt line reported) before anything is changed."""
+    logs = {
+        "exchange_records": (out / "exchange.jsonl", lambda r: r["step"] <= step),
+        "metrics_rows": (out / "metrics.jsonl", lambda r: r["step"] <= (step + 1 if r.get("kind") == "eval" else step)),
+        "eval_rows": (out / "eval.jsonl", lambda r: r["step"] <= step + 1),
+        "events": (out / "events.jsonl", lambda r: r.get("step", 0) <= step),
+    }
+    lines = {k: (path, _kept_lines(path, keep)) for k, (path, keep) in logs.items()}
     ckpt = out / "checkpoints"
     for p in config.policies:
         d = ckpt / p.name
@@ -79,13 +177,13 @@ def restore_run_dir(config: RunConfig, out: Path, step: int) -> dict[str, Any]:
             point_latest(d, step)
         elif p.join_step > step and (d / "LATEST").is_file():  # it joins again later, from its initial weights
             (d / "LATEST").unlink()
-    kept = {
-        "exchange_records": _filter_jsonl(out / "exchange.jsonl", lambda r: r["step"] <= step),
-        "metrics_rows": _filter_jsonl(out / "metrics.jsonl",
-                                      lambda r: r["step"] <= (step + 1 if r.get("kind") == "eval" else step)),
-        "eval_rows": _filter_jsonl(out / "eval.jsonl", lambda r: r["step"] <= step + 1),
-        "events": _filter_jsonl(out / "events.jsonl", lambda r: r.get("step", 0) <= step),
-    }
+    kept = {}
+    for k, (path, rows) in lines.items():
+        kept[k] = len(rows or [])
+        if rows is not None:
+            tmp = path.with_name(path.name + ".tmp")
+            tmp.write_bytes(b"".join(line + b"\n" for line in rows))
+            os.replace(tmp, path)
     with open(out / "events.jsonl", "a", encoding="utf-8") as fh:
         fh.write(json.dumps({"event": "resume", "step": step + 1, "checkpoint_step": step, **kept}) + "\n")
     (out / "summary.json").unlink(missing_ok=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 from hypothesis import given
@@ -74,11 +75,30 @@ def test_resume_refuses_another_dataset_or_setting():
         DataCursor(problems(10), 5, seed=0),
         DataCursor(problems(10), 4, seed=1),
     ):
-        with pytest.raises(ValueError, match="cannot resume the data cursor"):
+        with pytest.raises(ValueError, match="cannot resume"):
             other.load_state_dict(state)
     renamed = [Problem(f"x{i}", "q", "1", "math") for i in range(10)]
     with pytest.raises(ValueError, match="fingerprint"):
         DataCursor(renamed, 4, seed=0).load_state_dict(state)
+
+
+def test_resume_refuses_an_edited_dataset_naming_it():
+    """The fingerprint covers what the run uses of each row, not only its id (issue 13, item 4)."""
+    base = [Problem(f"p{i}", f"question {i}", str(i), "mcq", choices=("a", "b")) for i in range(6)]
+    state = DataCursor(base, 2, seed=0, source="data/train.jsonl").state_dict()
+    edits = [
+        {"question": "question 0, edited"},
+        {"gold": "99"},
+        {"choices": ("a", "c")},
+        {"verifier": "math"},
+    ]
+    for edit in edits:
+        rows = [replace(base[0], **edit), *base[1:]]
+        with pytest.raises(ValueError, match=r"cannot resume: data/train.jsonl differs"):
+            DataCursor(rows, 2, seed=0, source="data/train.jsonl").load_state_dict(state)
+    DataCursor(list(base), 2, seed=0).load_state_dict(state)  # the same rows resume
+    with pytest.raises(ValueError, match="version"):
+        DataCursor(base, 2, seed=0).load_state_dict({**state, "version": 1})
 
 
 def test_bad_arguments():

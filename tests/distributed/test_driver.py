@@ -86,6 +86,11 @@ def test_crashed_policy_restarts_from_its_checkpoint_and_the_run_finishes(ray_lo
     assert {r.policy_version for r in recs if r.policy_id == "B" and r.step == 4} == {2}
     events = [json.loads(x)["event"] for x in (tmp_path / "events.jsonl").read_text().splitlines()]
     assert events.count("gap") == 1 and events.count("rejoin") == 1
+    # B's update of step 2 (after its checkpoint of step 1, before it died in step 3) is gone: row marked
+    assert rj["rolled_back_steps"] == [2]
+    logged = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert {(r["step"], r["policy"]) for r in logged if r.get("rolled_back")} == {(2, "B")}
+    assert [r for r in res.metrics if r.get("rolled_back")] == [r for r in res.metrics if (r["step"], r["policy"]) == (2, "B")]
 
 
 def test_policies_added_and_removed_between_steps(ray_local, tmp_path) -> None:

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from mrl_llm.config import config_from_mapping
-from mrl_llm.distributed.resume import restore_run_dir, resume_step
+from mrl_llm.distributed.resume import record_checkpoint, restore_run_dir, resume_step
 
 from .records_util import make_record
 
@@ -25,6 +25,7 @@ def _checkpoint(out, policy, step, complete=True):
     if complete:
         (d / "actor.json").write_text(json.dumps({"step": step, "version": step + 1}))
     (out / "checkpoints" / policy / "LATEST").write_text(d.name)
+    record_checkpoint(out, step, (0, "digest"), "fingerprint")
 
 
 def _jsonl(path, rows):
@@ -75,3 +76,18 @@ def test_restore_cuts_checkpoints_and_logs_back_to_the_step(tmp_path):
     events = [json.loads(x) for x in (tmp_path / "events.jsonl").read_text().splitlines()]
     assert [e["event"] for e in events] == ["join", "resume"] and events[-1]["checkpoint_step"] == 1
     assert not (tmp_path / "summary.json").exists()
+
+
+def test_a_corrupt_log_line_is_named_and_nothing_is_changed(tmp_path):
+    from mrl_llm.runstate import CheckpointError
+
+    cfg = _config()
+    for p in "ab":
+        _checkpoint(tmp_path, p, 0)
+        _checkpoint(tmp_path, p, 1)
+    _jsonl(tmp_path / "exchange.jsonl", [])
+    (tmp_path / "metrics.jsonl").write_text('{"kind": "train", "step": 0, "policy": "a"}\n{"kind": "tr\n')
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    with pytest.raises(CheckpointError, match=r"metrics\.jsonl, line 2: not a JSON row"):
+        restore_run_dir(cfg, tmp_path, 0)
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before  # step_1 dirs kept too

@@ -142,3 +142,58 @@ def test_a_stopped_ray_run_resumed_equals_an_uninterrupted_one(ray_llm, tmp_path
         p["compute"] for p in json.loads((tmp_path / "whole" / "summary.json").read_text())["policies"]]
     events = [json.loads(x) for x in (tmp_path / "parts" / "events.jsonl").read_text().splitlines()]
     assert [(e["event"], e["step"], e["checkpoint_step"]) for e in events if e["event"] == "resume"] == [("resume", 2, 1)]
+
+
+def test_rolled_back_rows_are_marked_and_an_edited_ray_run_is_not_resumed(ray_llm, tmp_path):
+    """Issue 13, item 6: b dies in step 2 before its first checkpoint (step 2, ``checkpoint_every: 3``) and
+    restarts from its initial weights, so its updates of steps 0 and 1 are gone: their rows are marked
+    ``rolled_back`` and readers skip them. Items 3-5 on Ray: a resume of the finished run refuses an
+    edited exchange log, a flipped bit in a checkpoint file and an edited dataset, changing nothing."""
+    import shutil
+
+    from mrl_llm.metrics import read_metrics
+    from mrl_llm.runstate import CheckpointError
+
+    pols = [policy("a", "llama", "utf8-bytes", 4), policy("b", "qwen2", learner_tokenizer_dir(), 12)]
+    cfg = config(pols, steps=4, eval={"enabled": False}, checkpoint_every=3)
+    summary = train_on_ray(cfg, tmp_path / "run", problems=PROBLEMS, faults={"b": FaultInjection(step=2)})
+    run = tmp_path / "run"
+    events = [json.loads(x) for x in (run / "events.jsonl").read_text().splitlines()]
+    assert [(e["step"], e["checkpoint_step"], e["lost_steps"], e["rolled_back_steps"])
+            for e in events if e["event"] == "rejoin"] == [(3, None, [0, 1, 2], [0, 1])]
+    rows = read_metrics(run / "metrics.jsonl", rolled_back=True)
+    assert {(r["step"], r["policy"]) for r in rows if r.get("rolled_back")} == {(0, "b"), (1, "b")}
+    kept = read_metrics(run / "metrics.jsonl")
+    assert sorted((r["step"], r["policy"]) for r in kept) == [(0, "a"), (1, "a"), (2, "a"), (3, "a"), (3, "b")]
+    assert summary["policies"][1]["sgt_activations"] == sum(r.get("sgt_activations") or 0 for r in kept
+                                                             if r["policy"] == "b")
+    from mrl_llm.distributed.resume import resume_step
+
+    assert "3" in json.loads((run / "checkpoints" / "ray_state.json").read_text())["steps"]
+    assert resume_step(cfg, run) == 3  # b has no checkpoint of step 2 (it died in it)
+
+    def refused(name, edit, err, match, probs=PROBLEMS):
+        d = tmp_path / name
+        shutil.copytree(run, d)
+        edit(d)
+        before = {p: p.read_bytes() for p in d.rglob("*") if p.is_file()}
+        with pytest.raises(err, match=match):
+            train_on_ray(replace(cfg, steps=5), d, resume=True, problems=probs)
+        assert {p: p.read_bytes() for p in d.rglob("*") if p.is_file()} == before
+
+    def edit_log(d):  # a wrong answer of step 1 claimed correct
+        lines = (d / "exchange.jsonl").read_text().split("\n")
+        k = next(i for i, x in enumerate(lines) if '"step":1,' in x and '"reward":0.0' in x)
+        lines[k] = lines[k].replace('"reward":0.0', '"reward":1.0')
+        (d / "exchange.jsonl").write_text("\n".join(lines))
+
+    def flip_bit(d):
+        f = d / "checkpoints" / "a" / "step_3" / "optimizer.pt"
+        data = bytearray(f.read_bytes())
+        data[-20] ^= 1
+        f.write_bytes(bytes(data))
+
+    refused("log", edit_log, CheckpointError, r"exchange\.jsonl was edited")
+    refused("bit", flip_bit, CheckpointError, r"a/step_3/optimizer\.pt does not match its digest")
+    other = [replace(p, gold="7") if i == 1 else p for i, p in enumerate(PROBLEMS)]
+    refused("data", lambda d: None, ValueError, "the problems given to train.. differs", probs=other)

@@ -1,0 +1,110 @@
+"""Where a run may be written: the checks on ``--out`` / ``--resume DIR`` that both runtimes share.
+
+* A **new run** needs ``DIR`` to be absent or an empty directory, and writable. A directory that
+  already holds a run (``config.json`` with ``exchange.jsonl``, ``metrics.jsonl`` or ``checkpoints/``)
+  is refused with a pointer to ``--resume``; any other non-empty directory (an HF model directory, a
+  home directory, ...) is refused as it is, so nothing in it is overwritten.
+* A **resumed run** needs the run's own ``config.json`` there; only :data:`RESUMABLE_CHANGES` may differ.
+* A new run that **fails before its first checkpoint** (a model or dataset that does not load, a crash
+  in the first steps, Ctrl-C) leaves no half-made directory behind: :func:`new_run_guard` removes what
+  this invocation created — the directory itself when it made it, else the files it put into the
+  empty directory it was given. Nothing is removed once a checkpoint exists (the run can be resumed),
+  and a directory that was not empty is never touched (the checks above refuse it first).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from mrl_llm.config import RunConfig
+from mrl_llm.runstate import RUN_STATE, read_json
+from shared_interfaces.config_io import ConfigError, to_mapping
+
+log = logging.getLogger("mrl_llm.rundir")
+
+#: Config keys that may differ between a run and its resumption.
+RESUMABLE_CHANGES = ("steps", "progress", "tensorboard", "threads", "eval")
+#: A file whose presence marks a run as resumable (single-process / Ray runtime).
+RESUMABLE_MARKERS = (Path("checkpoints") / RUN_STATE, Path("checkpoints") / "ray_state.json")
+
+
+def _comparable(cfg: RunConfig) -> dict[str, Any]:
+    d = to_mapping(cfg)
+    for k in RESUMABLE_CHANGES:
+        d.pop(k, None)
+    return json.loads(json.dumps(d))
+
+
+def holds_run(out: Path) -> bool:
+    """Whether ``out`` looks like a run directory (its config plus a log or checkpoints)."""
+    return (out / "config.json").is_file() and any(
+        (out / n).exists() for n in ("exchange.jsonl", "metrics.jsonl", "checkpoints"))
+
+
+def _nearest_existing(p: Path) -> Path:
+    p = p.absolute()
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    return p
+
+
+def check_run_dir(config: RunConfig, out: Path, resume: bool) -> None:
+    """Refuse an ``out`` a run may not be written into (module docstring). Both runtimes check with this."""
+    out = Path(out)
+    if resume:
+        if not (out / "config.json").is_file():
+            raise FileNotFoundError(f"--resume {out}: no config.json there; nothing to resume")
+        saved = read_json(out / "config.json", "run config")
+        if not isinstance(saved, dict):
+            raise ConfigError(f"{out / 'config.json'}: not a run config (a JSON object); nothing to resume")
+        mine = _comparable(config)
+        theirs = {k: v for k, v in saved.items() if k not in RESUMABLE_CHANGES}
+        diff = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
+        if diff:
+            raise ConfigError(f"--resume {out}: the config differs from the run's in {diff}; resume with "
+                              f"the run's own config ({out / 'config.json'}); only {list(RESUMABLE_CHANGES)} "
+                              "may change")
+        return
+    if out.exists() and not out.is_dir():
+        raise FileExistsError(f"--out {out} is a file, not a directory; choose a new --out directory")
+    if out.is_dir() and any(out.iterdir()):
+        if holds_run(out):
+            raise FileExistsError(f"{out} already holds a run; pass --resume {out} to continue it or choose "
+                                  "a new --out directory")
+        some = sorted(p.name for p in out.iterdir())[:3]
+        raise FileExistsError(f"--out {out} is not empty (it holds {', '.join(some)}, ...) and is not a run "
+                              "directory; a new run needs a new or empty directory, so nothing there is overwritten")
+    base = _nearest_existing(out)
+    if not os.access(base, os.W_OK | os.X_OK):
+        raise PermissionError(f"--out {out}: {base} is not writable (a read-only directory?); choose a writable "
+                              "--out directory")
+
+
+@contextmanager
+def new_run_guard(out: Path, resume: bool) -> Iterator[None]:
+    """Run the body; if it fails before the run has a checkpoint, remove what it created in ``out``
+    (module docstring). Call after :func:`check_run_dir`, which guarantees ``out`` is new or empty."""
+    out = Path(out)
+    existed = out.is_dir()
+    if resume or (existed and any(out.iterdir())):
+        yield
+        return
+    try:
+        yield
+    except BaseException:
+        if out.is_dir() and not any((out / m).is_file() for m in RESUMABLE_MARKERS):
+            if existed:
+                for p in out.iterdir():
+                    shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+            else:
+                shutil.rmtree(out, ignore_errors=True)
+            log.warning("the run failed before its first checkpoint; removed what it had written to %s "
+                        "(rerun the same command once the error is fixed)", out)
+        raise
