@@ -367,13 +367,8 @@ def config_from_mapping(data: Mapping[str, Any], *, base_dir: str | Path = ".", 
 
 def load_config(path: str | Path) -> RunConfig:
     """Read and validate an experiment YAML (module docstring); errors name the file and the key."""
-    import yaml
-
     p = Path(path)
-    try:
-        data = load_yaml(p)
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{p} is not valid YAML ({err}); quote values that start with '{{' or '$'") from err
+    data = load_yaml(p)
     if not isinstance(data, Mapping):
         raise ConfigError(f"{p}: the top level must be a mapping of config keys")
     try:
