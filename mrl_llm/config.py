@@ -62,7 +62,7 @@ from shared_interfaces.regimes.config import LossConfig, RegimeSpec, parse_regim
 
 #: What a policy name may be: it names the folders ``checkpoints/<name>`` and ``policies/<name>`` of a run.
 POLICY_NAME_RULE = "[A-Za-z0-9][A-Za-z0-9._-]{0,63}"
-_POLICY_NAME = re.compile(POLICY_NAME_RULE)
+POLICY_NAME = re.compile(POLICY_NAME_RULE)
 #: Seeds go to numpy and torch: ``0 <= seed < 2**63``.
 SEED_LIMIT = 2**63
 #: ``model_config`` keys that are sizes or counts: integers >= 1 when given (HF names and GPT-2's aliases).
@@ -202,7 +202,7 @@ class PolicyConfig:
     leave_step: int | None = None
 
     def __post_init__(self) -> None:
-        if not _POLICY_NAME.fullmatch(self.name):
+        if not POLICY_NAME.fullmatch(self.name):
             raise ConfigError(f"policies[].name {self.name!r} is not a valid policy name: it must match "
                               f"{POLICY_NAME_RULE} (letters, digits, '.', '_', '-'; it names the run's folders)")
         check_seed(self.init_seed, f"policy {self.name!r}: init_seed")
