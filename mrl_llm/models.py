@@ -126,8 +126,8 @@ def tokenizer_id(tokenizer) -> str:
 
 
 def model_config_keys(model_type: str) -> set[str]:
-    """The keys a ``model_config`` of ``model_type`` may hold: the parameters of its transformers config
-    class (and their aliases, e.g. GPT-2's ``n_embd``). :class:`ConfigError` for an unknown model type."""
+    """The parameters of ``model_type``'s transformers config class (and their aliases, e.g. GPT-2's
+    ``n_embd``). :class:`ConfigError` for an unknown model type."""
     import inspect
 
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
@@ -144,7 +144,11 @@ def fresh_config(policy: PolicyConfig, tokenizer) -> Any:
     """The transformers config of a ``model_config`` policy: vocabulary size and special ids default to
     the tokenizer's. :class:`ConfigError` naming the policy and the key for an unknown model type, a key
     the model type does not have, a ``vocab_size`` smaller than the tokenizer, or a config transformers
-    refuses (the cheap checks are :func:`mrl_llm.config.check_model_config`)."""
+    refuses (the cheap checks are :func:`mrl_llm.config.check_model_config`).
+
+    A key the model type does not have is one that is neither a parameter of its config class nor
+    consumed by transformers (legacy spellings such as ``rope_theta`` or ``torch_dtype`` are: they are
+    converted), i.e. one transformers would keep as an inert attribute that no model code reads."""
     from transformers import AutoConfig
 
     who = f"policy {policy.name!r}"
@@ -154,10 +158,6 @@ def fresh_config(policy: PolicyConfig, tokenizer) -> Any:
         known = model_config_keys(model_type)
     except ConfigError as err:
         raise ConfigError(f"{who}: {err}") from err
-    unknown = sorted(set(cfg) - known)
-    if unknown:
-        raise ConfigError(f"{who}: model_config has key(s) {unknown} that a {model_type!r} config does not have; "
-                          f"known keys: {sorted(known)}")
     n_tok = len(tokenizer)
     if cfg.get("vocab_size") is not None and cfg["vocab_size"] < n_tok:
         raise ConfigError(f"{who}: model_config.vocab_size {cfg['vocab_size']} is smaller than its tokenizer's "
@@ -168,10 +168,16 @@ def fresh_config(policy: PolicyConfig, tokenizer) -> Any:
         if val is not None:
             cfg.setdefault(key, val)
     try:
-        return AutoConfig.for_model(model_type, **cfg)
+        built = AutoConfig.for_model(model_type, **cfg)
+        plain = set(vars(AutoConfig.for_model(model_type)))
     except Exception as err:  # noqa: BLE001 - any refusal of transformers, re-raised naming the policy
         msg = " ".join(str(err).split())
         raise ConfigError(f"{who}: model_config is not a valid {model_type!r} config: {msg}") from err
+    unknown = sorted(k for k in cfg if k not in known and k in vars(built) and k not in plain)
+    if unknown:
+        raise ConfigError(f"{who}: model_config has key(s) {unknown} that a {model_type!r} config does not have; "
+                          f"known keys: {sorted(known)}")
+    return built
 
 
 def build_model(policy: PolicyConfig, tokenizer, *, seed: int) -> torch.nn.Module:

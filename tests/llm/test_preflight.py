@@ -88,3 +88,15 @@ def test_model_configs_checked_against_their_tokenizers():
                                              "tokenizer_dir": "utf8-bytes"}]})
     with pytest.raises(ConfigError, match=r"policy 'a': model_config.vocab_size 100 is smaller than its tokenizer's"):
         check_model_configs(bad)
+
+
+def test_legacy_keys_transformers_converts_are_accepted():
+    from mrl_llm.byte_tokenizer import byte_tokenizer
+    from mrl_llm.config import PolicyConfig
+    from mrl_llm.models import fresh_config
+
+    pol = PolicyConfig(name="a", model_config=tiny("qwen2", rope_theta=12345.0, tie_word_embeddings=True),
+                       tokenizer_dir="utf8-bytes")
+    assert fresh_config(pol, byte_tokenizer()).rope_parameters["rope_theta"] == 12345.0
+    with pytest.raises(ConfigError, match=r"\['gradient_checkpointing'\] that a 'qwen2' config does not have"):
+        fresh_config(PolicyConfig(name="a", model_config=tiny("qwen2", gradient_checkpointing=True)), byte_tokenizer())
