@@ -11,7 +11,7 @@ Layout (every key optional unless marked; unknown keys are errors naming the key
     data: {path: train.jsonl, verifier: math, fields: {question: problem, answer: solution}}  # mrl_llm.data
     eval: {data: {...}, every: 10, k: 4, max_prompts: 64}
     policies:                      # required, at least one
-      - name: qwen                 # required, unique
+      - name: qwen                 # required, unique; [A-Za-z0-9][A-Za-z0-9._-]{0,63} (it names folders)
         model_dir: models/Qwen2.5-Math-1.5B    # an HF model directory ...
         model_config: {model_type: llama, hidden_size: 64, ...}  # ... or a config for a fresh tiny model
         tokenizer_dir: ...         # default: model_dir; "utf8-bytes": the built-in byte tokenizer
@@ -32,6 +32,12 @@ Per policy also: ``device`` (cpu | cuda | auto), ``drift`` (the vLLM engine's dr
 ``join_step`` / ``leave_step`` (the steps ``join_step <= s < leave_step`` the policy takes part in; Ray
 runtime only).
 
+Seeds (``seed``, ``init_seed``) are integers in ``[0, 2**63)``; every float is finite and every integer
+fits 64 bits (:mod:`shared_interfaces.config_io`). A ``model_config``'s sizes (``hidden_size``,
+``num_hidden_layers``, ...) are integers >= 1, checked here; its keys against the model type's
+config class and its ``vocab_size`` against the tokenizer when the run starts
+(:func:`mrl_llm.preflight.check_model_configs`).
+
 Relative paths are relative to the config file's directory; ``${VAR}`` and ``${VAR:-default}`` are
 expanded from the environment, and ``${MRL_SHARED_DIR}`` falls back to the ``shared/`` folder found
 beside the checkout. Model directories are *not* checked here (the planner reads configs whose
@@ -40,6 +46,7 @@ weights are elsewhere); :mod:`mrl_llm.models` checks them when a run starts.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Mapping
@@ -53,8 +60,50 @@ from mrl_llm.templates import TemplateConfig
 from shared_interfaces.config_io import ConfigError, from_mapping, load_yaml, to_mapping
 from shared_interfaces.regimes.config import LossConfig, RegimeSpec, parse_regime, parse_regime_config
 
+#: What a policy name may be: it names the folders ``checkpoints/<name>`` and ``policies/<name>`` of a run.
+POLICY_NAME_RULE = "[A-Za-z0-9][A-Za-z0-9._-]{0,63}"
+POLICY_NAME = re.compile(POLICY_NAME_RULE)
+#: Seeds go to numpy and torch: ``0 <= seed < 2**63``.
+SEED_LIMIT = 2**63
+#: ``model_config`` keys that are sizes or counts: integers >= 1 when given (HF names and GPT-2's aliases).
+MODEL_SIZE_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                   "num_key_value_heads", "max_position_embeddings", "head_dim", "n_embd", "n_layer", "n_head",
+                   "n_positions", "n_inner")
+
 DTYPE_ALIASES = {"fp32": "fp32", "float32": "fp32", "bf16": "bf16", "bfloat16": "bf16"}
 REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def check_seed(seed: int | None, key: str) -> None:
+    """A seed (None: derived) must be an integer in ``[0, 2**63)``; :class:`ConfigError` naming ``key``."""
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < SEED_LIMIT):
+        raise ConfigError(f"{key} {seed!r} is out of range; a seed is an integer with 0 <= seed < 2**63")
+
+
+def _finite_numbers(value: Any, key: str) -> None:
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{key}: {value!r} is not a finite number")
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            _finite_numbers(v, f"{key}.{k}")
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            _finite_numbers(v, f"{key}[{i}]")
+
+
+def check_model_config(mc: Mapping[str, Any], where: str) -> None:
+    """The checks of a ``model_config`` that need no transformers import (module docstring):
+    a ``model_type`` string, sizes (:data:`MODEL_SIZE_KEYS`) integers >= 1, every number finite."""
+    mt = mc.get("model_type")
+    if not isinstance(mt, str) or not mt:
+        raise ConfigError(f"{where} needs a model_type (e.g. llama, qwen2), got {mt!r}")
+    for key in MODEL_SIZE_KEYS:
+        v = mc.get(key)
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ConfigError(f"{where}.{key} must be an integer >= 1, got {v!r}")
+    _finite_numbers(dict(mc), where)
 
 
 @dataclass(frozen=True)
@@ -153,15 +202,17 @@ class PolicyConfig:
     leave_step: int | None = None
 
     def __post_init__(self) -> None:
-        if not self.name or "/" in self.name:
-            raise ConfigError(f"policy name {self.name!r} must be a non-empty string without '/'")
+        if not POLICY_NAME.fullmatch(self.name):
+            raise ConfigError(f"policies[].name {self.name!r} is not a valid policy name: it must match "
+                              f"{POLICY_NAME_RULE} (letters, digits, '.', '_', '-'; it names the run's folders)")
+        check_seed(self.init_seed, f"policy {self.name!r}: init_seed")
         if (self.model_dir is None) == (self.model_config is None):
             raise ConfigError(
                 f"policy {self.name!r}: give exactly one of model_dir (an HF model directory) or "
                 "model_config (a config mapping for a fresh model)"
             )
-        if self.model_config is not None and "model_type" not in self.model_config:
-            raise ConfigError(f"policy {self.name!r}: model_config needs a model_type (e.g. llama, qwen2)")
+        if self.model_config is not None:
+            check_model_config(self.model_config, f"policy {self.name!r}: model_config")
         object.__setattr__(self, "dtype", DTYPE_ALIASES[self.dtype])
         if self.group_size < 1:
             raise ConfigError(f"policy {self.name!r}: group_size must be >= 1, got {self.group_size}")
@@ -253,6 +304,7 @@ class RunConfig:
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
 
     def __post_init__(self) -> None:
+        check_seed(self.seed, "config: seed")
         if not self.policies:
             raise ConfigError("config: 'policies' must list at least one policy")
         names = [p.name for p in self.policies]
@@ -367,13 +419,8 @@ def config_from_mapping(data: Mapping[str, Any], *, base_dir: str | Path = ".", 
 
 def load_config(path: str | Path) -> RunConfig:
     """Read and validate an experiment YAML (module docstring); errors name the file and the key."""
-    import yaml
-
     p = Path(path)
-    try:
-        data = load_yaml(p)
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{p} is not valid YAML ({err}); quote values that start with '{{' or '$'") from err
+    data = load_yaml(p)
     if not isinstance(data, Mapping):
         raise ConfigError(f"{p}: the top level must be a mapping of config keys")
     try:

@@ -28,15 +28,16 @@ from typing import Any
 import torch
 
 from mrl_llm.byte_tokenizer import BYTE_TOKENIZER_ID, byte_tokenizer
-from mrl_llm.config import PolicyConfig
+from mrl_llm.config import POLICY_NAME, PolicyConfig
 from shared_interfaces.config_io import ConfigError
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 POLICY_META = "mrl_policy.json"
 
 
-class ModelLoadError(RuntimeError):
-    """A model or tokenizer could not be loaded; the message names the policy and the path."""
+class ModelLoadError(ConfigError):
+    """A model or tokenizer could not be loaded; the message names the policy and the path. A
+    :class:`ConfigError` (the config points at it), so the command line prints it as one line."""
 
 
 def load_tokenizer(policy: PolicyConfig):
@@ -98,7 +99,8 @@ def _load_tokenizer_cached(path: str):
         else:
             tok = AutoTokenizer.from_pretrained(str(p))
     except Exception as err:  # noqa: BLE001 - re-raised with the path and a hint
-        raise ModelLoadError(f"cannot load the tokenizer from {p}: {err}") from err
+        msg = " ".join(str(err).split())
+        raise ModelLoadError(f"cannot load the tokenizer from {p}: {msg}") from err
     if tok.eos_token_id is None:
         raise ModelLoadError(f"the tokenizer at {p} has no eos_token; set one in its tokenizer_config.json")
     if tok.pad_token_id is None:
@@ -123,20 +125,59 @@ def tokenizer_id(tokenizer) -> str:
     return tid
 
 
-def _fresh_config(policy: PolicyConfig, tokenizer) -> Any:
+def model_config_keys(model_type: str) -> set[str]:
+    """The parameters of ``model_type``'s transformers config class (and their aliases, e.g. GPT-2's
+    ``n_embd``). :class:`ConfigError` for an unknown model type."""
+    import inspect
+
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    if model_type not in CONFIG_MAPPING:
+        raise ConfigError(f"model_config.model_type {model_type!r} is not a transformers model type "
+                          "(e.g. llama, qwen2, mistral)")
+    cls = CONFIG_MAPPING[model_type]
+    keys = set(inspect.signature(cls.__init__).parameters) - {"self", "args", "kwargs"}
+    return keys | set(getattr(cls, "attribute_map", {}) or {})
+
+
+def fresh_config(policy: PolicyConfig, tokenizer) -> Any:
+    """The transformers config of a ``model_config`` policy: vocabulary size and special ids default to
+    the tokenizer's. :class:`ConfigError` naming the policy and the key for an unknown model type, a key
+    the model type does not have, a ``vocab_size`` smaller than the tokenizer, or a config transformers
+    refuses (the cheap checks are :func:`mrl_llm.config.check_model_config`).
+
+    A key the model type does not have is one that is neither a parameter of its config class nor
+    consumed by transformers (legacy spellings such as ``rope_theta`` or ``torch_dtype`` are: they are
+    converted), i.e. one transformers would keep as an inert attribute that no model code reads."""
     from transformers import AutoConfig
 
+    who = f"policy {policy.name!r}"
     cfg: dict[str, Any] = dict(policy.model_config or {})
     model_type = cfg.pop("model_type")
-    cfg.setdefault("vocab_size", len(tokenizer))
+    try:
+        known = model_config_keys(model_type)
+    except ConfigError as err:
+        raise ConfigError(f"{who}: {err}") from err
+    n_tok = len(tokenizer)
+    if cfg.get("vocab_size") is not None and cfg["vocab_size"] < n_tok:
+        raise ConfigError(f"{who}: model_config.vocab_size {cfg['vocab_size']} is smaller than its tokenizer's "
+                          f"({n_tok} tokens); set vocab_size >= {n_tok} or leave it out (default: the tokenizer's)")
+    cfg.setdefault("vocab_size", n_tok)
     for key in ("eos_token_id", "bos_token_id", "pad_token_id"):
         val = getattr(tokenizer, key, None)
         if val is not None:
             cfg.setdefault(key, val)
     try:
-        return AutoConfig.for_model(model_type, **cfg)
-    except (ValueError, KeyError, TypeError) as err:
-        raise ConfigError(f"policy {policy.name!r}: model_config is not a valid {model_type!r} config: {err}") from err
+        built = AutoConfig.for_model(model_type, **cfg)
+        plain = set(vars(AutoConfig.for_model(model_type)))
+    except Exception as err:  # noqa: BLE001 - any refusal of transformers, re-raised naming the policy
+        msg = " ".join(str(err).split())
+        raise ConfigError(f"{who}: model_config is not a valid {model_type!r} config: {msg}") from err
+    unknown = sorted(k for k in cfg if k not in known and k in vars(built) and k not in plain)
+    if unknown:
+        raise ConfigError(f"{who}: model_config has key(s) {unknown} that a {model_type!r} config does not have; "
+                          f"known keys: {sorted(known)}")
+    return built
 
 
 def build_model(policy: PolicyConfig, tokenizer, *, seed: int) -> torch.nn.Module:
@@ -154,12 +195,17 @@ def build_model(policy: PolicyConfig, tokenizer, *, seed: int) -> torch.nn.Modul
         try:
             model = AutoModelForCausalLM.from_pretrained(str(p), dtype=dtype)
         except Exception as err:  # noqa: BLE001 - re-raised with the path
-            raise ModelLoadError(f"cannot load the model of policy {policy.name!r} from {p}: {err}") from err
+            msg = " ".join(str(err).split())
+            raise ModelLoadError(f"cannot load the model of policy {policy.name!r} from {p}: {msg}") from err
     else:
-        cfg = _fresh_config(policy, tokenizer)
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            model = AutoModelForCausalLM.from_config(cfg)
+        cfg = fresh_config(policy, tokenizer)
+        try:
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(seed)
+                model = AutoModelForCausalLM.from_config(cfg)
+        except Exception as err:  # noqa: BLE001 - a config transformers accepted but cannot build
+            msg = " ".join(str(err).split())
+            raise ModelLoadError(f"policy {policy.name!r}: cannot build a model from model_config: {msg}") from err
         model = model.to(dtype)
     n_emb = model.get_input_embeddings().weight.shape[0]
     if n_emb < len(tokenizer):
@@ -208,7 +254,8 @@ def load_policy(policy_dir: str | Path, *, dtype: str = "fp32") -> tuple[torch.n
     p = Path(policy_dir)
     meta_path = p / POLICY_META
     meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
-    pol = PolicyConfig(name=str(meta.get("name", p.name)).replace("/", "_") or "policy", model_dir=str(p),
+    name = str(meta.get("name", p.name))
+    pol = PolicyConfig(name=name if POLICY_NAME.fullmatch(name) else "policy", model_dir=str(p),
                        dtype=meta.get("dtype", dtype))  # type: ignore[arg-type]
     tok = load_tokenizer(pol)
     return build_model(pol, tok, seed=0).eval(), tok, meta

@@ -76,14 +76,29 @@ def load_problems(data: DataConfig) -> list[Problem]:
 def resolve_problems(config: RunConfig, problems: Sequence[Problem] | None,
                      eval_problems: Sequence[Problem] | None) -> tuple[list[Problem], list[Problem]]:
     """The run's training problems and its evaluation set (at most ``eval.max_prompts``): the given ones,
-    else loaded from the config's ``data`` / ``eval.data`` (evaluation defaults to the training data)."""
+    else loaded from the config's ``data`` / ``eval.data`` (evaluation defaults to the training data).
+    Before any model loads, the policies' tokenizers and model configs are checked and every prompt must
+    fit every policy's ``max_prompt_len`` (:mod:`mrl_llm.preflight`: an error, or skipped and counted
+    under the dataset's ``on_malformed: skip``)."""
+    from mrl_llm.preflight import check_model_configs, fit_prompts
+
     if problems is None:
         if config.data is None:
             raise ConfigError("config has no data section; add data: {path: FILE.jsonl, verifier: math}")
         problems = load_problems(config.data)
+    tokenizers = check_model_configs(config)
+    train_mode = config.data.on_malformed if config.data is not None else "error"
+    problems, _ = fit_prompts(config, problems, on_malformed=train_mode, tokenizers=tokenizers,
+                              source=config.data.path if config.data is not None else "the training problems")
+    if eval_problems is None and config.eval.data is not None:
+        eval_problems = load_problems(config.eval.data)
     if eval_problems is None:
-        eval_problems = load_problems(config.eval.data) if config.eval.data is not None else problems
-    return list(problems), list(eval_problems)[: config.eval.max_prompts]
+        return problems, problems[: config.eval.max_prompts]
+    ev = config.eval.data
+    eval_set, _ = fit_prompts(config, list(eval_problems)[: config.eval.max_prompts], tokenizers=tokenizers,
+                              on_malformed=ev.on_malformed if ev is not None else train_mode,
+                              source=ev.path if ev is not None else "the evaluation problems")
+    return problems, eval_set
 
 
 def log_eval(log: MetricsLog, rows: list[dict[str, Any]], names: Sequence[str], t: int, regime: str,

@@ -1,13 +1,21 @@
 """Typed configs from plain mappings (YAML safe-loaded): unknown keys are errors naming the key.
 
 ``from_mapping(Cls, data, where="policies[0]")`` builds a (possibly nested) dataclass from a dict,
-checking every key and converting lists to tuples where the field is a tuple. YAML is only ever read
-with ``yaml.safe_load``.
+checking every key and converting lists to tuples where the field is a tuple. Numbers are checked on
+the way: a ``float`` field takes finite numbers only (``.inf`` / ``.nan`` are refused; no field of the
+project's configs means "unbounded" by infinity: write a large finite number), an ``int`` field takes
+values that fit a signed 64-bit integer (what numpy and torch accept).
+
+YAML is only ever read with :func:`load_yaml`: safe-loaded (no tags execute) and without anchors or
+aliases (``&a`` / ``*a`` / ``<<: *a``), which are refused with an error naming the file and line: an
+alias is shared when loaded but expanded when a config is written out, so a 2 KB "billion laughs" file
+would otherwise grow to gigabytes.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from collections.abc import Mapping
@@ -15,6 +23,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+
+#: The range of an ``int`` field: a signed 64-bit integer.
+INT_MIN, INT_MAX = -(2**63), 2**63 - 1
 
 
 class ConfigError(ValueError):
@@ -65,10 +76,18 @@ def _convert(tp: Any, value: Any, where: str) -> Any:
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{where}: expected a number, got {value!r}")
-        return float(value)
+        try:
+            out = float(value)
+        except OverflowError:
+            out = math.inf
+        if not math.isfinite(out):
+            raise ConfigError(f"{where}: {value!r} is not a finite number; give a finite value")
+        return out
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(f"{where}: expected an integer, got {value!r}")
+        if not INT_MIN <= value <= INT_MAX:
+            raise ConfigError(f"{where}: {value} does not fit a signed 64-bit integer (|value| < 2**63)")
         return value
     if tp is bool:
         if not isinstance(value, bool):
@@ -121,12 +140,40 @@ def to_mapping(obj: Any) -> Any:
     return obj
 
 
+def _no_alias_loader(path: Path) -> type:
+    """A ``yaml.SafeLoader`` that refuses anchors and aliases (module docstring) naming ``path``."""
+    import yaml
+
+    class NoAliasLoader(yaml.SafeLoader):
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            event = self.peek_event()
+            anchor = getattr(event, "anchor", None)
+            if isinstance(event, yaml.AliasEvent) or anchor is not None:
+                what = f"alias *{anchor}" if isinstance(event, yaml.AliasEvent) else f"anchor &{anchor}"
+                raise ConfigError(
+                    f"{path}:{event.start_mark.line + 1}: YAML {what}: configs may not use anchors or aliases "
+                    "(&name / *name / <<: *name); write the values out"
+                )
+            return super().compose_node(parent, index)
+
+    return NoAliasLoader
+
+
 def load_yaml(path: str | Path) -> Any:
-    """Safe-load a YAML file (never executes tags)."""
+    """Safe-load a YAML file (never executes tags; anchors and aliases refused, module docstring)."""
     import yaml
 
     p = Path(path)
     if not p.exists():
         raise ConfigError(f"config file {p} does not exist")
-    with open(p, encoding="utf-8") as fh:
-        return yaml.safe_load(fh) or {}
+    try:
+        with open(p, encoding="utf-8") as fh:
+            text = fh.read()
+    except UnicodeDecodeError as err:
+        line = err.object[: err.start].count(b"\n") + 1
+        raise ConfigError(f"{p}:{line}: not valid UTF-8 (byte {err.object[err.start]:#04x}); save the file as UTF-8") from err
+    try:
+        return yaml.load(text, Loader=_no_alias_loader(p)) or {}  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as err:
+        one_line = " ".join(str(err).split())
+        raise ConfigError(f"{p} is not valid YAML ({one_line}); quote values that start with '{{' or '$'") from err

@@ -18,7 +18,7 @@ The names of these fields are configurable (:class:`FieldMap`): a dataset whose 
 ``id``, ``choices`` and ``family`` are optional: used when a row has them, ignored when the mapping
 sets them to ``null``. The verifier (``math``, ``mcq``, ``arithmetic``) is named once per dataset.
 
-Nothing is dropped silently. A malformed row (bad JSON, not an object, missing or empty question or
+Nothing is dropped silently. A malformed row (bytes that are not UTF-8, bad JSON, not an object, missing or empty question or
 answer, bad choices, duplicate id) raises :class:`DataError` naming the file and line; with
 ``on_malformed: skip`` it is skipped and listed in :class:`LoadReport`. A row whose gold answer the
 verifier cannot parse (``check_gold``) is skipped with a counted warning, also listed in the report.
@@ -188,6 +188,17 @@ def row_to_problem(row: Any, *, fields: FieldMap, verifier: str, default_id: str
         raise DataError(f"{where}: {err}") from err
 
 
+def decode_line(raw: bytes, where: str, *, first: bool = False) -> str:
+    """One line of a JSONL file as text; :class:`DataError` naming ``where`` (file:line) when it is not
+    UTF-8. A byte-order mark at the start of the file (``first``) is dropped."""
+    try:
+        return raw.decode("utf-8-sig" if first else "utf-8")
+    except UnicodeDecodeError as err:
+        col = len(raw[: err.start].decode("utf-8-sig" if first else "utf-8", errors="replace")) + 1
+        raise DataError(f"{where}: not valid UTF-8 (byte {raw[err.start]:#04x} at column {col}); "
+                        "save the file as UTF-8") from err
+
+
 def load_jsonl(
     config: DataConfig, *, check_gold: Callable[[Problem], str | None] | None = None
 ) -> LoadReport:
@@ -202,16 +213,17 @@ def load_jsonl(
     skipped: list[Skipped] = []
     seen: dict[str, int] = {}
     n_rows = n_blank = 0
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
+    with open(path, "rb") as fh:
+        for lineno, raw in enumerate(fh, start=1):
             if config.limit is not None and len(problems) >= config.limit:
                 break
-            if not line.strip():
+            if not raw.strip():
                 n_blank += 1
                 continue
             n_rows += 1
             where = f"{path}:{lineno}"
             try:
+                line = decode_line(raw, where, first=lineno == 1)
                 try:
                     row = json.loads(line)
                 except json.JSONDecodeError as err:

@@ -38,21 +38,34 @@ def load_tokenizer(path: str, flag: str) -> Any:
 
 
 def load_texts(path: str, field: str | None, limit: int | None) -> list[str]:
+    """The text field of each row of a JSONL file; a bad row (not UTF-8, not JSON, not an object, no text
+    field) or a file with no rows exits with a message naming the file and line."""
+    from mrl_llm.data.jsonl import DataError, decode_line
+
     p = Path(path)
     if not p.is_file():
         raise SystemExit(f"data file {path} not found; pass --data FILE.jsonl (one JSON object a line)")
     texts = []
-    with p.open(encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
+    with p.open("rb") as f:
+        for n, raw in enumerate(f, 1):
+            if not raw.strip():
                 continue
-            row = json.loads(line)
+            try:
+                row = json.loads(decode_line(raw, f"{path}:{n}", first=n == 1))
+            except DataError as err:
+                raise SystemExit(str(err)) from err
+            except json.JSONDecodeError as err:
+                raise SystemExit(f"{path}:{n}: not valid JSON ({err.msg} at column {err.colno})") from err
+            if not isinstance(row, dict):
+                raise SystemExit(f"{path}:{n}: a row must be a JSON object, got {type(row).__name__}")
             key = field or next((k for k in TEXT_FIELDS if isinstance(row.get(k), str)), None)
             if key is None or not isinstance(row.get(key), str):
                 raise SystemExit(f"{path}:{n}: no text field {field or '/'.join(TEXT_FIELDS)}; pass --field NAME")
             texts.append(row[key])
             if limit is not None and len(texts) >= limit:
                 break
+    if not texts:
+        raise SystemExit(f"{path} has no text rows; pass --data a JSONL file with one JSON object a line")
     return texts
 
 

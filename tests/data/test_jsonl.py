@@ -162,3 +162,18 @@ def test_config_from_yaml_mapping():
     assert cfg.fields.question == "prompt" and cfg.fields.choices is None and cfg.fields.answer == "answer"
     with pytest.raises(ConfigError, match="unknown key"):
         from_mapping(DataConfig, {"path": "x.jsonl", "fields": {"quesiton": "prompt"}})
+
+
+def test_non_utf8_bytes_name_file_and_line(tmp_path, caplog):
+    path = tmp_path / "d.jsonl"
+    path.write_bytes(b'{"question": "q1", "answer": "1"}\n\n{"question": "caf\xe9?", "answer": "2"}\n'
+                     b'{"question": "q4", "answer": "4"}\n')
+    with pytest.raises(DataError, match=rf"{path}:3: not valid UTF-8 \(byte 0xe9 at column 18\)"):
+        load_jsonl(DataConfig(path=str(path)))
+    with caplog.at_level(logging.WARNING):
+        rep = load_jsonl(DataConfig(path=str(path), on_malformed="skip"))
+    assert [p.question for p in rep.problems] == ["q1", "q4"] and [s.line for s in rep.skipped] == [3]
+    assert "UTF-8" in rep.skipped[0].reason and (rep.n_rows, rep.n_blank) == (3, 1)
+    bom = tmp_path / "bom.jsonl"
+    bom.write_bytes(b'\xef\xbb\xbf{"question": "q", "answer": "1"}\n')  # a UTF-8 byte-order mark is allowed
+    assert [p.question for p in load_jsonl(DataConfig(path=str(bom))).problems] == ["q"]

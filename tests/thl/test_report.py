@@ -61,3 +61,19 @@ def test_report_errors_say_what_to_do(saved, change, message):
     argv = ["report"] + [x for k, v in args.items() for x in (k, v if k == "--field" else str(saved / v))]
     with pytest.raises(SystemExit, match=message):
         main(argv)
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b'{"answer": "ok"}\n{"answer": "caf\xe9"}\n', r"bad\.jsonl:2: not valid UTF-8"),
+        (b'{"answer": "ok"}\n{"answer": \n', r"bad\.jsonl:2: not valid JSON"),
+        (b'{"answer": "ok"}\n[1, 2]\n', r"bad\.jsonl:2: .*JSON object"),
+        (b"\n\n", r"bad\.jsonl has no text rows"),
+    ],
+)
+def test_report_names_file_and_line_of_bad_rows(saved, tmp_path, content, message):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(content)
+    with pytest.raises(SystemExit, match=message):
+        main(["report", "--source", str(saved / "tiny_sp_bpe"), "--target", str(saved / "tiny_bl"), "--data", str(bad)])

@@ -1,0 +1,98 @@
+"""The checks a run makes once its tokenizers are loaded and before any model is: cheap, and each
+failure is one :class:`~shared_interfaces.config_io.ConfigError` (or :class:`~mrl_llm.data.DataError`)
+naming the policy and the key, prompt or file, instead of a traceback minutes into the run.
+
+* :func:`check_model_configs` — every policy's tokenizer loads, a ``model_dir`` holds a ``config.json``,
+  a ``model_config`` suits its model type and tokenizer (:func:`mrl_llm.models.fresh_config`).
+* :func:`fit_prompts` — every prompt, rendered with each policy's template and counted with that
+  policy's tokenizer exactly as the worker will (:meth:`mrl_llm.worker.LLMPolicyWorker.set_prompt`),
+  has ``1 <= tokens <= max_prompt_len``. A prompt that does not is an error naming the policy, the
+  prompt and the dataset, or — with the dataset's ``on_malformed: skip`` — dropped for every policy
+  and counted (one warning, like the dataset's other bad rows).
+
+Both runtimes call them through :func:`mrl_llm.trainer.resolve_problems`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mrl_llm.config import RunConfig
+from mrl_llm.data import DataError, Problem
+from mrl_llm.models import ModelLoadError, fresh_config, load_tokenizer
+from mrl_llm.templates import PromptTemplate
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LongPrompt:
+    """A prompt that does not fit a policy: the policy, the prompt id and its token count (0: empty)."""
+
+    policy: str
+    prompt_id: str
+    n_tokens: int
+
+
+def check_model_configs(config: RunConfig) -> dict[str, Any]:
+    """Load every policy's tokenizer and check its model source (module docstring); returns the
+    tokenizers by policy name."""
+    tokenizers = {}
+    for pol in config.policies:
+        if pol.model_dir is not None and not (Path(pol.model_dir) / "config.json").is_file():
+            raise ModelLoadError(f"model directory {pol.model_dir} for policy {pol.name!r} not found (no config.json "
+                                 "there); put the model's Hugging Face files there or set policies[].model_dir")
+        tok = load_tokenizer(pol)
+        if pol.model_config is not None:
+            fresh_config(pol, tok)
+        tokenizers[pol.name] = tok
+    return tokenizers
+
+
+def prompt_lengths(template: PromptTemplate, tokenizer: Any, problems: Sequence[Problem]) -> list[int]:
+    """The token count of each problem's prompt, as the worker encodes it."""
+    if not problems:
+        return []
+    texts = [template.render(p) for p in problems]
+    ids = tokenizer(texts, add_special_tokens=template.add_special_tokens).input_ids
+    return [len(x) for x in ids]
+
+
+def fit_prompts(config: RunConfig, problems: Sequence[Problem], *, on_malformed: str, source: str,
+                tokenizers: dict[str, Any] | None = None) -> tuple[list[Problem], list[LongPrompt]]:
+    """``problems`` that fit every policy's ``max_prompt_len`` (in order) and the misfits (module
+    docstring). ``source`` names the dataset in messages; ``on_malformed``: ``error`` or ``skip``."""
+    problems = list(problems)
+    if not problems:
+        return [], []
+    tokenizers = tokenizers if tokenizers is not None else {p.name: load_tokenizer(p) for p in config.policies}
+    bad: dict[str, LongPrompt] = {}
+    for pol in config.policies:
+        template = PromptTemplate(pol.template, tokenizers[pol.name], policy=f"policy {pol.name!r}")
+        todo = [p for p in problems if str(p.prompt_id) not in bad]
+        for prob, n in zip(todo, prompt_lengths(template, tokenizers[pol.name], todo), strict=True):
+            if 1 <= n <= pol.max_prompt_len:
+                continue
+            miss = LongPrompt(pol.name, str(prob.prompt_id), n)
+            if on_malformed != "skip":
+                what = ("encodes to no tokens; check the template" if n == 0 else
+                        f"has {n} tokens > max_prompt_len {pol.max_prompt_len} (template applied); raise "
+                        "policies[].max_prompt_len, shorten the question")
+                raise DataError(f"{source}: policy {pol.name!r}: prompt {miss.prompt_id!r} {what}, or set the "
+                                "dataset's on_malformed: skip to skip such prompts (counted)")
+            bad[miss.prompt_id] = miss
+    kept = [p for p in problems if str(p.prompt_id) not in bad]
+    skipped = list(bad.values())
+    if skipped:
+        first = skipped[0]
+        log.warning("%s: skipped %d of %d prompts that do not fit a policy's max_prompt_len (first: %r, %d tokens "
+                    "for policy %r)", source, len(skipped), len(problems), first.prompt_id, first.n_tokens,
+                    first.policy)
+    if not kept:
+        raise DataError(f"no prompt of {source} fits every policy's max_prompt_len (all {len(problems)} skipped); "
+                        "raise policies[].max_prompt_len")
+    return kept, skipped

@@ -1,0 +1,79 @@
+"""``shared_interfaces.config_io`` refuses YAML aliases (alias bombs), non-finite floats and integers that
+do not fit in 64 bits, each with an error naming the file or the key."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import pytest
+
+from shared_interfaces.config_io import ConfigError, from_mapping, load_yaml
+
+BOMB = "\n".join(
+    ["l0: &l0 [" + ", ".join(["lol"] * 10) + "]"]
+    + [f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 10)}]" for i in range(1, 30)]
+    + ["policies: [*l29]"]
+) + "\n"
+
+
+def test_alias_bomb_fails_fast_naming_the_file(tmp_path):
+    p = tmp_path / "bomb.yaml"
+    p.write_text(BOMB)
+    assert 500 < len(BOMB) < 4000  # a ~2 KB file that would expand to 10**30 strings
+    t0 = time.perf_counter()
+    with pytest.raises(ConfigError, match=r"bomb\.yaml:1:.*anchor.*alias") as err:
+        load_yaml(p)
+    assert time.perf_counter() - t0 < 1.0
+    assert "\n" not in str(err.value)
+
+
+def test_aliases_and_merge_keys_are_refused(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("base: {lr: 1}\nother: *x\n")  # an undefined alias is still named
+    with pytest.raises(ConfigError, match=r"c\.yaml:2"):
+        load_yaml(p)
+    p.write_text("base: &b {lr: 1}\nother:\n  <<: *b\n")
+    with pytest.raises(ConfigError, match=r"c\.yaml:1.*anchor &b"):
+        load_yaml(p)
+
+
+def test_plain_yaml_and_empty_file_still_load(tmp_path):
+    p = tmp_path / "ok.yaml"
+    p.write_text("a: [1, 2]\nb: {c: 'x & y *z'}\n")
+    assert load_yaml(p) == {"a": [1, 2], "b": {"c": "x & y *z"}}
+    p.write_text("")
+    assert load_yaml(p) == {}
+
+
+def test_malformed_yaml_names_the_file(tmp_path):
+    p = tmp_path / "bad.yaml"
+    p.write_text("a: [1, 2\n")
+    with pytest.raises(ConfigError, match=r"bad\.yaml.*not valid YAML"):
+        load_yaml(p)
+    p.write_bytes(b"a: \xff\xfe\n")
+    with pytest.raises(ConfigError, match=r"bad\.yaml.*UTF-8"):
+        load_yaml(p)
+
+
+@dataclass(frozen=True)
+class _Cfg:
+    x: float = 1.0
+    y: float | None = None
+    n: int = 0
+    xs: tuple[float, ...] = ()
+
+
+@pytest.mark.parametrize("bad", [math.inf, -math.inf, math.nan])
+def test_non_finite_floats_are_refused_for_every_float_field(bad):
+    for key, value in (("x", bad), ("y", bad), ("xs", [1.0, bad])):
+        with pytest.raises(ConfigError, match=rf"cfg\.{key}.*finite") as err:
+            from_mapping(_Cfg, {key: value}, where="cfg")
+        assert "\n" not in str(err.value)
+
+
+def test_integers_beyond_64_bits_are_refused():
+    with pytest.raises(ConfigError, match=r"cfg\.n: 1180591620717411303424 .*64-bit"):
+        from_mapping(_Cfg, {"n": 1180591620717411303424}, where="cfg")
+    assert from_mapping(_Cfg, {"n": 2**63 - 1, "x": 1e308}, where="cfg").n == 2**63 - 1

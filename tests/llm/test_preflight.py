@@ -1,0 +1,102 @@
+"""The checks a run makes after its tokenizers load and before any model does: every prompt fits each
+policy's ``max_prompt_len`` under that policy's template and tokenizer (an error, or with
+``data.on_malformed: skip`` a counted skip), and every ``model_config`` suits its tokenizer."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from mrl_llm.config import config_from_mapping
+from mrl_llm.data import DataError, Problem
+from mrl_llm.preflight import check_model_configs, fit_prompts
+from mrl_llm.trainer import resolve_problems
+from mrl_llm.worker import LLMPolicyWorker, WorkerConfig
+from shared_interfaces.config_io import ConfigError
+from tests.llm.helpers import tiny
+
+
+def config(max_prompt_len: int = 30, **top):
+    return config_from_mapping({"policies": [
+        {"name": "a", "model_config": tiny("llama"), "tokenizer_dir": "utf8-bytes", "max_prompt_len": max_prompt_len,
+         "template": {"text": "{question}\n"}},
+        {"name": "b", "model_config": tiny("llama"), "tokenizer_dir": "utf8-bytes", "max_prompt_len": 1000,
+         "template": {"text": "Q: {question}\nA:"}}], **top})
+
+
+def probs(*questions: str) -> list[Problem]:
+    return [Problem(prompt_id=f"p{i}", question=q, gold="1", verifier="arithmetic") for i, q in enumerate(questions)]
+
+
+def test_the_count_is_the_workers_count():
+    cfg = config(max_prompt_len=8)
+    ok = probs("1234567")  # 7 bytes + newline = 8 tokens under policy a's template
+    assert fit_prompts(cfg, ok, on_malformed="error", source="data") == (ok, [])
+    worker = LLMPolicyWorker("a", WorkerConfig(policy=cfg.policies[0], track_ref_kl=False), seed=0)
+    assert len(worker.render(ok[0])[1]) == 8
+    with pytest.raises(ValueError, match="max_prompt_len 8"):
+        worker.render(probs("12345678")[0])
+    with pytest.raises(DataError, match=r"train\.jsonl: policy 'a': prompt 'p0' has 9 tokens > max_prompt_len 8"):
+        fit_prompts(cfg, probs("12345678"), on_malformed="error", source="train.jsonl")
+
+
+def test_skip_mode_drops_and_counts_the_long_prompts(caplog):
+    cfg = config(max_prompt_len=10)
+    ps = probs("short", "x" * 20, "also", "y" * 30)
+    with caplog.at_level(logging.WARNING):
+        kept, skipped = fit_prompts(cfg, ps, on_malformed="skip", source="d.jsonl")
+    assert [p.prompt_id for p in kept] == ["p0", "p2"]
+    assert [(s.policy, s.prompt_id, s.n_tokens) for s in skipped] == [("a", "p1", 21), ("a", "p3", 31)]
+    assert any("skipped 2 of 4 prompts" in r.getMessage() and "d.jsonl" in r.getMessage() for r in caplog.records)
+
+
+def test_empty_and_all_too_long():
+    cfg = config(max_prompt_len=3)
+    assert fit_prompts(cfg, [], on_malformed="error", source="data") == ([], [])
+    with pytest.raises(DataError, match="no prompt of d.jsonl fits"):
+        fit_prompts(cfg, probs("long one", "longer one"), on_malformed="skip", source="d.jsonl")
+
+
+class _NoTokens:
+    """A tokenizer that encodes every text to no tokens (a malformed template/tokenizer pairing)."""
+
+    def __call__(self, texts, add_special_tokens=True):
+        return type("Enc", (), {"input_ids": [[] for _ in texts]})()
+
+
+def test_a_prompt_that_encodes_to_nothing_is_refused_or_skipped():
+    cfg = config()
+    with pytest.raises(DataError, match="policy 'a': prompt 'p0' encodes to no tokens; check the template"):
+        fit_prompts(cfg, probs("x"), on_malformed="error", source="data", tokenizers={"a": _NoTokens(), "b": None})
+    with pytest.raises(DataError, match="no prompt of data fits"):
+        fit_prompts(cfg, probs("x"), on_malformed="skip", source="data", tokenizers={"a": _NoTokens(), "b": None})
+
+
+def test_resolve_problems_checks_training_and_eval_sets():
+    cfg = config(max_prompt_len=10, data={"path": "unused.jsonl", "on_malformed": "skip"})
+    train, ev = resolve_problems(cfg, probs("a", "b" * 20, "c"), probs("d" * 20, "e"))
+    assert [p.question for p in train] == ["a", "c"] and [p.question for p in ev] == ["e"]
+    strict = config(max_prompt_len=10)
+    with pytest.raises(DataError, match="prompt 'p1'"):
+        resolve_problems(strict, probs("a", "b" * 20), None)
+
+
+def test_model_configs_checked_against_their_tokenizers():
+    check_model_configs(config())
+    bad = config_from_mapping({"policies": [{"name": "a", "model_config": tiny("llama", vocab_size=100),
+                                             "tokenizer_dir": "utf8-bytes"}]})
+    with pytest.raises(ConfigError, match=r"policy 'a': model_config.vocab_size 100 is smaller than its tokenizer's"):
+        check_model_configs(bad)
+
+
+def test_legacy_keys_transformers_converts_are_accepted():
+    from mrl_llm.byte_tokenizer import byte_tokenizer
+    from mrl_llm.config import PolicyConfig
+    from mrl_llm.models import fresh_config
+
+    pol = PolicyConfig(name="a", model_config=tiny("qwen2", rope_theta=12345.0, tie_word_embeddings=True),
+                       tokenizer_dir="utf8-bytes")
+    assert fresh_config(pol, byte_tokenizer()).rope_parameters["rope_theta"] == 12345.0
+    with pytest.raises(ConfigError, match=r"\['gradient_checkpointing'\] that a 'qwen2' config does not have"):
+        fresh_config(PolicyConfig(name="a", model_config=tiny("qwen2", gradient_checkpointing=True)), byte_tokenizer())
