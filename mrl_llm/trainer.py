@@ -300,6 +300,7 @@ def train(config: RunConfig, out_dir: str | Path, *, resume: bool = False, probl
 
     ``resume=True`` continues the run in ``out_dir`` from its last checkpoint (the config must be the
     run's own, except ``steps``, ``eval``, ``threads``, ``progress`` and ``tensorboard``)."""
+    verifier_options(config)  # a conflicting verifier setting fails before anything is written
     if config.runtime.backend == "ray":
         from mrl_llm.distributed.ray_trainer import train_on_ray
 

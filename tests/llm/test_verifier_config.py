@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from mrl_llm.config import config_from_mapping
-from mrl_llm.trainer import verifier_options, worker_config
+from mrl_llm.trainer import train, verifier_options, worker_config
 from mrl_llm.worker import LLMPolicyWorker, WorkerConfig
 from shared_interfaces.config_io import ConfigError
 from tests.llm.helpers import tiny
@@ -49,6 +49,13 @@ def test_eval_data_may_not_score_differently_from_the_training_data():
     with pytest.raises(ConfigError, match=r"eval.data configures verifier 'math' with \['answer_format'\]"):
         verifier_options(c)
     assert verifier_options(cfg({"verifier_workers": 3}, {"verifier_workers": 3}))["math"]["n_workers"] == 3
+
+
+def test_a_conflicting_verifier_setting_fails_before_the_run_directory_is_made(tmp_path):
+    c = cfg({"answer_format": "boxed_or_answer_line"}, {"answer_format": "boxed"})
+    with pytest.raises(ConfigError, match="eval.data configures verifier 'math'"):
+        train(c, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
 
 
 def test_the_worker_builds_its_verifier_with_the_runs_options():
