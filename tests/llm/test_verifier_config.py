@@ -69,3 +69,16 @@ def test_the_worker_builds_its_verifier_with_the_runs_options():
         assert v.score("The answer is: 4", "4").correct
     finally:
         v.close()
+
+
+def test_eval_cli_takes_the_answer_format_and_refuses_it_for_other_verifiers(tmp_path, capsys):
+    from mrl_llm.cli import main
+
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"question": "1+1", "answer": "2"}\n')
+    args = ["eval", "--policy", str(tmp_path / "no-policy"), "--data", str(data)]
+    assert main([*args, "--verifier", "mcq", "--answer-format", "boxed_or_answer_line"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "answer_format applies to the math verifier only" in err[0]
+    with pytest.raises(SystemExit):  # argparse: not one of the choices
+        main([*args, "--answer-format", "last_line"])
