@@ -257,8 +257,8 @@ class LLMPolicyWorker:
         self.peer_check.remember(problems)  # the run's own copies, for re-checking peers' claims
         t0 = time.perf_counter()
         records, skipped, empty, truncated, gen_tokens = [], 0, 0, 0, 0
-        verdicts = iter(self.score_many([(prob, s.text, s.finish_reason) for prob, samples in zip(problems, out, strict=True)
-                                         for s in samples]))
+        batch = [(prob, s.text, s.finish_reason) for prob, samples in zip(problems, out, strict=True) for s in samples]
+        verdicts = iter(self.score_many(batch))
         for prob, (text, _ids), samples in zip(problems, rendered, out, strict=True):
             for g, s in enumerate(samples):
                 gen_tokens += len(s.token_ids)
@@ -404,9 +404,9 @@ class LLMPolicyWorker:
                                 seed=derive_seed(self.seed, self.name, "eval", step))
             _, sampled, _ = self._sample(problems, k, sp)
         rows = []
-        scored = iter(self.score_many([(prob, o.text, o.finish_reason) for prob, g, ss in zip(problems, greedy, sampled,
-                                                                                            strict=True)
-                                       for o in (g[0], *ss)]))
+        batch = [(prob, o.text, o.finish_reason)
+                 for prob, g, ss in zip(problems, greedy, sampled, strict=True) for o in (g[0], *ss)]
+        scored = iter(self.score_many(batch))
         for prob, g, ss in zip(problems, greedy, sampled, strict=True):
             gv = next(scored)
             verdicts = [next(scored) for _ in ss]
