@@ -6,7 +6,7 @@
   ``--ray-address``), ``--mode async --max-staleness K`` with bounded staleness; ``--join NAME=STEP`` /
   ``--leave NAME=STEP`` add or remove a policy between steps (these override the config's
   ``runtime:`` section and ``join_step`` / ``leave_step``).
-* ``eval --policy DIR --data FILE [--verifier math] [--k 4] [--max-prompts N]`` — evaluate a saved
+* ``eval --policy DIR --data FILE [--verifier math] [--answer-format boxed] [--k 4] [--max-prompts N]`` — evaluate a saved
   policy (an HF model directory written by ``train``) on a JSONL dataset; prints the summary and
   writes ``--out FILE`` (JSON) when given.
 * ``report --runs DIR`` — learning curves per policy and regime (``DIR/report.png``) and a table.
@@ -103,7 +103,7 @@ def _eval(args: argparse.Namespace) -> int:
     res = evaluate_saved_policy(args.policy, args.data, verifier=args.verifier, k=args.k, temperature=args.temperature,
                                 max_new_tokens=args.max_new_tokens, max_prompts=args.max_prompts,
                                 question_field=args.question_field,
-                                answer_field=args.answer_field)
+                                answer_field=args.answer_field, answer_format=args.answer_format)
     print(json.dumps(clean(res["summary"]), indent=1))
     if args.out:
         Path(args.out).write_text(json.dumps(clean(res), indent=1))
@@ -154,6 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--policy", required=True, help="a policy directory (DIR/policies/<name> of a run)")
     e.add_argument("--data", required=True, help="JSONL with question/answer rows")
     e.add_argument("--verifier", default="math", help="math | mcq | arithmetic")
+    e.add_argument("--answer-format", default="boxed", choices=["boxed", "boxed_or_answer_line"],
+                   help="math verifier: only the last \\boxed{} (default), or also a closing 'The answer is: X'")
     e.add_argument("--k", type=int, default=4, help="samples per prompt for pass@k (0: greedy only)")
     e.add_argument("--temperature", type=float, default=1.0)
     e.add_argument("--max-new-tokens", type=int)

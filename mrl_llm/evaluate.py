@@ -83,8 +83,10 @@ def evaluate_workers(workers: Mapping[str, Any], problems: Sequence[Any], *, ste
 def evaluate_saved_policy(policy_dir: str | Path, data_path: str | Path, *, verifier: str = "math", k: int = 4,
                           temperature: float = 1.0, top_p: float = 1.0, max_new_tokens: int | None = None,
                           max_prompts: int | None = None, seed: int = 0,
-                          question_field: str = "question", answer_field: str = "answer") -> dict[str, Any]:
-    """Evaluate a saved policy directory on a JSONL file: ``{"summary": ..., "rows": [...]}``."""
+                          question_field: str = "question", answer_field: str = "answer",
+                          answer_format: str = "boxed") -> dict[str, Any]:
+    """Evaluate a saved policy directory on a JSONL file: ``{"summary": ..., "rows": [...]}``
+    (``answer_format``: the MATH verifier's, see :class:`mrl_llm.data.DataConfig`)."""
     from mrl_llm import rewards
     from mrl_llm.config import PolicyConfig, SamplingSection
     from mrl_llm.data import DataConfig, FieldMap, load_jsonl
@@ -93,6 +95,8 @@ def evaluate_saved_policy(policy_dir: str | Path, data_path: str | Path, *, veri
     from mrl_llm.worker import LLMPolicyWorker, WorkerConfig
     from shared_interfaces.config_io import from_mapping
 
+    cfg = DataConfig(path=str(data_path), verifier=verifier, limit=max_prompts, answer_format=answer_format,
+                     fields=FieldMap(question=question_field, answer=answer_field))
     d = Path(policy_dir)
     meta_path = d / POLICY_META
     meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
@@ -103,10 +107,10 @@ def evaluate_saved_policy(policy_dir: str | Path, data_path: str | Path, *, veri
     template = from_mapping(TemplateConfig, meta.get("template") or {}, where=f"{meta_path}: template")
     pol = PolicyConfig(name=name, model_dir=str(d), template=template, dtype=meta.get("dtype", "fp32"),
                        sampling=SamplingSection(**sampling))
-    worker = LLMPolicyWorker(name, WorkerConfig(policy=pol, track_ref_kl=False), seed=seed)
-    cfg = DataConfig(path=str(data_path), verifier=verifier, limit=max_prompts,
-                     fields=FieldMap(question=question_field, answer=answer_field))
-    v = rewards.get_verifier(verifier)
+    options = cfg.verifier_options()
+    worker = LLMPolicyWorker(name, WorkerConfig(policy=pol, track_ref_kl=False, verifier_options={verifier: options}),
+                             seed=seed)
+    v = rewards.get_verifier(verifier, **options)
     try:
         report = load_jsonl(cfg, check_gold=rewards.gold_checker(v))
         rows = evaluate_workers({name: worker}, list(report.problems), step=int(meta.get("version", 0)), k=k,

@@ -4,7 +4,7 @@
 
     {"kind": "train", "step": s, "policy": ..., "regime": ..., <the worker's step metrics>,
      "generation_s", "scoring_s", "exchange_thl_s", "update_s", "sync_s", "step_s",
-     "publish_s", "fetch_s", "plan_s", "thl_s",
+     "publish_s", "fetch_s", "plan_s", "thl_s", "peer_check_s", "peer_verdict_rejected", "peer_reward_refused",
      "cum_samples", "cum_gen_tokens", "cum_train_tokens", "cum_flops"}
     {"kind": "eval", "step": t, "policy": ..., "eval_accuracy", "pass_at_k", "peer_exclusive_accuracy", ...}
 
@@ -23,7 +23,10 @@ kept); ``clip_fraction`` over the policy-gradient tokens; ``prp_ratio_var`` = Va
 the PRP peer tokens (mu = the peer's THL-aligned trace, before truncation); ``prp_coef`` = the mean
 truncated correction on ``thl`` rows; ``sgt_activations`` = prompts whose SGT gate opened;
 ``thl_*`` = the THL residual of the aligned peer records (:func:`mrl_llm.batch.thl_metrics`);
-``logprob_drift_max`` = max |engine log-prob - trainer log-prob| on own tokens.
+``logprob_drift_max`` = max |engine log-prob - trainer log-prob| on own tokens;
+``peer_verdict_rejected`` / ``peer_reward_refused`` = peer records the learner left out of the step
+because its own verifier disagrees with their claimed reward / their reward is outside [0, 1]
+(:mod:`mrl_llm.peer_check`).
 
 FLOPs are estimated with the usual dense-transformer rule: ``2 N`` per token for a forward pass and
 ``6 N`` for forward + backward, N = the parameters doing multiply-adds (all but the input embedding
@@ -49,7 +52,7 @@ log = logging.getLogger("mrl_llm.metrics")
 #: rollout engine (0 for the HF engine, which samples from the trainer's own model).
 TIMES = ("generation_s", "scoring_s", "exchange_thl_s", "update_s", "sync_s")
 #: Every wall-clock column of a train row (what differs between two runs that are otherwise identical).
-TIMING_KEYS = frozenset({*TIMES, "step_s", "peer_wait_s", "publish_s", "fetch_s", "plan_s", "thl_s"})
+TIMING_KEYS = frozenset({*TIMES, "step_s", "peer_wait_s", "publish_s", "fetch_s", "plan_s", "thl_s", "peer_check_s"})
 
 
 def train_row(step: int, policy: str, regime: str, gen: Mapping[str, Any], res: Mapping[str, Any]) -> dict[str, Any]:
@@ -62,13 +65,16 @@ def train_row(step: int, policy: str, regime: str, gen: Mapping[str, Any], res: 
     ``exchange_thl_s`` in detail (not summed again): ``publish_s`` (the policy's records into the
     exchange: sending them, plus, with pipelined publishing on Ray, waiting at the start of training
     until they are written), ``fetch_s`` (the peers' records out of it, including waiting for them to
-    arrive), ``plan_s`` (the core's regime plans) and
+    arrive), ``peer_check_s`` (re-scoring the peers' records, :mod:`mrl_llm.peer_check`), ``plan_s``
+    (the core's regime plans) and
     ``thl_s`` (THL alignment and the training batch's token rows)."""
     g, m, t = gen["timings"], res["metrics"], res["timings"]
     c = res.get("counters") or {}
     update, sync = float(m.get("update_s", 0.0)), float(m.get("sync_s", 0.0))
     row = {"kind": "train", "step": step, "policy": policy, "regime": regime, **m,
-           "stale_dropped": res["stale_dropped"], "generation_s": g["generation_s"], "scoring_s": g["scoring_s"],
+           "stale_dropped": res["stale_dropped"], "peer_verdict_rejected": res.get("peer_verdict_rejected", 0),
+           "peer_reward_refused": res.get("peer_reward_refused", 0), "peer_check_s": t.get("peer_check_s", 0.0),
+           "generation_s": g["generation_s"], "scoring_s": g["scoring_s"],
            "exchange_thl_s": max(0.0, g["publish_s"] + t["fetch_plan_s"] + t["train_step_s"] - update - sync),
            "update_s": update, "sync_s": sync, "peer_wait_s": t.get("peer_wait_s", 0.0),
            "publish_s": g["publish_s"] + t.get("publish_wait_s", 0.0), "fetch_s": t.get("fetch_s"), "plan_s": t.get("plan_s"),

@@ -63,7 +63,7 @@ def load_problems(data: DataConfig) -> list[Problem]:
     """A dataset's problems; rows whose gold answer the verifier cannot use are skipped (counted, warned)."""
     from mrl_llm import rewards
 
-    v = rewards.get_verifier(data.verifier)
+    v = rewards.get_verifier(data.verifier, **data.verifier_options())
     try:
         report = load_jsonl(data, check_gold=rewards.gold_checker(v))
     finally:
@@ -124,12 +124,30 @@ def unique_prompts(batch: Sequence[Problem]) -> list[Problem]:
     return out
 
 
+def verifier_options(config: RunConfig) -> dict[str, dict[str, Any]]:
+    """Verifier constructor options by verifier name, from the ``data`` and ``eval.data`` sections; two
+    sections that configure one verifier differently are an error naming the keys."""
+    out: dict[str, dict[str, Any]] = {}
+    for where, d in (("data", config.data), ("eval.data", config.eval.data)):
+        if d is None:
+            continue
+        opts = d.verifier_options()
+        if d.verifier in out and out[d.verifier] != opts:
+            diff = sorted(k for k in opts if opts[k] != out[d.verifier].get(k))
+            raise ConfigError(f"{where} configures verifier {d.verifier!r} with {diff} different from data "
+                              f"({ {k: out[d.verifier][k] for k in diff} } vs { {k: opts[k] for k in diff} }); "
+                              "a run scores with one setting per verifier: make them equal")
+        out[d.verifier] = opts
+    return out
+
+
 def worker_config(config: RunConfig, name: str) -> dict[str, Any]:
     """The plain mapping a policy's worker is built from (also what a Ray actor receives)."""
     pol = config.policy(name)
     toks = tuple(dict.fromkeys(p.tokenizer_path for p in config.policies if p.tokenizer_path))
     return to_mapping(WorkerConfig(policy=pol, loss=config.loss, tokenizers=toks, track_ref_kl=config.track_ref_kl,
-                                   max_nan_steps=config.max_nan_steps, init_seed=pol.init_seed))
+                                   max_nan_steps=config.max_nan_steps, init_seed=pol.init_seed,
+                                   verifier_options=verifier_options(config)))
 
 
 def actor_specs(config: RunConfig, ckpt_root: Path) -> list[PolicyActorSpec]:
@@ -302,6 +320,7 @@ def train(config: RunConfig, out_dir: str | Path, *, resume: bool = False, probl
     files, the exchange log up to it and the dataset must be unedited, see :mod:`mrl_llm.runstate`).
     A new run needs a new or empty ``out_dir`` and leaves nothing there if it fails before its first
     checkpoint (:mod:`mrl_llm.rundir`)."""
+    verifier_options(config)  # a conflicting verifier setting fails before anything is written
     if config.runtime.backend == "ray":
         from mrl_llm.distributed.ray_trainer import train_on_ray
 

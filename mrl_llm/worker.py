@@ -6,8 +6,10 @@ with ``version``, ``generate(problems, step)``, ``train_step(plans)``, ``save_ch
 under the Ray driver. ``config`` is the plain mapping of :class:`WorkerConfig`.
 
 * ``generate``: render each problem with the policy's template, sample ``group_size`` responses
-  (seed = f(run seed, policy, step)), score each with the problem's verifier (a truncated response
-  fails; an unusable gold answer skips the sample, counted) and return the records.
+  (seed = f(run seed, policy, step)), score them with the problem's verifier in one batch (a truncated
+  response fails; an unusable gold answer skips the sample, counted) and return the records.
+* ``check_peer_records``: peers' claims re-scored against the problems this worker was given
+  (:mod:`mrl_llm.peer_check`).
 * ``train_step``: ``learner_rows(plans)`` -> token sequences (THL for every peer record, cached by
   ``(record_id, target tokenizer)``) -> :func:`mrl_llm.update.run_update`. The worker decides nothing
   about regimes. ``version`` counts training steps (a NaN-skipped step counts too, so that a
@@ -50,6 +52,7 @@ from mrl_llm.models import (
     save_policy,
     tokenizer_id,
 )
+from mrl_llm.peer_check import PeerCheck
 from mrl_llm.rollout import HFEngine, SamplingConfig
 from mrl_llm.runstate import CheckpointError, read_json
 from mrl_llm.templates import PromptTemplate
@@ -77,7 +80,9 @@ def derive_seed(*parts: Any) -> int:
 @dataclass(frozen=True)
 class WorkerConfig:
     """What a worker is built from (plain data for Ray). ``tokenizers``: every policy's tokenizer
-    directory in the run (to read peer records); ``init_seed``: seed of a fresh ``model_config`` model."""
+    directory in the run (to read peer records); ``init_seed``: seed of a fresh ``model_config`` model;
+    ``verifier_options``: constructor options per verifier name (from the config's ``data`` sections,
+    :meth:`mrl_llm.data.DataConfig.verifier_options`)."""
 
     policy: PolicyConfig
     loss: LossConfig = field(default_factory=LossConfig)
@@ -86,6 +91,7 @@ class WorkerConfig:
     max_nan_steps: int = 3
     init_seed: int | None = None
     engine_args: dict[str, Any] = field(default_factory=dict)  # vllm.LLM settings (MWRA: vllm_memory)
+    verifier_options: dict[str, dict[str, Any]] = field(default_factory=dict)  # by verifier name (data.*)
 
 
 class LLMPolicyWorker:
@@ -123,6 +129,7 @@ class LLMPolicyWorker:
             self.peer_tokenizers.setdefault(tokenizer_id(tok), tok)
         self.template = PromptTemplate(pol.template, self.tokenizer, policy=f"policy {name!r}")
         self.verifiers: dict[str, Any] = {}
+        self.peer_check = PeerCheck(name, self.score_many)
         self.trace_cache = TraceCache(max_entries=4096)  # a few steps of peer records (sync uses one)
         self._prompts: OrderedDict[str, tuple[str, list[int]]] = OrderedDict()
         self.last_generate: dict[str, float] = {}
@@ -169,12 +176,33 @@ class LLMPolicyWorker:
         return make_engine("vllm", model=self.model, tokenizer=self.tokenizer, **options)
 
     # -- verifiers ---------------------------------------------------------------------------
-    def score(self, problem: Any, text: str, finish_reason: str) -> Any:
-        """The problem's verifier's :class:`~mrl_llm.rewards.Verdict` on ``text`` (verifiers built once)."""
-        v = self.verifiers.get(problem.verifier)
+    def verifier(self, name: str) -> Any:
+        """The verifier named ``name``, built once with the run's options for it."""
+        v = self.verifiers.get(name)
         if v is None:
-            v = self.verifiers[problem.verifier] = rewards.get_verifier(problem.verifier)
-        return rewards.score_problem(v, problem, text, finish_reason=finish_reason)
+            v = self.verifiers[name] = rewards.get_verifier(name, **self.cfg.verifier_options.get(name, {}))
+        return v
+
+    def score(self, problem: Any, text: str, finish_reason: str) -> Any:
+        """The problem's verifier's :class:`~mrl_llm.rewards.Verdict` on ``text``."""
+        return rewards.score_problem(self.verifier(problem.verifier), problem, text, finish_reason=finish_reason)
+
+    def score_many(self, items: Sequence[tuple[Any, str, str]]) -> list[Any]:
+        """:meth:`score` of each ``(problem, text, finish_reason)``, in order, one batch per verifier
+        (:func:`mrl_llm.rewards.score_problems`: the MATH verifier scores it over its worker pool)."""
+        out: list[Any] = [None] * len(items)
+        by_name: dict[str, list[int]] = {}
+        for i, (prob, _, _) in enumerate(items):
+            by_name.setdefault(prob.verifier, []).append(i)
+        for name, idx in by_name.items():
+            for i, v in zip(idx, rewards.score_problems(self.verifier(name), [items[i] for i in idx]), strict=True):
+                out[i] = v
+        return out
+
+    def check_peer_records(self, records: Sequence[ExperienceRecord]) -> dict[str, str]:
+        """``{record_id: outcome}`` of the peer ``records`` whose claims fail this policy's re-check
+        (:mod:`mrl_llm.peer_check`; called by :func:`~mrl_llm.distributed.actors.learner_plans`)."""
+        return self.peer_check(records)
 
     def close(self) -> None:
         """Release the verifiers' resources (the MATH verifier's checker processes) and the engine's."""
@@ -227,14 +255,17 @@ class LLMPolicyWorker:
         sp = SamplingConfig(temperature=pol.sampling.temperature, top_p=pol.sampling.top_p,
                             max_new_tokens=pol.sampling.max_new_tokens, seed=derive_seed(self.seed, self.name, "rollout", step))
         rendered, out, gen_s = self._sample(problems, pol.group_size, sp)
+        self.peer_check.remember(problems)  # the run's own copies, for re-checking peers' claims
         t0 = time.perf_counter()
         records, skipped, empty, truncated, gen_tokens = [], 0, 0, 0, 0
+        batch = [(prob, s.text, s.finish_reason) for prob, samples in zip(problems, out, strict=True) for s in samples]
+        verdicts = iter(self.score_many(batch))
         for prob, (text, _ids), samples in zip(problems, rendered, out, strict=True):
             for g, s in enumerate(samples):
                 gen_tokens += len(s.token_ids)
                 empty += int(not s.text.strip())
                 truncated += int(s.finish_reason == "length")
-                verdict = self.score(prob, s.text, s.finish_reason)
+                verdict = next(verdicts)
                 if verdict.skip:
                     skipped += 1
                     continue
@@ -374,9 +405,12 @@ class LLMPolicyWorker:
                                 seed=derive_seed(self.seed, self.name, "eval", step))
             _, sampled, _ = self._sample(problems, k, sp)
         rows = []
+        batch = [(prob, o.text, o.finish_reason)
+                 for prob, g, ss in zip(problems, greedy, sampled, strict=True) for o in (g[0], *ss)]
+        scored = iter(self.score_many(batch))
         for prob, g, ss in zip(problems, greedy, sampled, strict=True):
-            gv = self.score(prob, g[0].text, g[0].finish_reason)
-            verdicts = [self.score(prob, s.text, s.finish_reason) for s in ss]
+            gv = next(scored)
+            verdicts = [next(scored) for _ in ss]
             rows.append({"prompt_id": str(prob.prompt_id), "family": getattr(prob, "family", None),
                          "skipped": bool(gv.skip), "greedy_correct": int(gv.reward >= 0.5 and not gv.skip),
                          "greedy_response": g[0].text[:500], "samples": len(verdicts),

@@ -64,21 +64,44 @@ class FieldMap:
 class DataConfig:
     """A JSONL dataset: ``path``, the ``verifier`` that scores it, the field mapping, what to do with a
     malformed row (``error``: raise, the default; ``skip``: skip it and report it) and an optional
-    ``limit`` on how many problems to keep (the first ``limit`` valid rows, in file order)."""
+    ``limit`` on how many problems to keep (the first ``limit`` valid rows, in file order).
+
+    Options of the ``math`` verifier (:class:`~mrl_llm.rewards.MathVerifier`): ``answer_format`` —
+    ``boxed`` (the default: only the last ``\\boxed{}`` of a response counts) or
+    ``boxed_or_answer_line`` (a response with no ``\\boxed`` may give its answer in a closing "The
+    answer is: X" / "The final answer is X." phrase, :func:`~mrl_llm.rewards.answer_line`);
+    ``verifier_workers`` — how many checker processes score a step's responses in parallel (2)."""
 
     path: str
     verifier: str = "math"
     fields: FieldMap = field(default_factory=FieldMap)
     on_malformed: Literal["error", "skip"] = "error"
     limit: int | None = None
+    answer_format: Literal["boxed", "boxed_or_answer_line"] = "boxed"
+    verifier_workers: int = 2
 
     def __post_init__(self) -> None:
         if not self.path:
             raise DataError("data.path must name a JSONL file")
+        if self.answer_format not in ("boxed", "boxed_or_answer_line"):
+            raise DataError(f"data.answer_format must be 'boxed' or 'boxed_or_answer_line', got {self.answer_format!r}")
+        if self.verifier != "math" and self.answer_format != "boxed":
+            raise DataError(f"data.answer_format applies to the math verifier only; verifier {self.verifier!r} "
+                            "has its own answer format (remove answer_format)")
+        if isinstance(self.verifier_workers, bool) or not isinstance(self.verifier_workers, int) or not (
+                1 <= self.verifier_workers <= 64):
+            raise DataError(f"data.verifier_workers must be an integer from 1 to 64, got {self.verifier_workers!r}")
         if self.on_malformed not in ("error", "skip"):
             raise DataError(f"data.on_malformed must be 'error' or 'skip', got {self.on_malformed!r}")
         if self.limit is not None and self.limit < 1:
             raise DataError(f"data.limit must be >= 1 or null, got {self.limit}")
+
+
+    def verifier_options(self) -> dict[str, Any]:
+        """The options :func:`mrl_llm.rewards.get_verifier` builds this dataset's verifier with."""
+        if self.verifier != "math":
+            return {}
+        return {"answer_format": self.answer_format, "n_workers": self.verifier_workers}
 
 
 @dataclass(frozen=True)

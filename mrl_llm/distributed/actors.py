@@ -18,6 +18,10 @@ restart at step ``s`` from a checkpoint of version ``v``). Its staleness is ``la
 updates behind its producer's schedule it was generated. A learner sees a peer's record only when
 staleness ``<= max_staleness`` (stale ones are counted, never silently used); its own records always.
 
+Peers' claims: a worker with a ``check_peer_records(records) -> {record_id: outcome}`` re-checks every
+record the learner fetches before it is planned with (:mod:`mrl_llm.peer_check`); the dropped ones are
+counted per outcome in the train result (``peer_verdict_rejected``, ``peer_reward_refused``).
+
 Checkpoints: ``<checkpoint_dir>/step_<s>/`` (the worker's files, their ``manifest.json`` of digests —
 :func:`mrl_llm.runstate.write_manifest` — then ``actor.json``) and a ``LATEST`` pointer written last; a
 (re)started actor verifies and loads ``LATEST`` if present, so Ray's restart of a dead actor brings it
@@ -32,7 +36,7 @@ import json
 import os
 import random
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -90,6 +94,10 @@ def limit_tokenizer_threads(threads: int) -> None:
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+#: What a learner's peer-record check may drop records as (:mod:`mrl_llm.peer_check`), counted per step.
+PEER_CHECK_OUTCOMES = ("peer_verdict_rejected", "peer_reward_refused")
+
+
 def problem_id(problem: Any) -> str:
     return str(getattr(problem, "prompt_id", problem))
 
@@ -104,7 +112,9 @@ def learner_plans(exchange: ExperienceExchange, learner: str, regime: RegimeSpec
                   max_staleness: int = 0, seed: int = 0,
                   own: Sequence[ExperienceRecord] | None = None,
                   expect: Mapping[str, int] | None = None,
-                  timings: dict[str, float] | None = None) -> tuple[list[LearnerPromptPlan], int]:
+                  timings: dict[str, float] | None = None,
+                  vet: Callable[[list[ExperienceRecord]], Mapping[str, str]] | None = None,
+                  counts: dict[str, int] | None = None) -> tuple[list[LearnerPromptPlan], int]:
     """One learner's step decisions: fetch each prompt's group from the exchange, keep the records of the
     ``present`` policies (a peer record staler than ``max_staleness`` is dropped and counted; the
     learner's own records always stay), and plan with the core. Returns ``(plans, stale_dropped)``,
@@ -115,7 +125,13 @@ def learner_plans(exchange: ExperienceExchange, learner: str, regime: RegimeSpec
     only the peers' records are fetched and the two are merged, which gives the same groups (a group's
     order is canonical) for half the transfer and decoding. ``expect`` (``{peer: n_records}``, a remote
     exchange with pipelined publishing only) makes the fetch wait until the peers' records of ``step``
-    are in. ``timings`` (when given) gets the seconds spent fetching (``fetch_s``) and planning (``plan_s``)."""
+    are in. ``timings`` (when given) gets the seconds spent fetching (``fetch_s``), re-checking peers'
+    claims (``peer_check_s``) and planning (``plan_s``).
+
+    ``vet`` (the worker's ``check_peer_records``, :mod:`mrl_llm.peer_check`) is given every record that
+    came out of the exchange and survived the filters above (not the learner's own records in hand) and
+    returns ``{record_id: outcome}`` for those to leave out of planning; ``counts`` (when given) counts
+    them by outcome."""
     t0 = time.perf_counter()
     present = set(present)
     baselines = baselines or {}
@@ -146,9 +162,21 @@ def learner_plans(exchange: ExperienceExchange, learner: str, regime: RegimeSpec
                 continue
             keep.append(r)
         kept.append(type(g)(g.prompt_id, g.step, tuple(keep)))
+    t2 = time.perf_counter()
+    if vet is not None:
+        in_hand = {r.record_id for r in own} if own is not None else set()
+        fetched = [r for g in kept for r in g.records if r.record_id not in in_hand]
+        dropped = vet(fetched) if fetched else {}
+        if dropped:
+            kept = [type(g)(g.prompt_id, g.step, tuple(r for r in g.records if r.record_id not in dropped))
+                    for g in kept]
+        if counts is not None:
+            for outcome in dropped.values():
+                counts[outcome] = counts.get(outcome, 0) + 1
+    t3 = time.perf_counter()
     plans = plan_prompt_groups(kept, learners, regime, learners=[learner], rng=lambda: plan_rng(seed, step, learner))
     if timings is not None:
-        timings.update(fetch_s=t1 - t0, plan_s=time.perf_counter() - t1)
+        timings.update(fetch_s=t1 - t0, peer_check_s=t3 - t2, plan_s=time.perf_counter() - t3 + (t2 - t1))
     return [p[learner] for p in plans], stale
 
 
@@ -259,9 +287,11 @@ class PolicyActor:
             del self._own[k]
         parts: dict[str, float] = {"publish_wait_s": publish_wait}
         expect_peers = {p: n for p, n in counts.items() if p in present and p != self.spec.name}
+        dropped: dict[str, int] = dict.fromkeys(PEER_CHECK_OUTCOMES, 0)
         plans, stale = learner_plans(self.exchange, self.spec.name, self.regime, prompt_ids, step, own=own, timings=parts,
                                      present=present, baselines=baselines, max_staleness=max_staleness,
-                                     seed=self.spec.seed, expect=expect_peers)
+                                     seed=self.spec.seed, expect=expect_peers,
+                                     vet=getattr(self.worker, "check_peer_records", None), counts=dropped)
         learners = sorted(present)
         self._maybe_crash("train", step)
         t1 = time.perf_counter()
@@ -271,7 +301,7 @@ class PolicyActor:
             self.save(step)
         counters = getattr(self.worker, "counters", None)
         return {"policy": self.spec.name, "step": step, "version": int(self.worker.version),
-                "peers": learners, "stale_dropped": stale, "metrics": metrics,
+                "peers": learners, "stale_dropped": stale, **dropped, "metrics": metrics,
                 "timings": {"fetch_plan_s": t1 - t0 - wait, "peer_wait_s": wait, "train_step_s": t2 - t1, **parts},
                 "counters": dict(counters) if counters is not None else {}}
 

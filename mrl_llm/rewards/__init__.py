@@ -17,13 +17,22 @@ from mrl_llm.rewards.arithmetic import (
     arithmetic_verdict,
     reference_response,
 )
-from mrl_llm.rewards.extract import gold_answer, last_boxed
+from mrl_llm.rewards.extract import ANSWER_FORMATS, answer_line, gold_answer, last_boxed, response_answer
 from mrl_llm.rewards.math_verifier import MathVerifier, math_reward, math_verdict
 from mrl_llm.rewards.mcq import MCQVerifier, choice_letter, mcq_reward, mcq_verdict
-from mrl_llm.rewards.registry import VERIFIERS, close_verifier, get_verifier, gold_checker, score_problem
+from mrl_llm.rewards.registry import (
+    VERIFIERS,
+    close_verifier,
+    get_verifier,
+    gold_checker,
+    score_problem,
+    score_problems,
+)
 from mrl_llm.rewards.verdict import (
     REASONS,
+    REWARD_RANGE,
     SKIP_REASONS,
+    ScoreRequest,
     UnparsableGoldError,
     Verdict,
     Verifier,
@@ -31,9 +40,12 @@ from mrl_llm.rewards.verdict import (
 )
 
 __all__ = [
+    "ANSWER_FORMATS",
     "FAMILIES",
     "REASONS",
+    "REWARD_RANGE",
     "SKIP_REASONS",
+    "ScoreRequest",
     "VERIFIERS",
     "ArithmeticTask",
     "ArithmeticVerifier",
@@ -44,6 +56,7 @@ __all__ = [
     "Verdict",
     "Verifier",
     "VerifierStats",
+    "answer_line",
     "arithmetic_reward",
     "arithmetic_verdict",
     "choice_letter",
@@ -57,5 +70,7 @@ __all__ = [
     "mcq_reward",
     "mcq_verdict",
     "reference_response",
+    "response_answer",
     "score_problem",
+    "score_problems",
 ]

@@ -1,4 +1,5 @@
-"""Answer extraction: the content of the last ``\\boxed{...}`` (or ``\\fbox{...}``) in a text.
+"""Answer extraction: the content of the last ``\\boxed{...}`` (or ``\\fbox{...}``) in a text, and
+the answer of a closing "The answer is ..." line (:func:`answer_line`, for base models' responses).
 
 Rule: find the last ``\\boxed`` / ``\\fbox`` command (not a prefix of a longer command name such as
 ``\\boxedx``). If braces follow (spaces allowed before them), the content runs to the matching closing
@@ -11,6 +12,10 @@ truncated mid-answer) or empty, there is no answer, even when an earlier box exi
 from __future__ import annotations
 
 import re
+from typing import Literal
+
+AnswerFormat = Literal["boxed", "boxed_or_answer_line"]
+ANSWER_FORMATS: tuple[str, ...] = ("boxed", "boxed_or_answer_line")
 
 _BOX = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")
 
@@ -78,3 +83,44 @@ def number_base(answer: str) -> int | None:
     if m is None:
         return None
     return int(m.group(1) or m.group(2))
+
+
+#: "The answer is: X", "The final answer is X.", "Final Answer: The final answer is $X$. I hope it is
+#: correct." (Minerva's format), "the answer is $X$" — case-insensitive, ``:`` optional.
+_ANSWER_LINE = re.compile(r"\b(?:final\s+)?answer\s+is\s*:?[ \t]*", re.IGNORECASE)
+
+
+def answer_line(text: str) -> str | None:
+    """The answer of the **last** "answer is" phrase in ``text`` (``None`` when there is none or it is
+    empty). Rule: after the last match of ``(final )answer is(:)`` (case-insensitive), on the same
+    line: a ``$...$`` (or ``$$...$$``) group is the answer when the text starts with one; otherwise
+    the text runs to the first full stop that ends a sentence (``.`` followed by whitespace or the
+    end of the line), and one trailing ``.`` ``,`` ``;`` or ``!`` is dropped. So "The answer is: 3.5."
+    gives ``3.5`` and "The final answer is $\\frac{1}{2}$. I hope it is correct." gives ``\\frac{1}{2}``.
+    """
+    matches = list(_ANSWER_LINE.finditer(text))
+    if not matches:
+        return None
+    rest = text[matches[-1].end():].split("\n", 1)[0].strip()
+    if rest.startswith("$"):
+        delim = "$$" if rest.startswith("$$") else "$"
+        end = rest.find(delim, len(delim))
+        content = rest[len(delim):end] if end >= 0 else None
+    else:
+        m = re.search(r"\.(?:\s|$)", rest)
+        content = (rest[: m.start()] if m else rest).rstrip(".,;!")
+    if content is None or not content.strip():
+        return None
+    return content.strip()
+
+
+def response_answer(text: str, answer_format: AnswerFormat = "boxed") -> str | None:
+    """The answer a response gives under ``answer_format``: ``boxed`` — the last box
+    (:func:`last_boxed`) only; ``boxed_or_answer_line`` — the last box when the response has any
+    ``\\boxed``/``\\fbox`` command (an unclosed last box is still no answer), else the last
+    "answer is" phrase (:func:`answer_line`)."""
+    if answer_format == "boxed" or _BOX.search(text):
+        return last_boxed(text)
+    if answer_format == "boxed_or_answer_line":
+        return answer_line(text)
+    raise ValueError(f"answer_format must be one of {ANSWER_FORMATS}, got {answer_format!r}")

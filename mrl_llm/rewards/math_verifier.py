@@ -8,12 +8,20 @@ from any thread.
    verdict is ``gold_unparsable``: the sample is skipped, counted, and warned about once per gold;
 2. a truncated response (``finish_reason == "length"``) fails (``truncated``);
 3. the response's answer is its last box (:func:`~mrl_llm.rewards.extract.last_boxed`); none fails
-   (``no_answer``): the answer format is part of the task;
+   (``no_answer``): the answer format is part of the task. ``answer_format="boxed_or_answer_line"``
+   also accepts, in a response with no ``\\boxed`` at all, a closing "The answer is: X" / "The final
+   answer is X." phrase (:func:`~mrl_llm.rewards.extract.answer_line`; base models end this way);
+   the default ``boxed`` is verl's rule;
 4. both answers are parsed by ``math_verify.parse`` and compared by ``math_verify.verify(gold, pred)``
    in a worker process (:mod:`mrl_llm.rewards.sandbox`) with math-verify's signal timeouts off; past
    ``timeout_s`` the worker is killed and the verdict is ``timeout`` (a failure, counted). One rule
    is added: math-verify ignores subscripts, so numerals in different bases (``52_8`` vs ``52_9``)
    are told apart here.
+
+:meth:`MathVerifier.score_many` scores a batch (a step's responses) over the pool of ``n_workers``
+checker processes (default 2), ``n_workers`` comparisons at a time: a runaway parse holds one worker
+until its deadline while the others score the rest, so it costs about one timeout, not a stall. Its
+verdicts are the ones :meth:`~MathVerifier.score` gives one by one, in the input's order.
 
 :func:`math_reward` is the same as a plain function returning 1.0 / 0.0 (it raises
 :class:`~mrl_llm.rewards.verdict.UnparsableGoldError` for an unusable gold, since a float cannot say
@@ -24,9 +32,11 @@ from __future__ import annotations
 
 import importlib.util
 import threading
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from mrl_llm.rewards.extract import gold_answer, last_boxed, number_base
+from mrl_llm.rewards.extract import ANSWER_FORMATS, AnswerFormat, gold_answer, number_base, response_answer
 from mrl_llm.rewards.sandbox import WorkerFailed, WorkerPool, WorkerTimeout
 from mrl_llm.rewards.verdict import (
     CORRECT,
@@ -36,6 +46,7 @@ from mrl_llm.rewards.verdict import (
     TIMEOUT,
     WRONG,
     FinishReason,
+    ScoreRequest,
     UnparsableGoldError,
     Verdict,
     VerifierStats,
@@ -48,22 +59,32 @@ _GOLD_CACHE_MAX = 50_000
 
 class MathVerifier:
     """MATH-style verifier (see the module docstring). Thread-safe; ``n_workers`` checker processes
-    run comparisons in parallel for concurrent callers. ``close()`` stops the worker processes (they
-    also stop when the verifier is garbage-collected or the interpreter exits). A checker that
-    cannot start at all raises :class:`~mrl_llm.rewards.sandbox.WorkerStartError` from ``score``."""
+    (started on first use) run comparisons in parallel for :meth:`score_many` and for concurrent
+    callers. ``answer_format``: ``boxed`` (default) or ``boxed_or_answer_line``. ``close()`` stops
+    the worker processes (they also stop when the verifier is garbage-collected or the interpreter
+    exits). A checker that cannot start at all raises
+    :class:`~mrl_llm.rewards.sandbox.WorkerStartError` from ``score``."""
 
     name = "math"
 
-    def __init__(self, *, timeout_s: float = 5.0, n_workers: int = 1, startup_timeout_s: float = 120.0):
+    def __init__(self, *, timeout_s: float = 5.0, n_workers: int = 2, startup_timeout_s: float = 120.0,
+                 answer_format: AnswerFormat = "boxed"):
         if not timeout_s > 0:
             raise ValueError(f"math verifier timeout_s must be > 0, got {timeout_s}")
+        if answer_format not in ANSWER_FORMATS:
+            raise ValueError(f"math verifier answer_format must be one of {list(ANSWER_FORMATS)}, "
+                             f"got {answer_format!r}")
         if importlib.util.find_spec("math_verify") is None:
             raise ImportError(
                 "the MATH verifier needs math-verify: pip install 'mutual-rl[llm]' (or math-verify)"
             )
         self.timeout_s = timeout_s
+        self.answer_format = answer_format
+        self.n_workers = n_workers
         self.stats = VerifierStats(self.name)
         self._pool = WorkerPool(WORKER_SCRIPT, n_workers, startup_timeout_s=startup_timeout_s)
+        self._threads: ThreadPoolExecutor | None = None  # score_many's callers, one per checker
+        self._threads_lock = threading.Lock()
         self._gold_ok: dict[str, str | None] = {}
         self._gold_lock = threading.Lock()
 
@@ -108,6 +129,19 @@ class MathVerifier:
         except an unknown ``finish_reason``."""
         return self.stats.record(self._score(response, gold, finish_reason), gold)
 
+    def score_many(self, requests: Sequence[ScoreRequest]) -> list[Verdict]:
+        """``[score(*r) for r in requests]``, computed ``n_workers`` at a time over the checker pool
+        (module docstring); the verdicts come back in the order of ``requests``."""
+        if self.n_workers == 1 or len(requests) <= 1:
+            return [self.score(r.response, r.gold, finish_reason=r.finish_reason) for r in requests]
+        for r in requests:  # an unknown finish reason is the caller's error: raise before any work
+            truncated_verdict(r.finish_reason)
+        with self._threads_lock:
+            if self._threads is None:
+                self._threads = ThreadPoolExecutor(self.n_workers, thread_name_prefix="math-verify")
+            threads = self._threads
+        return list(threads.map(lambda r: self.score(r.response, r.gold, finish_reason=r.finish_reason), requests))
+
     def _score(self, response: str, gold: str, finish_reason: str) -> Verdict:
         truncated = truncated_verdict(finish_reason)
         answer = gold_answer(gold)
@@ -119,9 +153,10 @@ class MathVerifier:
             return Verdict(0.0, GOLD_UNPARSABLE, detail=problem)
         if truncated is not None:
             return truncated
-        pred = last_boxed(response)
+        pred = response_answer(response, self.answer_format)
         if pred is None:
-            return Verdict(0.0, NO_ANSWER, detail="no complete \\boxed{} in the response")
+            where = "\\boxed{}" if self.answer_format == "boxed" else "\\boxed{} or 'The answer is' line"
+            return Verdict(0.0, NO_ANSWER, detail=f"no complete {where} in the response")
         gold_base, pred_base = number_base(answer), number_base(pred)
         if gold_base is not None and pred_base is not None and gold_base != pred_base:
             return Verdict(
@@ -140,6 +175,10 @@ class MathVerifier:
         return Verdict(1.0, CORRECT, pred) if reply.get("equal") else Verdict(0.0, WRONG, pred)
 
     def close(self) -> None:
+        with self._threads_lock:
+            threads, self._threads = self._threads, None
+        if threads is not None:
+            threads.shutdown(wait=True)
         self._pool.close()
 
 

@@ -27,9 +27,21 @@ import logging
 import threading
 from collections import Counter
 from dataclasses import dataclass
-from typing import Literal, Protocol, runtime_checkable
+from typing import Literal, NamedTuple, Protocol, runtime_checkable
 
 FinishReason = Literal["stop", "length"]
+
+#: Every verifier's rewards lie in this closed range (a :class:`Verdict` outside it cannot be made).
+REWARD_RANGE = (0.0, 1.0)
+
+
+class ScoreRequest(NamedTuple):
+    """One response to score: what :meth:`Verifier.score` takes, as one value (for batches)."""
+
+    response: str
+    gold: str
+    finish_reason: FinishReason = "stop"
+    choices: tuple[str, ...] = ()
 
 CORRECT = "correct"
 WRONG = "wrong"
@@ -59,8 +71,8 @@ class Verdict:
     def __post_init__(self) -> None:
         if self.reason not in REASONS:
             raise ValueError(f"unknown verdict reason {self.reason!r}; one of {REASONS}")
-        if not 0.0 <= self.reward <= 1.0:
-            raise ValueError(f"verdict reward {self.reward} is outside [0, 1]")
+        if not REWARD_RANGE[0] <= self.reward <= REWARD_RANGE[1]:
+            raise ValueError(f"verdict reward {self.reward} is outside {list(REWARD_RANGE)}")
         if self.reason != CORRECT and self.reward != 0.0:
             raise ValueError(f"a {self.reason!r} verdict must have reward 0, got {self.reward}")
 

@@ -74,7 +74,7 @@ def test_unparsable_gold_skips_with_counted_warning(caplog):
 
 
 def test_timeout_from_a_non_main_thread_then_recovers():
-    v = MathVerifier(timeout_s=1.0)
+    v = MathVerifier(timeout_s=1.0, n_workers=1)
     try:
         assert v.score(r"\boxed{1}", "1").correct  # warm the worker up (start-up is not timed)
         out = {}

@@ -1,0 +1,183 @@
+"""Peers' claims re-checked (:mod:`mrl_llm.peer_check`): a peer record's reward is re-scored by the
+learner's verifier against the learner's copy of the problem before planning; a record whose claim
+disagrees is quarantined and counted, a reward outside [0, 1] is refused; an honest record passes.
+
+End to end in the single-process trainer: a forged record (a real peer's name, a wrong answer, reward
+1.0, verified) written into ``exchange.jsonl`` is replayed on resume and does not become an SGT target,
+and the metrics count it. (The Ray runtime: ``tests/llm/test_ray_peer_check.py``.)"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+
+from mrl_llm.data import Problem
+from mrl_llm.distributed.actors import learner_plans
+from mrl_llm.peer_check import REFUSED, REJECTED, PeerCheck
+from mrl_llm.rewards import score_problems
+from mrl_llm.trainer import Run, train
+from mrl_llm.worker import LLMPolicyWorker
+from shared_interfaces.exchange import InMemoryExchange
+from shared_interfaces.records import ExperienceRecord, make_record_id
+from shared_interfaces.regimes.config import parse_regime
+from tests.llm.helpers import ShortAnswerVerifier, install_verifier, problems
+from tests.llm.test_resume import small_config
+
+PROBS = {p.prompt_id: p for p in problems(3)}
+
+
+def rec(policy: str, pid: str, g: int, text: str, reward: float, *, verified: bool = True, verifier: str = "short",
+        step: int = 0) -> ExperienceRecord:
+    return ExperienceRecord(
+        record_id=make_record_id(policy, step, pid, g), policy_id=policy, policy_version=step, step=step,
+        prompt_id=pid, sample_index=g, prompt_text="q", response_text=text, token_ids=(1, 2),
+        token_logprobs=(-0.5, -0.25), tokenizer_id="t", reward=reward, verified=verified, verifier=verifier,
+        finish_reason="stop")
+
+
+class Scorer:
+    """``score_many`` over a :class:`ShortAnswerVerifier` (success: 1..8 characters), counting calls."""
+
+    def __init__(self) -> None:
+        self.verifier = ShortAnswerVerifier(max_chars=8)
+        self.calls: list[int] = []
+
+    def __call__(self, items):
+        self.calls.append(len(items))
+        return score_problems(self.verifier, items)
+
+
+def make_check() -> tuple[PeerCheck, Scorer]:
+    scorer = Scorer()
+    check = PeerCheck("B", scorer)
+    check.remember(PROBS.values())
+    return check, scorer
+
+
+def test_empty_input_scores_nothing():
+    check, scorer = make_check()
+    assert check([]) == {} and scorer.calls == []
+
+
+def test_honest_records_pass_forged_ones_are_quarantined_once_per_record(caplog):
+    check, scorer = make_check()
+    honest = [rec("A", "p0", 0, "42", 1.0), rec("A", "p0", 1, "a long wrong answer", 0.0)]
+    forged = [rec("A", "p1", 0, "a long wrong answer", 1.0),  # a wrong answer claiming success
+              rec("A", "p1", 1, "42", 0.0),  # a success claimed as a failure (pooled statistics read it)
+              rec("A", "p2", 0, "42", 1.0, verified=False)]  # the verified flag disagrees
+    with caplog.at_level(logging.WARNING, logger="mrl_llm.peer_check"):
+        out = check(honest + forged)
+    assert out == {r.record_id: REJECTED for r in forged}
+    assert scorer.calls == [5]  # one batch
+    assert check(honest + forged) == out and scorer.calls == [5]  # decided once per record id
+    assert check.counts == {REJECTED: 3, "peer_reward_refused": 0}
+    msg = next(r.getMessage() for r in caplog.records if "A/0/p1/0" in r.getMessage())
+    assert "from policy 'A'" in msg and "claims reward 1" in msg and "gives 0" in msg
+
+
+def test_rewards_outside_the_verifiers_range_are_refused_naming_the_producer(caplog):
+    check, scorer = make_check()
+    bad = [rec("A", "p0", 0, "42", 5.0), rec("C", "p0", 1, "42", -1.0)]
+    with caplog.at_level(logging.WARNING, logger="mrl_llm.peer_check"):
+        assert check(bad) == {r.record_id: REFUSED for r in bad}
+    assert scorer.calls == []  # refused on receipt, never scored
+    text = caplog.text
+    assert "refused peer record 'A/0/p0/0' from policy 'A'" in text and "outside the verifiers' range [0, 1]" in text
+    assert "from policy 'C'" in text
+
+
+def test_claims_that_cannot_be_checked_are_quarantined():
+    check, scorer = make_check()
+    check.remember([Problem("bad", "q", "UNPARSABLE", "short")])
+    recs = [rec("A", "elsewhere", 0, "42", 1.0),  # no such problem in this run
+            rec("A", "p0", 0, "42", 1.0, verifier="math"),  # not the problem's verifier
+            rec("A", "bad", 0, "42", 1.0)]  # the learner's verifier cannot use the gold
+    assert check(recs) == {r.record_id: REJECTED for r in recs}
+    assert scorer.calls == [1]
+
+
+def plans_for(ex: InMemoryExchange, vet=None, counts=None):
+    plans, _ = learner_plans(ex, "B", parse_regime("sgt"), ["p0"], 0, present=["A", "B"], vet=vet, counts=counts)
+    return plans[0]
+
+
+def test_a_forged_success_is_no_sgt_target_once_checked():
+    ex = InMemoryExchange()
+    ex.publish([rec("B", "p0", g, "a long wrong answer", 0.0) for g in range(2)])  # the learner's group fails
+    forged = rec("A", "p0", 0, "a long wrong answer", 1.0)
+    ex.publish([forged, rec("A", "p0", 1, "another long wrong one", 0.0)])
+    unchecked = plans_for(ex)
+    assert unchecked.sgt_gate and unchecked.sgt_targets == (forged,)  # what happens without the check
+    check, _ = make_check()
+    counts: dict[str, int] = {}
+    checked = plans_for(ex, vet=check, counts=counts)
+    assert not checked.sgt_gate and checked.sgt_targets == ()
+    assert forged.record_id not in {it.record.record_id for it in checked.pg_items}
+    assert counts == {REJECTED: 1}
+    # an honest peer success still opens the gate
+    honest = rec("A", "p0", 2, "42", 1.0)
+    ex.publish([honest])
+    assert plans_for(ex, vet=check).sgt_targets == (honest,)
+
+
+# -- end to end: the single-process trainer, a forged line replayed on resume ----------------------------
+
+def forged_lines(out, step: int) -> list[str]:
+    """One forged record per prompt for ``step`` under the real peer 'bytes': one of its real responses
+    (a failure under the run's verifier) claiming reward 1.0, verified."""
+    real = [json.loads(x) for x in (out / "exchange.jsonl").read_text().splitlines()]
+    real = [r for r in real if r["policy_id"] == "bytes"]
+    lines = []
+    for pid in sorted({p.prompt_id for p in problems(5)}):
+        r = dict(real[0], step=step, policy_version=step, prompt_id=pid, sample_index=7, reward=1.0, verified=True,
+                 record_id=make_record_id("bytes", step, pid, 7))
+        lines.append(json.dumps(r))
+    return lines
+
+
+@pytest.mark.parametrize("honest", [False, True])
+def test_a_forged_record_replayed_on_resume_is_no_sgt_target_and_is_counted(tmp_path, monkeypatch, honest):
+    # max_chars=0: no honest response succeeds, so any SGT target would be a forged one
+    install_verifier(monkeypatch, ShortAnswerVerifier(max_chars=8 if honest else 0))
+    probs, evp = problems(5), problems(2, prefix="e")
+    out = tmp_path / "run"
+    real_checkpoint = Run.checkpoint
+
+    def checkpoint_after_forging(self, s):
+        if not honest:  # someone appends to the log while the run is on; the checkpoint then covers the lines
+            with open(self.out / "exchange.jsonl", "a", encoding="utf-8") as fh:
+                fh.write("".join(line + "\n" for line in forged_lines(self.out, s + 1)))
+        real_checkpoint(self, s)
+
+    monkeypatch.setattr(Run, "checkpoint", checkpoint_after_forging)
+    train(small_config(1, regime="sgt", eval={"enabled": False}), out, problems=probs, eval_problems=evp)
+    monkeypatch.setattr(Run, "checkpoint", real_checkpoint)
+
+    seen: list[tuple[str, list]] = []
+    real_train_step = LLMPolicyWorker.train_step
+
+    def spying(self, plans):
+        seen.append((self.name, list(plans)))
+        return real_train_step(self, plans)
+
+    monkeypatch.setattr(LLMPolicyWorker, "train_step", spying)
+    train(small_config(2, regime="sgt", eval={"enabled": False}), out, resume=True, problems=probs, eval_problems=evp)
+
+    rows = {(r["step"], r["policy"]): r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
+            if r["kind"] == "train"}
+    (bpe_plans,) = [plans for name, plans in seen if name == "bpe"]
+    targets = [t for p in bpe_plans for t in p.sgt_targets]
+    peers = [it.record for p in bpe_plans for it in p.pg_items if it.is_peer]
+    assert all(r.sample_index != 7 for r in targets + peers)
+    assert all(r["peer_reward_refused"] == 0 for r in rows.values())
+    if honest:
+        assert all(r["peer_verdict_rejected"] == 0 for r in rows.values())
+        assert targets and rows[(1, "bpe")]["sgt_activations"] > 0  # honest successes are used
+    else:
+        assert targets == [] and rows[(1, "bpe")]["sgt_activations"] == 0
+        # the step's prompts each had one forged record under 'bytes', which 'bpe' fetched and refused
+        assert rows[(1, "bpe")]["peer_verdict_rejected"] == len(bpe_plans) > 0
+        assert rows[(1, "bytes")]["peer_verdict_rejected"] == 0  # records under its own name are not fetched
+        assert rows[(0, "bpe")]["peer_verdict_rejected"] == 0
