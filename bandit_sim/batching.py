@@ -45,6 +45,7 @@ class LearnerBatch:
     sgt_weight: float
     ratio_cap: float
     denominator: str | None
+    sgt_normalize: str = "batch"
 
 
 @lru_cache(maxsize=32)
@@ -109,6 +110,7 @@ def plan_batch(
         sgt_weight=plan.sgt_weight,
         ratio_cap=plan.ratio_cap,
         denominator=plan.denominator,
+        sgt_normalize=plan.sgt_normalize,
     )
 
 

@@ -193,7 +193,7 @@ class Engine:
         table = next((t for t in self.tables if t is not None), None)
         pids = table.pattern_ids(ro.rewards) if table is not None else [None] * len(ro.regs)  # all regimes at once
         batches = {k: self.plan(r, ro.rewards[k], pids[k]) for k, r in enumerate(ro.regs)}
-        return [batches[k] for k in range(len(ro.regs))], group_batches(batches, self.dtype)
+        return [batches[k] for k in range(len(ro.regs))], group_batches(batches, self.dtype, samples_per_prompt=self.P * self.G)
 
     def _locate(self, d: Draw, ro: Rollout, g: RowGroup) -> None:
         """Group ``g``'s rows: where each row's log-prob sits in the step's flat batch log-softmax, its
@@ -242,7 +242,8 @@ class Engine:
                     g.snapshot(logp.detach())
                 out = regime_loss(
                     logp.unsqueeze(-1), g.old.unsqueeze(-1), g.advantages, g.pg_mask, cfg.loss, behaviour_coef=g.coef,
-                    sample_weight=g.sample_weight, sgt_mask=g.sgt_mask, sgt_weight=g.sgt_weight, ref_logp=g.ref,
+                    sample_weight=g.sample_weight, sgt_mask=g.sgt_mask, sgt_weight=g.sgt_weight, sgt_scale=g.sgt_scale,
+                    ref_logp=g.ref, own_mask=~g.batches[0].is_peer,
                 )
                 out.loss.sum().backward()
                 grad.scatter_add_(0, g.gidx.view(-1), logp.grad.view(-1))  # rows in order, as autograd's gather

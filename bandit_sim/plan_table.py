@@ -53,6 +53,7 @@ class PlanTable:
         self._peer_used_np = self.peer_used.numpy()
         self.gate = self._compress(b.gate[..., 0])  # [2^n, P] or [P]
         self.sgt_weight, self.ratio_cap, self.denominator = b.sgt_weight, b.ratio_cap, b.denominator
+        self.sgt_normalize = b.sgt_normalize
         self._layouts: dict[tuple[int, bool], tuple[torch.Tensor, torch.Tensor]] = {}
         self._tiled: dict[tuple[str, int, bool], torch.Tensor] = {}
 
@@ -106,4 +107,4 @@ class PlanTable:
             gate = self.gate.index_select(0, pid).view(S, B, P).transpose(1, 2).contiguous()
         src, is_peer = self._layout(B, peers)
         return LearnerBatch(src=src, is_peer=is_peer, gate=gate, sgt_weight=self.sgt_weight, ratio_cap=self.ratio_cap,
-                            denominator=self.denominator, **rows)
+                            denominator=self.denominator, sgt_normalize=self.sgt_normalize, **rows)

@@ -9,7 +9,8 @@ each — and every mini-batch into micro-batches of ``micro_batch`` rows. Per mi
     coef      = peer_behaviour_coef(old, mu, use_mu, cap)      (core; 1 except on ``thl`` peer rows)
     ref       = log pi_ref (frozen initial weights) when kl_coef > 0 or the KL metric is tracked
     loss      = regime_loss(logp, old, A, pg_mask, cfg, behaviour_coef=coef, sample_weight=w,
-                            sgt_mask=..., sgt_weight=lambda, ref_logp=ref, norm=LossNorm(mini-batch))
+                            sgt_mask=..., sgt_weight=lambda, sgt_scale=..., ref_logp=ref, own_mask=own,
+                            norm=LossNorm(mini-batch))      (KL on own rows; sgt_scale: normalize: prompt)
 
 The micro-batch losses of a mini-batch sum to its loss (``LossNorm``), so the accumulated gradient is
 the mini-batch gradient; then grad-norm clipping and one optimizer step. A non-finite loss or gradient
@@ -125,7 +126,9 @@ def run_update(
             out = regime_loss(
                 logp, old, batch.advantages[idx].to(device), pg_mask, loss_cfg,
                 behaviour_coef=coef, sample_weight=batch.weights[idx].to(device),
-                sgt_mask=sgt_mask, sgt_weight=batch.sgt_weight, ref_logp=ref, norm=norm,
+                sgt_mask=sgt_mask, sgt_weight=batch.sgt_weight,
+                sgt_scale=None if batch.sgt_scale is None else batch.sgt_scale[idx].to(device),
+                ref_logp=ref, own_mask=batch.own[idx].to(device), norm=norm,
             )
             if not torch.isfinite(out.loss).all():
                 optimizer.zero_grad(set_to_none=True)

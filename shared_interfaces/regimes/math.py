@@ -207,7 +207,8 @@ class RegimePlan:
     * ``sample_weight[..., i, j, g]``: 1 for own samples, ``peer_weight`` for PRP peer samples, 0 elsewhere;
     * ``denominator``: ``"snapshot"`` / ``"thl"`` for PRP peer samples, else None;
     * ``sgt_gate[..., i]`` and ``sgt_targets[..., i, j, g]``: SGT's gate and selected peer successes;
-      ``sgt_weight`` its lambda (0 when the regime has no SGT term).
+      ``sgt_weight`` its lambda (0 when the regime has no SGT term) and ``sgt_normalize`` how lambda is
+      shared among rescued prompts (``batch`` / ``prompt``, :class:`~shared_interfaces.regimes.config.SGTConfig`).
     """
 
     advantages: np.ndarray
@@ -218,6 +219,7 @@ class RegimePlan:
     sgt_targets: np.ndarray
     sgt_weight: float
     ratio_cap: float
+    sgt_normalize: str = "batch"
 
     def learner_advantages(self) -> np.ndarray:
         """``[..., i, j, g]``: the advantage learner i's optimizer sees for sample (j, g) (0 off ``pg_mask``)."""
@@ -286,4 +288,5 @@ def regime_plan(
         sgt_targets=targets,
         sgt_weight=lam,
         ratio_cap=spec.prp.ratio_cap,
+        sgt_normalize=spec.sgt.normalize,
     )

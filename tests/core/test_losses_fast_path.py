@@ -38,14 +38,14 @@ def _reference(logp, old, adv, pg, cfg, coef, weight, sgt, lam, ref, norm):
     a = adv.unsqueeze(-1)
     surr1, surr2 = ratio * a, ratio.clamp(1.0 - cfg.clip_low, 1.0 + cfg.clip_high) * a
     per_token = -torch.minimum(surr1, surr2) * coef * weight.unsqueeze(-1)
-    pg_loss = _agg(per_token, mask_f, cfg.agg, cfg.max_response_len, norm)
+    pg_loss = _agg(per_token, mask_f, cfg.agg, cfg.dr_grpo_len, norm)
     clip = _masked_mean((surr2 < surr1).to(logp.dtype), mask_f)
     s = sgt.to(logp.dtype)
     if norm is None:
         sgt_loss = -lam * _masked_mean(logp, s)
     else:
         sgt_loss = -lam * (logp * s).sum(dim=(-2, -1)) / max(norm.sgt_tokens, 1.0)
-    kl = _agg(kl_k3(logp, ref), mask_f, cfg.agg, cfg.max_response_len, norm)
+    kl = _agg(kl_k3(logp, ref), mask_f, cfg.agg, cfg.dr_grpo_len, norm)
     return pg_loss + sgt_loss + cfg.kl_coef * kl, clip, _masked_mean(old - logp, mask_f), kl
 
 
