@@ -55,7 +55,7 @@ from mrl_llm.templates import PromptTemplate
 from mrl_llm.thl import align_trace, align_traces
 from mrl_llm.update import run_update
 from shared_interfaces.config_io import ConfigError, from_mapping, to_mapping
-from shared_interfaces.records import ExperienceRecord, TraceCache, make_record_id
+from shared_interfaces.records import SUCCESS_THRESHOLD, ExperienceRecord, TraceCache, make_record_id
 from shared_interfaces.regimes.config import LossConfig
 from shared_interfaces.regimes.plan import LearnerPromptPlan
 from shared_interfaces.regimes.rows import learner_rows
@@ -394,9 +394,9 @@ class LLMPolicyWorker:
             gv = self.score(prob, g[0].text, g[0].finish_reason)
             verdicts = [self.score(prob, s.text, s.finish_reason) for s in ss]
             rows.append({"prompt_id": str(prob.prompt_id), "family": getattr(prob, "family", None),
-                         "skipped": bool(gv.skip), "greedy_correct": int(gv.reward >= 0.5 and not gv.skip),
+                         "skipped": bool(gv.skip), "greedy_correct": int(gv.reward >= SUCCESS_THRESHOLD and not gv.skip),
                          "greedy_response": g[0].text[:500], "samples": len(verdicts),
-                         "successes": int(sum(v.reward >= 0.5 and not v.skip for v in verdicts))})
+                         "successes": int(sum(v.reward >= SUCCESS_THRESHOLD and not v.skip for v in verdicts))})
         return rows
 
     # -- checkpoints ---------------------------------------------------------------------------

@@ -94,36 +94,20 @@ def agg_loss(
 
     With ``norm`` (a micro-batch of a larger batch) the token and row counts are the whole batch's.
     """
-    return _agg_loss(loss_mat, mask.to(loss_mat.dtype), mode, max_len, norm, None)
-
-
-def _agg_loss(
-    loss_mat: torch.Tensor,
-    mask: torch.Tensor,
-    mode: str,
-    max_len: int,
-    norm: LossNorm | None,
-    tokens: torch.Tensor | None,
-) -> torch.Tensor:
-    """:func:`agg_loss` on a float ``mask``; ``tokens``: the mask's count ``mask.sum(dim=(-2, -1))
-    .clamp(min=1)`` when the caller has it (ignored with ``norm``). Each mode computes only its divisors."""
-    if norm is None:
-        if tokens is None and mode == "token-mean":
-            tokens = mask.sum(dim=(-2, -1)).clamp(min=1)
-    else:
-        tokens = torch.as_tensor(max(norm.pg_tokens, 1.0), dtype=loss_mat.dtype)
-    if mode == "token-mean":
-        return masked_sum(loss_mat, mask) / tokens
+    mask = mask.to(loss_mat.dtype)
     row_tokens = mask.sum(dim=-1)
     if norm is None:
+        tokens = mask.sum(dim=(-2, -1)).clamp(min=1)
         rows = (row_tokens > 0).to(loss_mat.dtype).sum(dim=-1).clamp(min=1)
     else:
+        tokens = torch.as_tensor(max(norm.pg_tokens, 1.0), dtype=loss_mat.dtype)
         rows = torch.as_tensor(max(norm.pg_rows, 1.0), dtype=loss_mat.dtype)
+    if mode == "token-mean":
+        return masked_sum(loss_mat, mask) / tokens
     if mode == "seq-mean-token-mean":
-        per_row = (loss_mat * mask).sum(dim=-1) / row_tokens.clamp(min=1)
-        return per_row.sum(dim=-1) / rows
+        return ((loss_mat * mask).sum(dim=-1) / row_tokens.clamp(min=1)).sum(dim=-1) / rows
     if mode == "seq-mean-token-sum-norm":
-        return (loss_mat * mask).sum(dim=(-2, -1)) / (rows * max_len)
+        return masked_sum(loss_mat, mask) / (rows * max_len)
     raise ValueError(
         f"unknown loss aggregation {mode!r}; use token-mean, seq-mean-token-mean or seq-mean-token-sum-norm"
     )
@@ -177,40 +161,18 @@ def policy_gradient_loss(
     ``advantages`` and ``sample_weight`` are per row ``[..., N]``; ``behaviour_coef`` per token
     ``[..., N, T]`` and treated as a constant (detached).
     """
-    loss, clip_frac, _ = _policy_gradient_loss(
-        logp, old_logp, advantages, mask.to(logp.dtype), cfg, behaviour_coef, sample_weight, norm
-    )
-    return loss, clip_frac
-
-
-def _policy_gradient_loss(
-    logp: torch.Tensor,
-    old_logp: torch.Tensor,
-    advantages: torch.Tensor,
-    mask_f: torch.Tensor,
-    cfg: LossConfig,
-    behaviour_coef: torch.Tensor | None,
-    sample_weight: torch.Tensor | None,
-    norm: LossNorm | None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """:func:`policy_gradient_loss` on a float mask; also returns the mask's token count (clamped to >= 1),
-    computed once for the loss, the clip fraction and the caller's diagnostics."""
     adv = advantages.to(logp.dtype).unsqueeze(-1)
     ratio = torch.exp(logp - old_logp)
     surr1 = ratio * adv
     surr2 = ratio.clamp(1.0 - cfg.clip_low, 1.0 + cfg.clip_high) * adv
-    # min(surr1, surr2) as a select: the same values, and the same gradient (a tie, e.g. at the snapshot
-    # where rho = 1, sends it all through surr1 instead of half through each; the halves add up exactly)
-    # at a lower cost than torch.minimum's backward
-    per_token = -torch.where(surr1 <= surr2, surr1, surr2)
+    per_token = -torch.minimum(surr1, surr2)
     if behaviour_coef is not None:
         per_token = per_token * behaviour_coef.detach().to(logp.dtype)
     if sample_weight is not None:
         per_token = per_token * sample_weight.to(logp.dtype).unsqueeze(-1)
-    clipped = (surr2 < surr1).to(logp.dtype)
-    tokens = mask_f.sum(dim=(-2, -1)).clamp(min=1)
-    loss = _agg_loss(per_token, mask_f, cfg.agg, cfg.dr_grpo_len, norm, tokens)
-    return loss, (masked_sum(clipped, mask_f) / tokens).detach(), tokens
+    mask_f = mask.to(logp.dtype)
+    clip_frac = masked_mean((surr2 < surr1).to(logp.dtype), mask_f).detach()
+    return agg_loss(per_token, mask_f, cfg.agg, cfg.dr_grpo_len, norm=norm), clip_frac
 
 
 def sgt_nll_loss(
@@ -266,6 +228,18 @@ def peer_behaviour_coef(
     return torch.where(use_mu.unsqueeze(-1), coef, torch.ones_like(coef))
 
 
+def kl_rows(pg_mask_f: torch.Tensor, own_mask: torch.Tensor | None,
+            norm: LossNorm | None) -> tuple[torch.Tensor, LossNorm | None]:
+    """KL's token mask ``[..., N, T]`` (the policy-gradient tokens of own rows; all of them when ``own_mask``
+    is None) and its :class:`LossNorm` divisors."""
+    if own_mask is None:
+        return pg_mask_f, norm
+    if norm is not None and norm.kl_tokens is None:
+        raise ValueError("regime_loss: own_mask with a LossNorm that has no own-row counts; "
+                         "build it with LossNorm.of(pg_mask, sgt_mask, own_mask)")
+    return pg_mask_f * own_mask.to(pg_mask_f.dtype).unsqueeze(-1), None if norm is None else norm.for_kl()
+
+
 def regime_loss(
     logp: torch.Tensor,
     old_logp: torch.Tensor,
@@ -290,28 +264,20 @@ def regime_loss(
     policy-gradient rows that are the learner's own, ``own_mask [..., N]`` (None: every row is own).
     ``norm`` (:class:`LossNorm`) makes the loss of a micro-batch its share of the whole batch's loss.
     """
-    pg_mask_f = pg_mask.to(logp.dtype)
-    pg_loss, clip_frac, pg_tokens = _policy_gradient_loss(
-        logp, old_logp, advantages, pg_mask_f, cfg, behaviour_coef, sample_weight, norm
-    )
+    pg_loss, clip_frac = policy_gradient_loss(logp, old_logp, advantages, pg_mask, cfg, behaviour_coef=behaviour_coef,
+                                              sample_weight=sample_weight, norm=norm)
     zero = torch.zeros_like(pg_loss)
     if sgt_mask is not None and sgt_weight > 0:
         sgt = sgt_nll_loss(logp, sgt_mask, sgt_weight, norm=norm, row_scale=sgt_scale)
     else:
         sgt = zero
+    pg_mask_f = pg_mask.to(logp.dtype)
     if ref_logp is not None and cfg.kl_coef > 0:
-        if own_mask is None:
-            kl = _agg_loss(kl_k3(logp, ref_logp), pg_mask_f, cfg.agg, cfg.dr_grpo_len, norm, pg_tokens)
-        else:
-            if norm is not None and norm.kl_tokens is None:
-                raise ValueError("regime_loss: own_mask with a LossNorm that has no own-row counts; "
-                                 "build it with LossNorm.of(pg_mask, sgt_mask, own_mask)")
-            kl_mask = pg_mask_f * own_mask.to(logp.dtype).unsqueeze(-1)
-            kl = _agg_loss(kl_k3(logp, ref_logp), kl_mask, cfg.agg, cfg.dr_grpo_len,
-                           None if norm is None else norm.for_kl(), None)
+        kl_mask, kl_norm = kl_rows(pg_mask_f, own_mask, norm)
+        kl = agg_loss(kl_k3(logp, ref_logp), kl_mask, cfg.agg, cfg.dr_grpo_len, norm=kl_norm)
     else:
         kl = zero
-    approx_kl_old = masked_sum((old_logp - logp).detach(), pg_mask_f) / pg_tokens
+    approx_kl_old = masked_mean((old_logp - logp).detach(), pg_mask_f)
     return LossOutput(
         loss=pg_loss + sgt + cfg.kl_coef * kl,
         pg_loss=pg_loss.detach(),

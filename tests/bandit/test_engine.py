@@ -155,13 +155,13 @@ def test_kl_reaches_only_own_rows(monkeypatch):
     import bandit_sim.engine as engine_mod
 
     seen = []
-    real = engine_mod.regime_loss
+    real = engine_mod.regime_loss_fast
 
     def spy(*args, **kw):
         seen.append(kw["own_mask"])
         return real(*args, **kw)
 
-    monkeypatch.setattr(engine_mod, "regime_loss", spy)
+    monkeypatch.setattr(engine_mod, "regime_loss_fast", spy)
     sc = random_scenario(P=2, C=8, K=5, seed=2)
     from shared_interfaces.regimes import LossConfig
 
