@@ -20,7 +20,8 @@ import numpy as np
 import torch
 
 from shared_interfaces.losses import peer_behaviour_coef
-from shared_interfaces.regimes import RegimeSpec, regime_plan
+from shared_interfaces.regimes import RegimeSpec
+from shared_interfaces.regimes.fast import regime_plan_fast
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,7 @@ class LearnerBatch:
     sgt_weight: float
     ratio_cap: float
     denominator: str | None
+    sgt_normalize: str = "batch"
 
 
 @lru_cache(maxsize=32)
@@ -73,7 +75,8 @@ def plan_batch(
     dtype: np.dtype | type = np.float64,
 ) -> LearnerBatch:
     """Apply regime ``spec`` to rollouts ``rewards [..., B, P, G]`` (one call of the core's
-    :func:`regime_plan`) and lay the decisions out as learner rows (see :class:`LearnerBatch`).
+    :func:`regime_plan`, as its fast variant :func:`~shared_interfaces.regimes.fast.regime_plan_fast`) and
+    lay the decisions out as learner rows (see :class:`LearnerBatch`).
 
     In the bandit every reward comes from the scenario's verifier (``verified`` all True) and every
     response is one token (``lengths`` all 1); the contract passes the records' own values.
@@ -84,7 +87,7 @@ def plan_batch(
         raise ValueError(f"rollout rewards must be laid out [..., B, P, G], got shape {r.shape}")
     verified = np.ones(r.shape, dtype=bool) if verified is None else verified
     lengths = np.ones(r.shape, dtype=np.int64) if lengths is None else lengths
-    plan = regime_plan(spec, r, verified, lengths, mask, rng=rng)
+    plan = regime_plan_fast(spec, r, verified, lengths, mask, rng=rng)
     B, P, G = r.shape[-3:]
     lead = r.shape[:-3]
     plan_idx, src, is_peer = row_layout(B, P, G)
@@ -109,6 +112,7 @@ def plan_batch(
         sgt_weight=plan.sgt_weight,
         ratio_cap=plan.ratio_cap,
         denominator=plan.denominator,
+        sgt_normalize=plan.sgt_normalize,
     )
 
 

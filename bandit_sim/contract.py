@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from bandit_sim.batching import behaviour_coef, plan_batch
+from bandit_sim.groups import sgt_pools
 from shared_interfaces.contract import ContractCase, ContractOutput, LearnerDecisions
 from shared_interfaces.records import ExperienceRecord
 
@@ -85,4 +86,12 @@ def run_contract_case(case: ContractCase) -> ContractOutput:
                     dec.snapshot_coef[rid] = float(coef[0, i, row])
             if batch.sgt_mask[0, i, row]:
                 dec.sgt_targets.add(rid)
+        if batch.sgt_normalize == "prompt":
+            pools: dict[int, set[str]] = {}
+            for row, (n, pool) in enumerate(zip(batch.src[i].tolist(), sgt_pools(batch, P * G)[i].tolist(), strict=True)):
+                rest = n % (P * G)
+                rid = ids[pool][rest // G][rest % G]
+                if rid is not None and batch.sgt_mask[0, i, row]:
+                    pools.setdefault(pool, set()).add(rid)
+            dec.sgt_pools.update(frozenset(p) for p in pools.values())
     return out

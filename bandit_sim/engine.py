@@ -12,7 +12,7 @@ A step (:meth:`Engine.step`):
    ``[S, B, P, G]``, or the same decisions looked up in its table of every 0/1 outcome of a prompt,
    :mod:`bandit_sim.plan_table`) gives each learner its rows; regimes with as many rows are stacked
    (:mod:`bandit_sim.groups`). Then for ``epochs`` passes: per group one call of the core's
-   ``regime_loss`` over ``[R_g, S, P, N, T=1]`` on the rows' log-probs, autograd to those rows; then for
+   ``regime_loss`` (its fast twin, :mod:`shared_interfaces.losses_fast`) over ``[R_g, S, P, N, T=1]`` on the rows' log-probs, autograd to those rows; then for
    all regimes at once the chain rule to the batch logits (the gather's scatter-add and the log-softmax
    backward, exactly what autograd computes) and one optimizer step.
 
@@ -42,7 +42,7 @@ from bandit_sim.models import make_model
 from bandit_sim.plan_table import PlanTable, tabulable
 from bandit_sim.sampling import inverse_cdf, log_softmax_backward
 from bandit_sim.scenario import Scenario, load_features, rescue_sets
-from shared_interfaces.losses import regime_loss
+from shared_interfaces.losses_fast import regime_loss_fast
 from shared_interfaces.regimes import behaviour_correction
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -164,16 +164,16 @@ class Engine:
         return Rollout(regs, actions, rewards, logp.gather(-1, actions), z, logp)
 
     # -- 3. learn ------------------------------------------------------------------------------------
-    def plan(self, r: int, rewards: torch.Tensor, pid: torch.Tensor | None = None) -> LearnerBatch:
+    def plan(self, r: int, rewards: torch.Tensor, pattern_id: torch.Tensor | None = None) -> LearnerBatch:
         """The core's decisions for regime ``r``'s rollouts ``[S, B, P, G]``: one ``regime_plan`` call, or
-        its table of every prompt outcome (:mod:`bandit_sim.plan_table`, the same batch exactly; ``pid``:
+        its table of every prompt outcome (:mod:`bandit_sim.plan_table`, the same batch exactly; ``pattern_id``:
         the rollouts' pattern ids if at hand)."""
         if self.tables[r] is not None:
-            return self.tables[r].batch(rewards, pid)
+            return self.tables[r].batch(rewards, pattern_id)
         return plan_batch(self.specs[r], rewards.numpy(), rng=self.sgt_rngs[r], dtype=self.np_dtype)
 
     @staticmethod
-    def learner_rows(x: torch.Tensor, batch: LearnerBatch) -> torch.Tensor:
+    def per_row(x: torch.Tensor, batch: LearnerBatch) -> torch.Tensor:
         """Per-sample values ``[S, B, P_src, G]`` -> each learner's rows ``[S, P, N]`` (``batch.src``)."""
         flat = x.reshape(x.shape[0], -1)  # [S, B * P * G] in (b, j, g) order
         return flat.index_select(1, batch.src.reshape(-1)).view(x.shape[0], *batch.src.shape)
@@ -191,9 +191,9 @@ class Engine:
         """Every regime's plan of ``ro`` (:meth:`plan`) and the regimes grouped for the loss
         (:mod:`bandit_sim.groups`)."""
         table = next((t for t in self.tables if t is not None), None)
-        pids = table.pattern_ids(ro.rewards) if table is not None else [None] * len(ro.regs)  # all regimes at once
-        batches = {k: self.plan(r, ro.rewards[k], pids[k]) for k, r in enumerate(ro.regs)}
-        return [batches[k] for k in range(len(ro.regs))], group_batches(batches, self.dtype)
+        patterns = table.pattern_ids(ro.rewards) if table is not None else [None] * len(ro.regs)  # all regimes at once
+        batches = {k: self.plan(r, ro.rewards[k], patterns[k]) for k, r in enumerate(ro.regs)}
+        return [batches[k] for k in range(len(ro.regs))], group_batches(batches, self.dtype, samples_per_prompt=self.P * self.G)
 
     def _locate(self, d: Draw, ro: Rollout, g: RowGroup) -> None:
         """Group ``g``'s rows: where each row's log-prob sits in the step's flat batch log-softmax, its
@@ -240,9 +240,10 @@ class Engine:
                 logp = flat.take(g.gidx).view(len(g.ks), S, P, -1).requires_grad_(True)
                 if epoch == 0:
                     g.snapshot(logp.detach())
-                out = regime_loss(
+                out = regime_loss_fast(
                     logp.unsqueeze(-1), g.old.unsqueeze(-1), g.advantages, g.pg_mask, cfg.loss, behaviour_coef=g.coef,
-                    sample_weight=g.sample_weight, sgt_mask=g.sgt_mask, sgt_weight=g.sgt_weight, ref_logp=g.ref,
+                    sample_weight=g.sample_weight, sgt_mask=g.sgt_mask, sgt_weight=g.sgt_weight, sgt_scale=g.sgt_scale,
+                    ref_logp=g.ref, own_mask=~g.batches[0].is_peer,
                 )
                 out.loss.sum().backward()
                 grad.scatter_add_(0, g.gidx.view(-1), logp.grad.view(-1))  # rows in order, as autograd's gather

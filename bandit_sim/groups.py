@@ -6,8 +6,10 @@ is per (regime, seed, learner), so regimes with the same N go through ONE call o
 T = 1]`` (:class:`RowGroup`, built by :func:`group_batches`). That call gives every row the same gradient
 as the regime's own call, bit for bit: a regime without behaviour correction gets coefficient 1
 (``x * 1 = x``), and one without SGT targets this step adds ``-lambda * 0`` to its rows' gradients
-(``g + (-0) = g``). Only regimes whose SGT targets have different weights are kept apart. The engine
-fills in where each row's log-prob sits and its behaviour denominators (:meth:`Engine._locate`).
+(``g + (-0) = g``). Only regimes whose SGT targets have different weights or different ``normalize``
+rules are kept apart; a ``prompt`` group carries the core's per-row SGT scale (:func:`sgt_row_scale`; one
+token per row, pooled by prompt). The engine fills in where each row's log-prob sits and its behaviour
+denominators (:meth:`Engine._locate`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from bandit_sim.batching import LearnerBatch, behaviour_coef
+from shared_interfaces.losses import sgt_row_scale
 
 
 @dataclass
@@ -36,6 +39,7 @@ class RowGroup:
     pg_mask: torch.Tensor
     sgt_mask: torch.Tensor
     sgt_weight: float
+    sgt_scale: torch.Tensor | None = None
     gidx: torch.Tensor | None = None
     src_logp: torch.Tensor | None = None
     mu: torch.Tensor | None = None
@@ -59,46 +63,65 @@ class RowGroup:
             ]).unsqueeze(-1)
 
 
-def sgt_weight_needed(batch: LearnerBatch) -> float | None:
-    """The weight the regime's SGT term needs this step; None when it has no target (any weight will do)."""
-    return batch.sgt_weight if batch.sgt_weight > 0 and bool(batch.sgt_mask.any()) else None
+SGTKey = tuple[float, str]  # (lambda, normalize)
 
 
-def partition(ks: list[int], n_rows: list[int], weights: list[float | None]) -> list[tuple[float, list[int]]]:
-    """Regimes ``ks`` -> groups ``(sgt_weight, members)``: same number of rows, and SGT targets (if any)
-    of one weight; a regime without SGT targets this step (weight None) joins any group of its size."""
+def sgt_weight_needed(batch: LearnerBatch) -> SGTKey | None:
+    """The weight and ``normalize`` rule the regime's SGT term needs this step; None when it has no target
+    (any will do)."""
+    if batch.sgt_weight > 0 and bool(batch.sgt_mask.any()):
+        return (batch.sgt_weight, batch.sgt_normalize)
+    return None
+
+
+def partition(ks: list[int], n_rows: list[int], weights: list[SGTKey | None]) -> list[tuple[SGTKey, list[int]]]:
+    """Regimes ``ks`` -> groups ``((sgt_weight, normalize), members)``: same number of rows, and SGT targets
+    (if any) of one weight and rule; a regime without SGT targets this step (None) joins any group of its
+    size."""
     by_n: dict[int, list[int]] = {}
     for k, n in zip(ks, n_rows, strict=True):
         by_n.setdefault(n, []).append(k)
     w_of = dict(zip(ks, weights, strict=True))
-    parts: list[tuple[float, list[int]]] = []
+    parts: list[tuple[SGTKey, list[int]]] = []
     for members in by_n.values():
-        weighted: dict[float, list[int]] = {}
+        weighted: dict[SGTKey, list[int]] = {}
         free = []
         for k in members:
             w = w_of[k]
             (free if w is None else weighted.setdefault(w, [])).append(k)
-        split = list(weighted.items()) or [(0.0, [])]
+        split = list(weighted.items()) or [((0.0, "batch"), [])]
         split[0] = (split[0][0], sorted(split[0][1] + free))
         parts += split
     return parts
 
 
-def group_batches(batches: dict[int, LearnerBatch], dtype: torch.dtype) -> list[RowGroup]:
-    """Stack the batches of regimes ``k`` (the dict's keys) by :func:`partition` (see the module docstring)."""
+def sgt_pools(batch: LearnerBatch, samples_per_prompt: int) -> torch.Tensor:
+    """``[P, N]``: the SGT pool of each row under ``normalize: prompt`` — its prompt ``b`` (row ``(b, j, g)``)."""
+    return batch.src // samples_per_prompt
+
+
+def group_batches(batches: dict[int, LearnerBatch], dtype: torch.dtype, *, samples_per_prompt: int) -> list[RowGroup]:
+    """Stack the batches of regimes ``k`` (the dict's keys) by :func:`partition` (see the module docstring).
+    ``samples_per_prompt`` (``P * G``) turns a row's sample index into its prompt (SGT's ``prompt`` pools)."""
     ks = sorted(batches)
     parts = partition(ks, [batches[k].src.shape[-1] for k in ks], [sgt_weight_needed(batches[k]) for k in ks])
     groups = []
-    for w, members in parts:
+    for (w, normalize), members in parts:
         bs = [batches[k] for k in members]
+        sgt_mask = _stack([b.sgt_mask for b in bs], dtype)
+        scale = None
+        if normalize == "prompt":  # one token per row, pooled by prompt
+            scale = sgt_row_scale(sgt_mask > 0, torch.ones((), dtype=torch.float64),
+                                  sgt_pools(bs[0], samples_per_prompt)).to(dtype)
         groups.append(RowGroup(
             ks=members,
             batches=bs,
             advantages=_stack([b.advantages for b in bs], dtype),
             sample_weight=_stack([b.sample_weight for b in bs], dtype),
             pg_mask=_stack([b.pg_mask for b in bs], dtype).unsqueeze(-1),
-            sgt_mask=_stack([b.sgt_mask for b in bs], dtype).unsqueeze(-1),
+            sgt_mask=sgt_mask.unsqueeze(-1),
             sgt_weight=w,
+            sgt_scale=scale,
         ))
     return groups
 

@@ -53,6 +53,7 @@ class PlanTable:
         self._peer_used_np = self.peer_used.numpy()
         self.gate = self._compress(b.gate[..., 0])  # [2^n, P] or [P]
         self.sgt_weight, self.ratio_cap, self.denominator = b.sgt_weight, b.ratio_cap, b.denominator
+        self.sgt_normalize = b.sgt_normalize
         self._layouts: dict[tuple[int, bool], tuple[torch.Tensor, torch.Tensor]] = {}
         self._tiled: dict[tuple[str, int, bool], torch.Tensor] = {}
 
@@ -84,13 +85,13 @@ class PlanTable:
         r = rewards.reshape(-1, self.P * self.G)
         return (r @ self.pow2.to(r.dtype)).long().view(rewards.shape[:-2])
 
-    def batch(self, rewards: torch.Tensor, pid: torch.Tensor | None = None) -> LearnerBatch:
+    def batch(self, rewards: torch.Tensor, pattern_id: torch.Tensor | None = None) -> LearnerBatch:
         """The learner batch of rollouts ``rewards [S, B, P, G]`` (exactly 0 or 1), as :func:`plan_batch`;
-        fields that do not depend on the outcome are views broadcast over the seeds. ``pid``: the
+        fields that do not depend on the outcome are views broadcast over the seeds. ``pattern_id``: the
         rollouts' :meth:`pattern_ids`, if at hand."""
         S, B, P, G = rewards.shape
-        pid = (self.pattern_ids(rewards) if pid is None else pid).reshape(S * B)
-        peers = self.M > G and bool(self._peer_used_np[pid.numpy()].any())
+        pattern = (self.pattern_ids(rewards) if pattern_id is None else pattern_id).reshape(S * B)
+        peers = self.M > G and bool(self._peer_used_np[pattern.numpy()].any())
         m = self.M if peers else G
         rows = {}
         for f, t in self.fields.items():
@@ -99,11 +100,11 @@ class PlanTable:
                     self._tiled[f, B, peers] = self._order(t.expand(B, P, self.M), B, m)
                 rows[f] = self._tiled[f, B, peers].expand(S, P, B * m)
             else:
-                rows[f] = self._order(t.index_select(0, pid).view(S, B, P, self.M), B, m)
+                rows[f] = self._order(t.index_select(0, pattern).view(S, B, P, self.M), B, m)
         if self.gate.dim() == 1:
             gate = self.gate.view(1, P, 1).expand(S, P, B)
         else:
-            gate = self.gate.index_select(0, pid).view(S, B, P).transpose(1, 2).contiguous()
+            gate = self.gate.index_select(0, pattern).view(S, B, P).transpose(1, 2).contiguous()
         src, is_peer = self._layout(B, peers)
         return LearnerBatch(src=src, is_peer=is_peer, gate=gate, sgt_weight=self.sgt_weight, ratio_cap=self.ratio_cap,
-                            denominator=self.denominator, **rows)
+                            denominator=self.denominator, sgt_normalize=self.sgt_normalize, **rows)

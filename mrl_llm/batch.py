@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from mrl_llm.logprobs import PackedBatch
-from shared_interfaces.losses import LossNorm
+from shared_interfaces.losses import LossNorm, sgt_row_scale
 from shared_interfaces.records import ExperienceRecord
 from shared_interfaces.regimes.rows import TrainRow
 
@@ -49,6 +49,8 @@ class TrainBatch:
     ratio_cap: float
     residuals: list[Any] = field(default_factory=list)  # THL residuals of the peer rows
     truncated_rows: int = 0
+    sgt_pool: torch.Tensor | None = None  # [N] int64: each row's rescued prompt, SGT's normalize: prompt
+    sgt_scale: torch.Tensor | None = None  # [N] float64: the core's per-row SGT scale (None: normalize: batch)
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -62,7 +64,10 @@ class TrainBatch:
         pg_tok = sum(len(self.responses[i]) for i in idx if self.in_pg[i])
         pg_rows = sum(1 for i in idx if self.in_pg[i] and self.responses[i])
         sgt_tok = sum(len(self.responses[i]) for i in idx if self.sgt[i])
-        return LossNorm(pg_tokens=float(pg_tok), pg_rows=float(pg_rows), sgt_tokens=float(sgt_tok))
+        kl_tok = sum(len(self.responses[i]) for i in idx if self.in_pg[i] and self.own[i])
+        kl_rows = sum(1 for i in idx if self.in_pg[i] and self.own[i] and self.responses[i])
+        return LossNorm(pg_tokens=float(pg_tok), pg_rows=float(pg_rows), sgt_tokens=float(sgt_tok),
+                        kl_tokens=float(kl_tok), kl_rows=float(kl_rows))
 
 
 def build_batch(
@@ -95,6 +100,12 @@ def build_batch(
         responses.append(ids)
         mus.append(lps)
     f64 = torch.float64
+    sgt = torch.tensor([r.sgt for r in rows], dtype=torch.bool)
+    sgt_pool = sgt_scale = None
+    if any(r.sgt and r.sgt_normalize == "prompt" for r in rows):  # pools: the rows' prompts
+        pools: dict[tuple[int, str], int] = {}
+        sgt_pool = torch.tensor([pools.setdefault((r.record.step, r.record.prompt_id), len(pools)) for r in rows])
+        sgt_scale = sgt_row_scale(sgt, torch.tensor([len(ids) for ids in responses]), sgt_pool)
     return TrainBatch(
         rows=list(rows),
         prompts=prompts,
@@ -103,13 +114,15 @@ def build_batch(
         advantages=torch.tensor([r.advantage for r in rows], dtype=f64),
         weights=torch.tensor([r.weight for r in rows], dtype=f64),
         in_pg=torch.tensor([r.in_pg for r in rows], dtype=torch.bool),
-        sgt=torch.tensor([r.sgt for r in rows], dtype=torch.bool),
+        sgt=sgt,
         use_mu=torch.tensor([r.behaviour == "thl" for r in rows], dtype=torch.bool),
         own=torch.tensor([r.record.policy_id == learner for r in rows], dtype=torch.bool),
         sgt_weight=max((r.sgt_weight for r in rows), default=0.0),
         ratio_cap=max((r.ratio_cap for r in rows), default=1.0),
         residuals=residuals,
         truncated_rows=truncated,
+        sgt_pool=sgt_pool,
+        sgt_scale=sgt_scale,
     )
 
 

@@ -104,5 +104,11 @@ def run_contract_case(case: ContractCase) -> ContractOutput:
                     dec.snapshot_coef[rid] = values.pop() if len(values) == 1 else float("nan")
                 if bool(batch.sgt[i]):
                     dec.sgt_targets.add(rid)
+            if batch.sgt_pool is not None:
+                pools: dict[int, set[str]] = {}
+                for i, row in enumerate(batch.rows):
+                    if bool(batch.sgt[i]):
+                        pools.setdefault(int(batch.sgt_pool[i]), set()).add(row.record.record_id)
+                dec.sgt_pools.update(frozenset(p) for p in pools.values())
         out[learner] = dec
     return out

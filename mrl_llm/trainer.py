@@ -39,6 +39,7 @@ from mrl_llm.data import DataConfig, DataCursor, Problem, load_jsonl
 from mrl_llm.distributed.actors import PolicyActor, PolicyActorSpec
 from mrl_llm.evaluate import evaluate_workers, peer_exclusive_sets, read_eval_rows, summarize
 from mrl_llm.metrics import TIMES, MetricsLog, clean, read_metrics, train_row
+from mrl_llm.rollout.base import generation_eos_ids
 from mrl_llm.rundir import RESUMABLE_CHANGES, check_run_dir, new_run_guard  # noqa: F401 - re-exported
 from mrl_llm.runstate import (
     CheckpointError,
@@ -145,9 +146,11 @@ def worker_config(config: RunConfig, name: str) -> dict[str, Any]:
     """The plain mapping a policy's worker is built from (also what a Ray actor receives)."""
     pol = config.policy(name)
     toks = tuple(dict.fromkeys(p.tokenizer_path for p in config.policies if p.tokenizer_path))
-    return to_mapping(WorkerConfig(policy=pol, loss=config.loss, tokenizers=toks, track_ref_kl=config.track_ref_kl,
-                                   max_nan_steps=config.max_nan_steps, init_seed=pol.init_seed,
-                                   verifier_options=verifier_options(config)))
+    eos = {p.name: list(generation_eos_ids(p.model_dir)) for p in config.policies if p.model_dir}
+    return to_mapping(WorkerConfig(policy=pol, loss=config.loss, tokenizers=toks,
+                                   peer_eos_ids={k: v for k, v in eos.items() if v},
+                                   track_ref_kl=config.track_ref_kl, max_nan_steps=config.max_nan_steps,
+                                   init_seed=pol.init_seed, verifier_options=verifier_options(config)))
 
 
 def actor_specs(config: RunConfig, ckpt_root: Path) -> list[PolicyActorSpec]:

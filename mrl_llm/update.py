@@ -9,12 +9,16 @@ each — and every mini-batch into micro-batches of ``micro_batch`` rows. Per mi
     coef      = peer_behaviour_coef(old, mu, use_mu, cap)      (core; 1 except on ``thl`` peer rows)
     ref       = log pi_ref (frozen initial weights) when kl_coef > 0 or the KL metric is tracked
     loss      = regime_loss(logp, old, A, pg_mask, cfg, behaviour_coef=coef, sample_weight=w,
-                            sgt_mask=..., sgt_weight=lambda, ref_logp=ref, norm=LossNorm(mini-batch))
+                            sgt_mask=..., sgt_weight=lambda, sgt_scale=..., ref_logp=ref, own_mask=own,
+                            norm=LossNorm(mini-batch))      (KL on own rows; sgt_scale: normalize: prompt)
 
 The micro-batch losses of a mini-batch sum to its loss (``LossNorm``), so the accumulated gradient is
 the mini-batch gradient; then grad-norm clipping and one optimizer step. A non-finite loss or gradient
 norm aborts the update: the gradients are dropped, no optimizer step is taken for that mini-batch and
 the rest, and the result says so (``nan_skipped``); the caller counts consecutive skips.
+
+:func:`micro_batch_loss` is one micro-batch's forward and loss; :class:`Diagnostics` accumulates the
+step's diagnostics apart from it; :func:`run_update` is the loop and its one abort path.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import torch
 
 from mrl_llm.batch import TrainBatch, pad_rows, response_layout
 from mrl_llm.logprobs import forward_logprobs, pack, response_logprobs
-from shared_interfaces.losses import kl_k3, peer_behaviour_coef, regime_loss
+from shared_interfaces.losses import LossNorm, LossOutput, kl_k3, peer_behaviour_coef, regime_loss
 from shared_interfaces.regimes.config import LossConfig
 from shared_interfaces.regimes.math import ratio_variance
 
@@ -43,12 +47,24 @@ class UpdateResult:
     old_seq_tokens: int = 0  # tokens through the snapshot pass
 
 
-class _Acc:
-    """Weighted sums for the step's diagnostics."""
+def minibatches(n: int, micro_batch: int, grad_accum: int | None) -> list[list[int]]:
+    """Row indices of each optimizer update's mini-batch (see the module docstring)."""
+    size = n if grad_accum is None else micro_batch * grad_accum
+    size = max(1, size)
+    return [list(range(s, min(n, s + size))) for s in range(0, n, size)]
+
+
+class Diagnostics:
+    """The step's diagnostics, accumulated over micro-batches apart from the loss (all detached): weighted
+    sums for the means, the largest engine/trainer log-prob drift on own rows, and the peer rows'
+    ``(pi_old, mu)`` log-probs for PRP's ratio variance."""
 
     def __init__(self) -> None:
         self.s: dict[str, float] = {}
         self.n: dict[str, float] = {}
+        self.drift = 0.0
+        self.peer_old: list[np.ndarray] = []
+        self.peer_mu: list[np.ndarray] = []
 
     def add(self, key: str, total: float, count: float) -> None:
         self.s[key] = self.s.get(key, 0.0) + total
@@ -58,12 +74,94 @@ class _Acc:
         n = self.n.get(key, 0.0)
         return self.s.get(key, 0.0) / n if n > 0 else float("nan")
 
+    def micro_batch(self, mb: MicroBatch, out: LossOutput, losses: dict[str, float]) -> None:
+        """Add one micro-batch's loss terms (to ``losses``, the mini-batch's sums) and diagnostics."""
+        losses["loss"] += float(out.loss.detach())
+        losses["pg_loss"] += float(out.pg_loss)
+        losses["sgt_loss"] += float(out.sgt_loss)
+        losses["kl_loss"] += float(out.kl)
+        n_pg = float(mb.pg_mask.sum())
+        self.add("clip_fraction", float(out.clip_fraction) * n_pg, n_pg)
+        self.add("approx_kl_old", float(out.approx_kl_old) * n_pg, n_pg)
+        own_mask = mb.mask & mb.own[:, None]
+        n_own = float(own_mask.sum())
+        self.add("entropy", float((mb.entropy * own_mask).sum()), n_own)
+        if mb.ref is not None:
+            self.add("kl_to_ref", float((kl_k3(mb.logp.detach(), mb.ref) * own_mask).sum()), n_own)
+        if n_own:
+            self.drift = max(self.drift, float(((mb.old - mb.mu).abs() * own_mask).max()))
+        for j in torch.nonzero(~mb.own & mb.in_pg).flatten().tolist():
+            m = mb.mask[j]
+            self.peer_old.append(mb.old[j][m].float().cpu().numpy())
+            self.peer_mu.append(mb.mu[j][m].float().cpu().numpy())
+        thl_mask = mb.mask & mb.use_mu[:, None] & mb.in_pg[:, None]
+        self.add("prp_coef", float((mb.coef * thl_mask).sum()), float(thl_mask.sum()))
 
-def minibatches(n: int, micro_batch: int, grad_accum: int | None) -> list[list[int]]:
-    """Row indices of each optimizer update's mini-batch (see the module docstring)."""
-    size = n if grad_accum is None else micro_batch * grad_accum
-    size = max(1, size)
-    return [list(range(s, min(n, s + size))) for s in range(0, n, size)]
+    def metrics(self, *, tracks_ref: bool) -> dict[str, float]:
+        m = {k: self.mean(k) for k in ("loss", "pg_loss", "sgt_loss", "kl_loss", "clip_fraction", "approx_kl_old",
+                                       "entropy", "grad_norm", "prp_coef")}
+        m["kl_to_ref"] = self.mean("kl_to_ref") if tracks_ref else float("nan")
+        m["logprob_drift_max"] = self.drift
+        if self.peer_old:
+            m["prp_ratio_var"] = ratio_variance(np.concatenate(self.peer_old), np.concatenate(self.peer_mu))
+        m["nan_skipped"] = 0.0
+        return m
+
+
+@dataclass
+class MicroBatch:
+    """One micro-batch's tensors in the response layout ``[b, T]``: the forward's ``logp`` (with grad) and
+    ``entropy``, the snapshot ``old`` (log pi_old), the behaviour ``mu``, the reference ``ref`` (or None),
+    the behaviour correction ``coef``, and the rows' masks."""
+
+    logp: torch.Tensor
+    entropy: torch.Tensor
+    old: torch.Tensor
+    mu: torch.Tensor
+    ref: torch.Tensor | None
+    coef: torch.Tensor
+    mask: torch.Tensor
+    pg_mask: torch.Tensor
+    sgt_mask: torch.Tensor
+    in_pg: torch.Tensor
+    own: torch.Tensor
+    use_mu: torch.Tensor
+
+
+def micro_batch_loss(model: torch.nn.Module, batch: TrainBatch, idx: list[int], snapshot: list[list[float]] | None, *,
+                     loss_cfg: LossConfig, temperature: float, pad_id: int, norm: LossNorm,
+                     ref_model: torch.nn.Module | None, res: UpdateResult) -> tuple[LossOutput, MicroBatch]:
+    """Rows ``idx``: one forward, the core's behaviour correction and loss (module docstring). ``snapshot``:
+    the rows' ``log pi_old`` from a pass before the first update, or None (``old = logp.detach()``)."""
+    device = next(model.parameters()).device
+    packed = pack([batch.prompts[i] for i in idx], [batch.responses[i] for i in idx], pad_id)
+    logp_full, ent_full = forward_logprobs(model, packed, temperature, with_entropy=True)
+    logp, mask = response_layout(logp_full, packed)
+    T = logp.shape[1]
+    old = logp.detach() if snapshot is None else pad_rows([snapshot[i] for i in idx], T).to(device, logp.dtype)
+    mu = pad_rows([batch.mu[i] for i in idx], T).to(device, logp.dtype)
+    use_mu = batch.use_mu[idx].to(device)
+    in_pg, own = batch.in_pg[idx].to(device), batch.own[idx].to(device)
+    coef = peer_behaviour_coef(old, mu, use_mu, batch.ratio_cap)
+    pg_mask = mask & in_pg[:, None]
+    sgt_mask = mask & batch.sgt[idx].to(device)[:, None]
+    ref = None
+    if ref_model is not None:
+        with torch.no_grad():
+            ref_full, _ = forward_logprobs(ref_model, packed, temperature)
+        ref = response_layout(ref_full, packed)[0].to(logp.dtype)
+        res.ref_seq_tokens += int(packed.attention_mask.sum())
+    out = regime_loss(
+        logp, old, batch.advantages[idx].to(device), pg_mask, loss_cfg,
+        behaviour_coef=coef, sample_weight=batch.weights[idx].to(device),
+        sgt_mask=sgt_mask, sgt_weight=batch.sgt_weight,
+        sgt_scale=None if batch.sgt_scale is None else batch.sgt_scale[idx].to(device),
+        ref_logp=ref, own_mask=own, norm=norm,
+    )
+    res.tokens += int(mask.sum())
+    res.seq_tokens += int(packed.attention_mask.sum())
+    entropy, _ = response_layout(ent_full, packed)
+    return out, MicroBatch(logp, entropy, old, mu, ref, coef, mask, pg_mask, sgt_mask, in_pg, own, use_mu)
 
 
 def run_update(
@@ -84,82 +182,30 @@ def run_update(
     n = len(batch)
     if n == 0:
         return res
-    device = next(model.parameters()).device
     mbs = minibatches(n, micro_batch, grad_accum)
-    old_all: list[list[float]] | None = None
+    snapshot: list[list[float]] | None = None  # log pi_old of every row, when the weights move within the step
     if len(mbs) > 1:
-        old_all = response_logprobs(model, batch.prompts, batch.responses, pad_id=pad_id,
-                                    temperature=temperature, micro_batch=micro_batch)
+        snapshot = response_logprobs(model, batch.prompts, batch.responses, pad_id=pad_id,
+                                     temperature=temperature, micro_batch=micro_batch)
         res.old_seq_tokens = sum(len(p) + len(r) for p, r in zip(batch.prompts, batch.responses, strict=True))
-    acc = _Acc()
-    peer_old: list[np.ndarray] = []
-    peer_mu: list[np.ndarray] = []
-    drift = 0.0
+    diag = Diagnostics()
     params = [p for p in model.parameters() if p.requires_grad]
     model.train()
-    for mb in mbs:
-        norm = batch.norm(mb)
+    for rows in mbs:
+        norm = batch.norm(rows)
         optimizer.zero_grad(set_to_none=True)
-        mb_loss = {"loss": 0.0, "pg_loss": 0.0, "sgt_loss": 0.0, "kl_loss": 0.0}
-        for s in range(0, len(mb), micro_batch):
-            idx = mb[s : s + micro_batch]
-            packed = pack([batch.prompts[i] for i in idx], [batch.responses[i] for i in idx], pad_id)
-            logp_full, ent_full = forward_logprobs(model, packed, temperature, with_entropy=True)
-            logp, mask = response_layout(logp_full, packed)
-            T = logp.shape[1]
-            if old_all is None:
-                old = logp.detach()
-            else:
-                old = pad_rows([old_all[i] for i in idx], T).to(device, logp.dtype)
-            mu = pad_rows([batch.mu[i] for i in idx], T).to(device, logp.dtype)
-            use_mu = batch.use_mu[idx].to(device)
-            coef = peer_behaviour_coef(old, mu, use_mu, batch.ratio_cap)
-            pg_mask = mask & batch.in_pg[idx].to(device)[:, None]
-            sgt_mask = mask & batch.sgt[idx].to(device)[:, None]
-            ref = None
-            if ref_model is not None:
-                with torch.no_grad():
-                    ref_full, _ = forward_logprobs(ref_model, packed, temperature)
-                ref = response_layout(ref_full, packed)[0].to(logp.dtype)
-                res.ref_seq_tokens += int(packed.attention_mask.sum())
-            out = regime_loss(
-                logp, old, batch.advantages[idx].to(device), pg_mask, loss_cfg,
-                behaviour_coef=coef, sample_weight=batch.weights[idx].to(device),
-                sgt_mask=sgt_mask, sgt_weight=batch.sgt_weight, ref_logp=ref, norm=norm,
-            )
+        losses = {"loss": 0.0, "pg_loss": 0.0, "sgt_loss": 0.0, "kl_loss": 0.0}
+        grad_norm = None
+        for s in range(0, len(rows), micro_batch):
+            out, mb = micro_batch_loss(model, batch, rows[s : s + micro_batch], snapshot, loss_cfg=loss_cfg,
+                                       temperature=temperature, pad_id=pad_id, norm=norm, ref_model=ref_model, res=res)
             if not torch.isfinite(out.loss).all():
-                optimizer.zero_grad(set_to_none=True)
-                res.nan_skipped = True
-                res.metrics = {"nan_skipped": 1.0}
-                return res
+                break
             out.loss.backward()
-            # -- diagnostics (detached) ------------------------------------------------------
-            mb_loss["loss"] += float(out.loss.detach())
-            mb_loss["pg_loss"] += float(out.pg_loss)
-            mb_loss["sgt_loss"] += float(out.sgt_loss)
-            mb_loss["kl_loss"] += float(out.kl)
-            n_pg = float(pg_mask.sum())
-            acc.add("clip_fraction", float(out.clip_fraction) * n_pg, n_pg)
-            acc.add("approx_kl_old", float(out.approx_kl_old) * n_pg, n_pg)
-            own_mask = mask & batch.own[idx].to(device)[:, None]
-            n_own = float(own_mask.sum())
-            ent, _ = response_layout(ent_full, packed)
-            acc.add("entropy", float((ent * own_mask).sum()), n_own)
-            if ref is not None:
-                acc.add("kl_to_ref", float((kl_k3(logp.detach(), ref) * own_mask).sum()), n_own)
-            if n_own:
-                drift = max(drift, float(((old - mu).abs() * own_mask).max()))
-            peer_rows = ~batch.own[idx]
-            for j in torch.nonzero(peer_rows & batch.in_pg[idx]).flatten().tolist():
-                m = mask[j]
-                peer_old.append(old[j][m].float().cpu().numpy())
-                peer_mu.append(mu[j][m].float().cpu().numpy())
-            thl_mask = mask & use_mu[:, None] & batch.in_pg[idx].to(device)[:, None]
-            acc.add("prp_coef", float((coef * thl_mask).sum()), float(thl_mask.sum()))
-            res.tokens += int(mask.sum())
-            res.seq_tokens += int(packed.attention_mask.sum())
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip is not None else math.inf)
-        if not torch.isfinite(grad_norm):
+            diag.micro_batch(mb, out, losses)
+        else:
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip is not None else math.inf)
+        if grad_norm is None or not torch.isfinite(grad_norm):  # the one abort path: no step for this and the rest
             optimizer.zero_grad(set_to_none=True)
             res.nan_skipped = True
             res.metrics = {"nan_skipped": 1.0}
@@ -167,15 +213,8 @@ def run_update(
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         res.optimizer_steps += 1
-        acc.add("grad_norm", float(grad_norm), 1.0)
-        for k, v in mb_loss.items():
-            acc.add(k, v, 1.0)
-    m = {k: acc.mean(k) for k in ("loss", "pg_loss", "sgt_loss", "kl_loss", "clip_fraction", "approx_kl_old",
-                                  "entropy", "grad_norm", "prp_coef")}
-    m["kl_to_ref"] = acc.mean("kl_to_ref") if ref_model is not None else float("nan")
-    m["logprob_drift_max"] = drift
-    if peer_old:
-        m["prp_ratio_var"] = ratio_variance(np.concatenate(peer_old), np.concatenate(peer_mu))
-    m["nan_skipped"] = 0.0
-    res.metrics = m
+        diag.add("grad_norm", float(grad_norm), 1.0)
+        for k, v in losses.items():
+            diag.add(k, v, 1.0)
+    res.metrics = diag.metrics(tracks_ref=ref_model is not None)
     return res

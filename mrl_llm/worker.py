@@ -32,7 +32,7 @@ import random
 import time
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -59,7 +59,7 @@ from mrl_llm.templates import PromptTemplate
 from mrl_llm.thl import align_trace, align_traces
 from mrl_llm.update import run_update
 from shared_interfaces.config_io import ConfigError, from_mapping, to_mapping
-from shared_interfaces.records import ExperienceRecord, TraceCache, make_record_id
+from shared_interfaces.records import SUCCESS_THRESHOLD, ExperienceRecord, TraceCache, make_record_id
 from shared_interfaces.regimes.config import LossConfig
 from shared_interfaces.regimes.plan import LearnerPromptPlan
 from shared_interfaces.regimes.rows import learner_rows
@@ -80,18 +80,29 @@ def derive_seed(*parts: Any) -> int:
 @dataclass(frozen=True)
 class WorkerConfig:
     """What a worker is built from (plain data for Ray). ``tokenizers``: every policy's tokenizer
-    directory in the run (to read peer records); ``init_seed``: seed of a fresh ``model_config`` model;
-    ``verifier_options``: constructor options per verifier name (from the config's ``data`` sections,
-    :meth:`mrl_llm.data.DataConfig.verifier_options`)."""
+    directory in the run (to read peer records); ``peer_eos_ids``: per policy, the EOS ids its engine
+    stops on beyond its tokenizer's (its ``generation_config.json``'s), which THL maps to this policy's
+    EOS; ``init_seed``: seed of a fresh ``model_config`` model; ``verifier_options``: constructor options
+    per verifier name (from the config's ``data`` sections, :meth:`mrl_llm.data.DataConfig.verifier_options`)."""
 
     policy: PolicyConfig
     loss: LossConfig = field(default_factory=LossConfig)
     tokenizers: tuple[str, ...] = ()
+    peer_eos_ids: dict[str, list[int]] = field(default_factory=dict)
     track_ref_kl: bool = True
     max_nan_steps: int = 3
     init_seed: int | None = None
     engine_args: dict[str, Any] = field(default_factory=dict)  # vllm.LLM settings (MWRA: vllm_memory)
     verifier_options: dict[str, dict[str, Any]] = field(default_factory=dict)  # by verifier name (data.*)
+
+
+def learner_loss(loss: LossConfig, policy: PolicyConfig) -> LossConfig:
+    """The loss settings of learner ``policy``: Dr.GRPO's divisor ``max_response_len`` is the policy's
+    generation budget ``sampling.max_new_tokens`` unless the config gives one (the core's 1 would make the
+    policy-gradient and KL terms ``max_new_tokens`` times too large against SGT's mean)."""
+    if loss.max_response_len is not None:
+        return loss
+    return replace(loss, max_response_len=policy.sampling.max_new_tokens)
 
 
 class LLMPolicyWorker:
@@ -103,6 +114,7 @@ class LLMPolicyWorker:
         self.name, self.cfg, self.seed = name, config, int(seed)
         pol = config.policy
         self.policy = pol
+        self.loss_cfg = learner_loss(config.loss, pol)
         self.tokenizer = load_tokenizer(pol)
         self.tok_id = tokenizer_id(self.tokenizer)
         init_seed = config.init_seed if config.init_seed is not None else derive_seed(seed, name, "init")
@@ -291,21 +303,22 @@ class LLMPolicyWorker:
     # -- THL ---------------------------------------------------------------------------------
     def _align(self, rec: ExperienceRecord) -> tuple[list[int], list[int], list[float], Any]:
         """``(prompt ids, response ids, aligned log-probs, residual)`` of a peer record in this policy's
-        tokens. With a plain template the prompt ids are THL's (the learner's joint encoding of prompt +
-        response, so a token spanning the boundary is not duplicated); with a chat template (encoded
-        without special tokens) this policy's own prompt ids."""
-
-        mine = self._prompt_ids(rec.prompt_id)
+        tokens: THL's own split of the learner's joint encoding of prompt + response (with special tokens
+        as this policy's template tokenizes its prompts), so a token spanning the boundary appears once."""
+        self._prompt_ids(rec.prompt_id)  # an unrendered prompt: the error that names it
 
         def compute() -> Any:
             return align_trace(self._source_tokenizer(rec), self.tokenizer, list(rec.token_ids),
-                               list(rec.token_logprobs), prompt_text=self._prompts[rec.prompt_id][0])
+                               list(rec.token_logprobs), **self._thl_options(rec))
 
         tr = self.trace_cache.get_or_compute(rec.record_id, self.tok_id, compute)
-        prompt = mine
-        if self.template.add_special_tokens and len(tr.prompt_ids):
-            prompt = tr.prompt_ids.tolist()
-        return prompt, tr.target_ids.tolist(), tr.target_logprobs.tolist(), tr.residual
+        return tr.prompt_ids.tolist(), tr.target_ids.tolist(), tr.target_logprobs.tolist(), tr.residual
+
+    def _thl_options(self, rec: ExperienceRecord) -> dict[str, Any]:
+        """THL's keyword arguments for ``rec``: this policy's prompt, how it tokenizes it, the peer's EOS ids."""
+        return {"prompt_text": self._prompts[rec.prompt_id][0],
+                "prompt_special_tokens": self.template.add_special_tokens,
+                "source_eos_ids": self.cfg.peer_eos_ids.get(rec.policy_id, ())}
 
     def _source_tokenizer(self, rec: ExperienceRecord) -> Any:
         src = self.peer_tokenizers.get(rec.tokenizer_id)
@@ -319,16 +332,19 @@ class LLMPolicyWorker:
     def _prefetch(self, records: Sequence[ExperienceRecord]) -> None:
         """Align the step's peer records in one :func:`mrl_llm.thl.align_traces` batch per source tokenizer
         into the trace cache (the same traces :meth:`_align` computes one by one, several times faster)."""
-        groups: dict[str, dict[str, ExperienceRecord]] = {}
+        groups: dict[tuple[str, str], dict[str, ExperienceRecord]] = {}
         for rec in records:
             if rec.policy_id != self.name:
                 self._prompt_ids(rec.prompt_id)  # an unrendered prompt: the error that names it
-                groups.setdefault(rec.tokenizer_id, {})[rec.record_id] = rec
+                groups.setdefault((rec.tokenizer_id, rec.policy_id), {})[rec.record_id] = rec
         for recs in groups.values():
             todo = list(recs.values())
+            opts = self._thl_options(todo[0])
             traces = align_traces(self._source_tokenizer(todo[0]), self.tokenizer, [r.token_ids for r in todo],
                                   [r.token_logprobs for r in todo],
-                                  prompt_texts=[self._prompts[r.prompt_id][0] for r in todo])
+                                  prompt_texts=[self._prompts[r.prompt_id][0] for r in todo],
+                                  prompt_special_tokens=opts["prompt_special_tokens"],
+                                  source_eos_ids=opts["source_eos_ids"])
             for rec, tr in zip(todo, traces, strict=True):
                 self.trace_cache.get_or_compute(rec.record_id, self.tok_id, lambda tr=tr: tr)
 
@@ -345,7 +361,7 @@ class LLMPolicyWorker:
         batch = self.build_batch(plans)
         t1 = time.perf_counter()
         t = self.policy.train
-        res = run_update(self.model, self.optimizer, batch, loss_cfg=self.cfg.loss,
+        res = run_update(self.model, self.optimizer, batch, loss_cfg=self.loss_cfg,
                          temperature=self.policy.sampling.temperature, micro_batch=t.micro_batch,
                          grad_accum=t.grad_accum, grad_clip=t.grad_clip, pad_id=self.pad_id, ref_model=self.ref_model)
         t2 = time.perf_counter()
@@ -412,9 +428,9 @@ class LLMPolicyWorker:
             gv = next(scored)
             verdicts = [next(scored) for _ in ss]
             rows.append({"prompt_id": str(prob.prompt_id), "family": getattr(prob, "family", None),
-                         "skipped": bool(gv.skip), "greedy_correct": int(gv.reward >= 0.5 and not gv.skip),
+                         "skipped": bool(gv.skip), "greedy_correct": int(gv.reward >= SUCCESS_THRESHOLD and not gv.skip),
                          "greedy_response": g[0].text[:500], "samples": len(verdicts),
-                         "successes": int(sum(v.reward >= 0.5 and not v.skip for v in verdicts))})
+                         "successes": int(sum(v.reward >= SUCCESS_THRESHOLD and not v.skip for v in verdicts))})
         return rows
 
     # -- checkpoints ---------------------------------------------------------------------------

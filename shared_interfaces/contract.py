@@ -32,14 +32,16 @@ class ContractCase:
 class LearnerDecisions:
     """One learner's batch: ``advantages[record_id]``, ``weights[record_id]`` (sample weight),
     ``snapshot_coef[record_id]`` (behaviour coefficient of a peer row under the snapshot denominator,
-    1.0 by definition; only reported for ``prp_snapshot``), ``sgt_targets`` (record ids) and
-    ``sgt_gates[prompt_id]``."""
+    1.0 by definition; only reported for ``prp_snapshot``), ``sgt_targets`` (record ids),
+    ``sgt_gates[prompt_id]`` and, under ``sgt.normalize: prompt``, ``sgt_pools``: the SGT targets
+    partitioned into the pools whose tokens are averaged together (one per rescued prompt)."""
 
     advantages: dict[str, float] = field(default_factory=dict)
     weights: dict[str, float] = field(default_factory=dict)
     snapshot_coef: dict[str, float] = field(default_factory=dict)
     sgt_targets: set[str] = field(default_factory=set)
     sgt_gates: dict[str, bool] = field(default_factory=dict)
+    sgt_pools: set[frozenset[str]] = field(default_factory=set)
 
 
 ContractOutput = dict[str, LearnerDecisions]
@@ -67,4 +69,6 @@ def reference_output(case: ContractCase) -> ContractOutput:
                 if it.is_peer and plan.denominator == "snapshot":
                     dec.snapshot_coef[it.record.record_id] = 1.0
             dec.sgt_targets.update(r.record_id for r in plan.sgt_targets)
+            if plan.sgt_targets and case.regime.sgt.normalize == "prompt":
+                dec.sgt_pools.add(frozenset(r.record_id for r in plan.sgt_targets))
     return out

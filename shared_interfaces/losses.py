@@ -11,8 +11,14 @@ The learner's loss for one batch (:func:`regime_loss`)::
     rho   = exp(log pi_theta - log pi_old)            (proximal ratio; PPO clip)
     c     = behaviour correction (1 for own samples; PRP's min(pi_old / mu, cap) for peer samples)
     w     = sample weight (1 own, PRP peer_weight for peer samples)
-    L_SGT = - mean over the SGT targets' tokens of log pi_theta
-    KL_k3 = agg of exp(q) - q - 1, q = log pi_ref - log pi_theta
+    L_SGT = - mean over the SGT targets' tokens of log pi_theta                  (sgt.normalize: batch)
+          = - sum over rescued prompts p of mean over p's SGT tokens of log pi_theta  (sgt.normalize: prompt)
+    KL_k3 = agg over the learner's OWN policy-gradient rows of exp(q) - q - 1, q = log pi_ref - log pi_theta
+
+KL is restricted to own rows: k3 estimates KL(pi_theta || pi_ref) without bias only on samples drawn
+from pi_theta (here pi_old, the learner's snapshot); a PRP peer row is a sample of another policy, so
+including it would weight the KL by the peer's distribution instead (a different, unbounded quantity
+wherever the peer visits what the learner does not).
 """
 
 from __future__ import annotations
@@ -39,21 +45,36 @@ class LossNorm:
     """Divisors of a learner's *whole* batch, for gradient accumulation over micro-batches.
 
     ``pg_tokens`` / ``pg_rows``: tokens and rows (with at least one token) under ``pg_mask`` in the whole
-    batch; ``sgt_tokens``: tokens under ``sgt_mask``. With a ``LossNorm`` every aggregate divides by these
-    instead of the micro-batch's own counts, so the losses of the micro-batches *sum* to the full-batch
-    loss exactly (what verl calls global token normalisation). Build it with :meth:`of`.
+    batch; ``sgt_tokens``: tokens under ``sgt_mask``; ``kl_tokens`` / ``kl_rows``: the same as ``pg_*`` over
+    the learner's own rows only (KL's rows; equal to ``pg_*`` when the batch has no peer rows, and None
+    means that). With a ``LossNorm`` every aggregate divides by these instead of the micro-batch's own
+    counts, so the losses of the micro-batches *sum* to the full-batch loss exactly (what verl calls
+    global token normalisation). Build it with :meth:`of`.
     """
 
     pg_tokens: float
     pg_rows: float
     sgt_tokens: float
+    kl_tokens: float | None = None
+    kl_rows: float | None = None
 
     @classmethod
-    def of(cls, pg_mask: torch.Tensor, sgt_mask: torch.Tensor | None = None) -> LossNorm:
-        """Counts over full-batch masks ``[N, T]`` (or any shape ``[..., T]``)."""
+    def of(cls, pg_mask: torch.Tensor, sgt_mask: torch.Tensor | None = None, own_mask: torch.Tensor | None = None) -> LossNorm:
+        """Counts over full-batch masks ``[N, T]`` (or any shape ``[..., T]``); ``own_mask [N]`` the own rows."""
         pg = pg_mask.to(torch.float64)
         sgt = 0.0 if sgt_mask is None else float(sgt_mask.to(torch.float64).sum())
-        return cls(pg_tokens=float(pg.sum()), pg_rows=float((pg.sum(dim=-1) > 0).sum()), sgt_tokens=sgt)
+        kl_tokens = kl_rows = None
+        if own_mask is not None:
+            kl = pg * own_mask.to(torch.float64).unsqueeze(-1)
+            kl_tokens, kl_rows = float(kl.sum()), float((kl.sum(dim=-1) > 0).sum())
+        return cls(pg_tokens=float(pg.sum()), pg_rows=float((pg.sum(dim=-1) > 0).sum()), sgt_tokens=sgt,
+                   kl_tokens=kl_tokens, kl_rows=kl_rows)
+
+    def for_kl(self) -> LossNorm:
+        """The divisors of the KL term (own rows) in the ``pg_*`` slots."""
+        if self.kl_tokens is None:
+            return self
+        return LossNorm(pg_tokens=self.kl_tokens, pg_rows=float(self.kl_rows or 0.0), sgt_tokens=self.sgt_tokens)
 
 
 def agg_loss(
@@ -73,36 +94,20 @@ def agg_loss(
 
     With ``norm`` (a micro-batch of a larger batch) the token and row counts are the whole batch's.
     """
-    return _agg_loss(loss_mat, mask.to(loss_mat.dtype), mode, max_len, norm, None)
-
-
-def _agg_loss(
-    loss_mat: torch.Tensor,
-    mask: torch.Tensor,
-    mode: str,
-    max_len: int,
-    norm: LossNorm | None,
-    tokens: torch.Tensor | None,
-) -> torch.Tensor:
-    """:func:`agg_loss` on a float ``mask``; ``tokens``: the mask's count ``mask.sum(dim=(-2, -1))
-    .clamp(min=1)`` when the caller has it (ignored with ``norm``). Each mode computes only its divisors."""
-    if norm is None:
-        if tokens is None and mode == "token-mean":
-            tokens = mask.sum(dim=(-2, -1)).clamp(min=1)
-    else:
-        tokens = torch.as_tensor(max(norm.pg_tokens, 1.0), dtype=loss_mat.dtype)
-    if mode == "token-mean":
-        return masked_sum(loss_mat, mask) / tokens
+    mask = mask.to(loss_mat.dtype)
     row_tokens = mask.sum(dim=-1)
     if norm is None:
+        tokens = mask.sum(dim=(-2, -1)).clamp(min=1)
         rows = (row_tokens > 0).to(loss_mat.dtype).sum(dim=-1).clamp(min=1)
     else:
+        tokens = torch.as_tensor(max(norm.pg_tokens, 1.0), dtype=loss_mat.dtype)
         rows = torch.as_tensor(max(norm.pg_rows, 1.0), dtype=loss_mat.dtype)
+    if mode == "token-mean":
+        return masked_sum(loss_mat, mask) / tokens
     if mode == "seq-mean-token-mean":
-        per_row = (loss_mat * mask).sum(dim=-1) / row_tokens.clamp(min=1)
-        return per_row.sum(dim=-1) / rows
+        return ((loss_mat * mask).sum(dim=-1) / row_tokens.clamp(min=1)).sum(dim=-1) / rows
     if mode == "seq-mean-token-sum-norm":
-        return (loss_mat * mask).sum(dim=(-2, -1)) / (rows * max_len)
+        return masked_sum(loss_mat, mask) / (rows * max_len)
     raise ValueError(
         f"unknown loss aggregation {mode!r}; use token-mean, seq-mean-token-mean or seq-mean-token-sum-norm"
     )
@@ -156,51 +161,60 @@ def policy_gradient_loss(
     ``advantages`` and ``sample_weight`` are per row ``[..., N]``; ``behaviour_coef`` per token
     ``[..., N, T]`` and treated as a constant (detached).
     """
-    loss, clip_frac, _ = _policy_gradient_loss(
-        logp, old_logp, advantages, mask.to(logp.dtype), cfg, behaviour_coef, sample_weight, norm
-    )
-    return loss, clip_frac
-
-
-def _policy_gradient_loss(
-    logp: torch.Tensor,
-    old_logp: torch.Tensor,
-    advantages: torch.Tensor,
-    mask_f: torch.Tensor,
-    cfg: LossConfig,
-    behaviour_coef: torch.Tensor | None,
-    sample_weight: torch.Tensor | None,
-    norm: LossNorm | None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """:func:`policy_gradient_loss` on a float mask; also returns the mask's token count (clamped to >= 1),
-    computed once for the loss, the clip fraction and the caller's diagnostics."""
     adv = advantages.to(logp.dtype).unsqueeze(-1)
     ratio = torch.exp(logp - old_logp)
     surr1 = ratio * adv
     surr2 = ratio.clamp(1.0 - cfg.clip_low, 1.0 + cfg.clip_high) * adv
-    # min(surr1, surr2) as a select: the same values, and the same gradient (a tie, e.g. at the snapshot
-    # where rho = 1, sends it all through surr1 instead of half through each; the halves add up exactly)
-    # at a lower cost than torch.minimum's backward
-    per_token = -torch.where(surr1 <= surr2, surr1, surr2)
+    per_token = -torch.minimum(surr1, surr2)
     if behaviour_coef is not None:
         per_token = per_token * behaviour_coef.detach().to(logp.dtype)
     if sample_weight is not None:
         per_token = per_token * sample_weight.to(logp.dtype).unsqueeze(-1)
-    clipped = (surr2 < surr1).to(logp.dtype)
-    tokens = mask_f.sum(dim=(-2, -1)).clamp(min=1)
-    loss = _agg_loss(per_token, mask_f, cfg.agg, cfg.max_response_len, norm, tokens)
-    return loss, (masked_sum(clipped, mask_f) / tokens).detach(), tokens
+    mask_f = mask.to(logp.dtype)
+    clip_frac = masked_mean((surr2 < surr1).to(logp.dtype), mask_f).detach()
+    return agg_loss(per_token, mask_f, cfg.agg, cfg.dr_grpo_len, norm=norm), clip_frac
 
 
 def sgt_nll_loss(
-    logp: torch.Tensor, sgt_mask: torch.Tensor, weight: float, *, norm: LossNorm | None = None
+    logp: torch.Tensor,
+    sgt_mask: torch.Tensor,
+    weight: float,
+    *,
+    norm: LossNorm | None = None,
+    row_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``L_SGT = -lambda * mean over the selected successes' tokens of log pi_theta`` -> ``[...]``
-    (0 where nothing is selected; with ``norm``, the mean is over the whole batch's SGT tokens)."""
+    """``L_SGT`` -> ``[...]`` (0 where nothing is selected), as :class:`~shared_interfaces.regimes.config.SGTConfig`
+    ``normalize`` says:
+
+    * ``batch`` (``row_scale`` None): ``-lambda * mean over the selected successes' tokens of log pi_theta``
+      (with ``norm``, the mean is over the whole batch's SGT tokens);
+    * ``prompt``: ``-lambda * sum_n row_scale_n * sum_t m_nt log pi_theta(y_nt)`` with ``row_scale [..., N]``
+      from :func:`sgt_row_scale` (1 / the SGT tokens of the row's rescued prompt, over the whole batch, so
+      it needs no ``norm``): each rescued prompt's mean, summed over prompts.
+    """
     mask = sgt_mask.to(logp.dtype)
+    if row_scale is not None:
+        return -weight * masked_sum(logp * row_scale.to(logp.dtype).unsqueeze(-1), mask)
     if norm is None:
         return -weight * masked_mean(logp, mask)
     return -weight * masked_sum(logp, mask) / max(norm.sgt_tokens, 1.0)
+
+
+def sgt_row_scale(sgt_rows: torch.Tensor, row_tokens: torch.Tensor, pool: torch.Tensor) -> torch.Tensor:
+    """Per-row SGT scale of ``normalize: prompt``: ``1 / sum of the SGT tokens of the rows in the row's pool``
+    (its rescued prompt) on SGT rows, 0 on the others. ``sgt_rows [..., N]`` (bool), ``row_tokens [..., N]``
+    (tokens of each row's response), ``pool [..., N]`` (int64 >= 0, the row's prompt; broadcastable) ->
+    ``[..., N]`` float64. Computed over a learner's whole batch, before it is cut into micro-batches.
+    A pool whose SGT rows hold no token gets scale 0 (there is nothing to average)."""
+    sgt = sgt_rows.to(torch.bool)
+    tokens = torch.where(sgt, row_tokens.to(torch.float64), 0.0)
+    pool = pool.to(torch.int64).expand(tokens.shape)
+    if pool.numel() and int(pool.min()) < 0:
+        raise ValueError("sgt_row_scale: pool indices must be >= 0")
+    n_pools = int(pool.max()) + 1 if pool.numel() else 0
+    per_pool = torch.zeros(tokens.shape[:-1] + (n_pools,), dtype=torch.float64).scatter_add_(-1, pool, tokens)
+    total = per_pool.gather(-1, pool)
+    return torch.where(sgt & (total > 0), 1.0 / total.clamp(min=1.0), 0.0)
 
 
 def peer_behaviour_coef(
@@ -214,6 +228,18 @@ def peer_behaviour_coef(
     return torch.where(use_mu.unsqueeze(-1), coef, torch.ones_like(coef))
 
 
+def kl_rows(pg_mask_f: torch.Tensor, own_mask: torch.Tensor | None,
+            norm: LossNorm | None) -> tuple[torch.Tensor, LossNorm | None]:
+    """KL's token mask ``[..., N, T]`` (the policy-gradient tokens of own rows; all of them when ``own_mask``
+    is None) and its :class:`LossNorm` divisors."""
+    if own_mask is None:
+        return pg_mask_f, norm
+    if norm is not None and norm.kl_tokens is None:
+        raise ValueError("regime_loss: own_mask with a LossNorm that has no own-row counts; "
+                         "build it with LossNorm.of(pg_mask, sgt_mask, own_mask)")
+    return pg_mask_f * own_mask.to(pg_mask_f.dtype).unsqueeze(-1), None if norm is None else norm.for_kl()
+
+
 def regime_loss(
     logp: torch.Tensor,
     old_logp: torch.Tensor,
@@ -225,29 +251,33 @@ def regime_loss(
     sample_weight: torch.Tensor | None = None,
     sgt_mask: torch.Tensor | None = None,
     sgt_weight: float = 0.0,
+    sgt_scale: torch.Tensor | None = None,
     ref_logp: torch.Tensor | None = None,
+    own_mask: torch.Tensor | None = None,
     norm: LossNorm | None = None,
 ) -> LossOutput:
     """The full learner loss ``L = L_PG + lambda L_SGT + beta KL_k3`` (module docstring).
 
     ``pg_mask [..., N, T]`` marks the tokens of rows in the policy-gradient batch; ``sgt_mask`` those
-    of SGT target rows (a row may be in both). KL is aggregated over ``pg_mask`` like ``L_PG``.
+    of SGT target rows (a row may be in both); ``sgt_scale [..., N]`` the per-row scale of SGT's
+    ``normalize: prompt`` (:func:`sgt_row_scale`; None: ``batch``). KL is aggregated like ``L_PG`` over the
+    policy-gradient rows that are the learner's own, ``own_mask [..., N]`` (None: every row is own).
     ``norm`` (:class:`LossNorm`) makes the loss of a micro-batch its share of the whole batch's loss.
     """
-    pg_mask_f = pg_mask.to(logp.dtype)
-    pg_loss, clip_frac, pg_tokens = _policy_gradient_loss(
-        logp, old_logp, advantages, pg_mask_f, cfg, behaviour_coef, sample_weight, norm
-    )
+    pg_loss, clip_frac = policy_gradient_loss(logp, old_logp, advantages, pg_mask, cfg, behaviour_coef=behaviour_coef,
+                                              sample_weight=sample_weight, norm=norm)
     zero = torch.zeros_like(pg_loss)
     if sgt_mask is not None and sgt_weight > 0:
-        sgt = sgt_nll_loss(logp, sgt_mask, sgt_weight, norm=norm)
+        sgt = sgt_nll_loss(logp, sgt_mask, sgt_weight, norm=norm, row_scale=sgt_scale)
     else:
         sgt = zero
+    pg_mask_f = pg_mask.to(logp.dtype)
     if ref_logp is not None and cfg.kl_coef > 0:
-        kl = _agg_loss(kl_k3(logp, ref_logp), pg_mask_f, cfg.agg, cfg.max_response_len, norm, pg_tokens)
+        kl_mask, kl_norm = kl_rows(pg_mask_f, own_mask, norm)
+        kl = agg_loss(kl_k3(logp, ref_logp), kl_mask, cfg.agg, cfg.dr_grpo_len, norm=kl_norm)
     else:
         kl = zero
-    approx_kl_old = masked_sum((old_logp - logp).detach(), pg_mask_f) / pg_tokens
+    approx_kl_old = masked_mean((old_logp - logp).detach(), pg_mask_f)
     return LossOutput(
         loss=pg_loss + sgt + cfg.kl_coef * kl,
         pg_loss=pg_loss.detach(),

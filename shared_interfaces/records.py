@@ -31,6 +31,12 @@ KNOWN_SCHEMA_VERSIONS = frozenset({1})
 #: credit in [0, 1] counts only when it reaches the threshold).
 SUCCESS_THRESHOLD = 0.5
 
+#: The lowest behaviour log-prob a record may carry. Lower values are refused, not clamped: no sampler
+#: draws a token of probability below ``e^-10000`` (float32 log-softmax bottoms out near -104), and a
+#: finite value near ``-1e308`` overflows to ``-inf`` once two are added (THL pools a word's log-probs),
+#: which turns THL's residual into NaN.
+LOGPROB_FLOOR = -1e4
+
 FinishReason = Literal["stop", "length"]
 FINISH_REASONS = ("stop", "length")
 
@@ -128,6 +134,10 @@ class ExperienceRecord:
         if lps and max(lps) > 0.0:
             i = next(i for i, lp in enumerate(lps) if lp > 0.0)
             self._fail("token_logprobs", f"[{i}] = {lps[i]} is positive; log-probs must be <= 0")
+        if lps and min(lps) < LOGPROB_FLOOR:
+            i = next(i for i, lp in enumerate(lps) if lp < LOGPROB_FLOOR)
+            self._fail("token_logprobs", f"[{i}] = {lps[i]} is below {LOGPROB_FLOOR:g} (LOGPROB_FLOOR); no sampler "
+                       "draws such a token: check the producer's log-prob computation")
         if not math.isfinite(self.reward):
             self._fail("reward", f"= {self.reward} is not finite")
         if self.advantage is not None and (isinstance(self.advantage, bool) or not isinstance(self.advantage, (int, float))):

@@ -72,8 +72,9 @@ def naive_step(theta: np.ndarray, specs: list[RegimeSpec], rewards_table: np.nda
                                     clipped = min(max(rho, 1 - clip_low), 1 + clip_high) * adv < rho * adv
                                     if not clipped:
                                         grads[b] -= pl.sample_weight[i, j, g] * coef * adv * rho * score / max(n_pg, 1)
-                                if pl.sgt_targets[i, j, g]:
-                                    grads[b] -= pl.sgt_weight * score / max(n_sgt, 1)
+                                if pl.sgt_targets[i, j, g]:  # batch: a mean over the step's targets; prompt: over b's
+                                    per = n_sgt if spec.sgt.normalize == "batch" else int(pl.sgt_targets[i].sum())
+                                    grads[b] -= pl.sgt_weight * score / max(per, 1)
                     for b in range(B):
                         theta[r, s, i, ctx[s, b]] -= lr * grads[b]
 

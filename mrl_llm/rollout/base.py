@@ -9,11 +9,34 @@ recomputation at the same weights matches up to float error.
 from __future__ import annotations
 
 import abc
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 import torch
+
+
+def generation_eos_ids(model_dir: str | Path | None) -> tuple[int, ...]:
+    """The ``eos_token_id`` ids (one or a list) of ``model_dir/generation_config.json``, sorted; () when the
+    directory or the file is absent or names none. The engines stop on these besides the tokenizer's EOS
+    (a chat model's ``<|im_end|>``), and THL maps them to the learner's EOS."""
+    if model_dir is None:
+        return ()
+    path = Path(model_dir) / "generation_config.json"
+    if not path.is_file():
+        return ()
+    try:
+        extra = json.loads(path.read_text(encoding="utf-8")).get("eos_token_id")
+    except (OSError, ValueError, AttributeError) as err:
+        raise ValueError(f"{path}: cannot read it as a JSON object ({err}); fix or remove the file") from err
+    if extra is None:
+        return ()
+    items = [extra] if isinstance(extra, int) else extra
+    if not isinstance(items, list) or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in items):
+        raise ValueError(f"{path}: eos_token_id must be a token id or a list of ids, got {extra!r}")
+    return tuple(sorted(set(items)))
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,6 @@ and wakes its weights before a sync. vLLM is imported here only when an engine i
 from __future__ import annotations
 
 import gc
-import json
 import logging
 import os
 import shutil
@@ -40,7 +39,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from mrl_llm.rollout.base import RolloutEngine, Sample, SamplingConfig
+from mrl_llm.rollout.base import RolloutEngine, Sample, SamplingConfig, generation_eos_ids
 
 log = logging.getLogger(__name__)
 
@@ -72,12 +71,7 @@ def eos_ids_of_dir(model_dir: str | Path, tokenizer) -> list[int]:
     ids = set()
     if tokenizer.eos_token_id is not None:
         ids.add(int(tokenizer.eos_token_id))
-    gen = Path(model_dir) / "generation_config.json"
-    extra = json.loads(gen.read_text(encoding="utf-8")).get("eos_token_id") if gen.is_file() else None
-    if isinstance(extra, int):
-        ids.add(extra)
-    elif extra:
-        ids.update(int(i) for i in extra)
+    ids.update(generation_eos_ids(model_dir))
     if not ids:
         raise ValueError(f"{model_dir}: the tokenizer has no eos_token and generation_config.json names none")
     return sorted(ids)

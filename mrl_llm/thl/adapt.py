@@ -25,10 +25,12 @@ import numpy as np
 
 from mrl_llm.thl.offsets import byte_spans_to_chars, computed_char_spans
 from mrl_llm.thl.vocab import VocabInfo
+from shared_interfaces.records import LOGPROB_FLOOR
 
 
 class THLInputError(ValueError):
     """Bad input to THL; the message names the sequence, the position and the problem."""
+
 
 
 def _to_numpy(x: Any, floating: bool) -> np.ndarray:
@@ -54,7 +56,8 @@ def as_arrays(info: VocabInfo, batch_ids: Sequence[Any], batch_logprobs: Sequenc
     """Check a batch and return it as int64 id arrays and float64 log-prob arrays.
 
     Errors (:class:`THLInputError`) name the sequence and position: ids that are not integers or lie
-    outside ``[0, len(source_tokenizer))``, a length mismatch, log-probs that are NaN, infinite or > 0.
+    outside ``[0, len(source_tokenizer))``, a length mismatch, log-probs that are NaN, infinite, > 0
+    or below :data:`LOGPROB_FLOOR`.
     """
     if len(batch_ids) != len(batch_logprobs):
         raise THLInputError(f"got {len(batch_ids)} id sequences but {len(batch_logprobs)} log-prob sequences; pass one log-prob list per id list")
@@ -112,7 +115,7 @@ def _checked(info: VocabInfo, ids_out: list[np.ndarray], lp_out: list[np.ndarray
              flat_lp: np.ndarray, lengths: np.ndarray) -> Batch:
     """The batch after the range checks of :func:`as_arrays` (errors name the sequence and position)."""
     bad_id = (flat_ids < 0) | (flat_ids >= info.size)
-    bad_lp = ~np.isfinite(flat_lp) | (flat_lp > 0)
+    bad_lp = ~np.isfinite(flat_lp) | (flat_lp > 0) | (flat_lp < LOGPROB_FLOOR)
     if bad_id.any() or bad_lp.any():
         k = int(np.argmax(bad_id | bad_lp))
         i = int(np.searchsorted(np.cumsum(lengths), k, side="right"))
@@ -123,8 +126,10 @@ def _checked(info: VocabInfo, ids_out: list[np.ndarray], lp_out: list[np.ndarray
                 "pass ids produced by the source tokenizer (and the source tokenizer that produced them)"
             )
         v = float(flat_lp[k])
-        what = "NaN" if np.isnan(v) else ("infinite" if np.isinf(v) else "positive")
-        raise THLInputError(f"sequence {i}: log-prob {v!r} at position {j} is {what}; log-probs must be finite and <= 0")
+        what = "NaN" if np.isnan(v) else ("infinite" if np.isinf(v) else ("positive" if v > 0 else f"below {LOGPROB_FLOOR:g}"))
+        raise THLInputError(
+            f"sequence {i}: log-prob {v!r} at position {j} is {what}; log-probs must be finite, <= 0 and >= {LOGPROB_FLOOR:g}"
+        )
     return Batch(ids_out, lp_out, flat_ids, flat_lp, lengths)
 
 
@@ -150,16 +155,25 @@ class SourceSide:
     eos_logprob: np.ndarray  # per sequence: the final EOS's log-prob when it has a counterpart, else NaN
 
 
-def adapt_source(tokenizer: Any, info: VocabInfo, batch: Batch, *, append_eos: bool) -> SourceSide:
-    """Strip specials, decode each response as one sequence, and place its tokens on the text."""
+def ends_with_eos(batch: Batch, eos_ids: np.ndarray) -> np.ndarray:
+    """Per sequence: its last token is one of ``eos_ids`` (False for an empty sequence)."""
+    last = np.cumsum(batch.lengths) - 1
+    out = batch.lengths > 0
+    out[out] = np.isin(batch.flat_ids[last[out]], eos_ids)
+    return out
+
+
+def adapt_source(tokenizer: Any, info: VocabInfo, batch: Batch, *, append_eos: bool, eos_ids: np.ndarray) -> SourceSide:
+    """Strip specials, decode each response as one sequence, and place its tokens on the text.
+    ``eos_ids``: the ids the peer's engine stops on (a final one is the EOS counterpart)."""
     lengths, all_ids, all_lp = batch.lengths, batch.flat_ids, batch.flat_logprobs
     n = lengths.size
     seq = np.repeat(np.arange(n, dtype=np.int64), lengths)
     special = info.special[all_ids]
     eos_logprob = np.full(n, np.nan)
-    if append_eos and info.eos_id is not None:
+    if append_eos and eos_ids.size:
         last = np.cumsum(lengths) - 1
-        has_eos = (lengths > 0) & (all_ids[np.maximum(last, 0)] == info.eos_id)
+        has_eos = ends_with_eos(batch, eos_ids)
         eos_logprob[has_eos] = all_lp[last[has_eos]]
         special[last[has_eos]] = False  # handled as the EOS counterpart, not as special mass
         keep = ~special

@@ -26,9 +26,11 @@ response in the learner's tokens ``ỹ`` (tokenizer ``T_i``) with log-probs ``�
    whose encoding skips characters) gives its mass to the previous word of the sequence that has
    learner tokens (the next one if none) — moved mass, not lost.
 
-**EOS and special tokens (the contract the trainer relies on).** When the peer response ends with
-the peer tokenizer's EOS and ``append_eos=True`` (the default), ``target_ids`` end with the learner
-tokenizer's EOS carrying exactly the peer EOS's log-prob — a 1:1 counterpart, not residual. With
+**EOS and special tokens (the contract the trainer relies on).** The peer's EOS ids are the ids its
+engine stops on: ``source_eos_ids`` (the tokenizer's ``eos_token_id`` plus its generation config's
+``eos_token_id`` list, e.g. a chat model's ``<|im_end|>``; default: the tokenizer's alone). When the
+peer response ends with one of them and ``append_eos=True`` (the default), ``target_ids`` end with the
+learner tokenizer's EOS carrying exactly the peer EOS's log-prob — a 1:1 counterpart, not residual. With
 ``append_eos=False``, or a learner without an EOS token, that mass is unaligned. Every other peer
 special token (BOS, template markers, padding, an EOS not at the end) is dropped from the text and its
 mass goes to ``unaligned_mass``. Trailing whitespace of the text is its own last word: its mass goes
@@ -40,17 +42,27 @@ holds: a final peer EOS becomes the learner's EOS id when the two tokenizers nam
 tokens (e.g. a base and a chat tokenizer of one family), and with ``append_eos=False`` or a learner
 without an EOS it is dropped and its mass is unaligned.
 
+**Prompt.** With ``prompt_texts`` the learner encodes ``prompt + response`` as one string, with its
+special tokens added (BOS for Llama-style tokenizers) unless ``prompt_special_tokens=False`` (a chat
+prompt, whose template holds them); ``prompt_ids + target_ids`` is that encoding, so a row built from
+them never repeats a character a straddling token covers.
+
+**Empty responses** (no token, or only special tokens) give an empty trace: no learner tokens (the EOS
+counterpart alone when the peer stopped on EOS), zero residual, and the special tokens' mass unaligned.
+
 **Invariant**: ``Σ target_logprobs + unaligned_mass = Σ source_logprobs`` (float64 rounding only).
+Log-probs below :data:`shared_interfaces.records.LOGPROB_FLOOR` are refused (:class:`THLInputError`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from mrl_llm.thl.adapt import Batch, SourceSide, adapt_source, as_arrays, decode_batch
+from mrl_llm.thl.adapt import Batch, SourceSide, adapt_source, as_arrays, decode_batch, ends_with_eos
 from mrl_llm.thl.encode import TargetSide, encode_target
 from mrl_llm.thl.trace import AlignedTrace, Residual
 from mrl_llm.thl.vocab import VocabInfo, same_vocabulary, vocab_info
@@ -65,12 +77,30 @@ def align_trace(
     *,
     prompt_text: str | None = None,
     append_eos: bool = True,
+    source_eos_ids: Collection[int] | None = None,
+    prompt_special_tokens: bool = True,
 ) -> AlignedTrace:
     """Align one peer trace into the learner's tokens (see the module for the rule and the contract)."""
     prompts = None if prompt_text is None else [prompt_text]
     return align_traces(
-        source_tokenizer, target_tokenizer, [source_ids], [source_logprobs], prompt_texts=prompts, append_eos=append_eos
+        source_tokenizer, target_tokenizer, [source_ids], [source_logprobs], prompt_texts=prompts, append_eos=append_eos,
+        source_eos_ids=source_eos_ids, prompt_special_tokens=prompt_special_tokens,
     )[0]
+
+
+@dataclass(frozen=True)
+class _Options:
+    append_eos: bool
+    eos_ids: np.ndarray  # the peer's EOS ids (int64, sorted)
+    prompt_special_tokens: bool
+
+
+def source_eos_array(source_tokenizer: Any, source_eos_ids: Collection[int] | None) -> np.ndarray:
+    """The peer's EOS ids as a sorted int64 array: ``source_eos_ids`` plus the tokenizer's own EOS."""
+    ids = set() if source_eos_ids is None else {int(i) for i in source_eos_ids}
+    if source_tokenizer.eos_token_id is not None:
+        ids.add(int(source_tokenizer.eos_token_id))
+    return np.array(sorted(ids), dtype=np.int64)
 
 
 def align_traces(
@@ -81,6 +111,8 @@ def align_traces(
     *,
     prompt_texts: Sequence[str] | None = None,
     append_eos: bool = True,
+    source_eos_ids: Collection[int] | None = None,
+    prompt_special_tokens: bool = True,
 ) -> list[AlignedTrace]:
     """:func:`align_trace` for many sequences at once (batched decode and encode, vectorised pooling).
 
@@ -88,6 +120,7 @@ def align_traces(
     response) are aligned once and share one trace (its arrays are read-only)."""
     src, tgt = vocab_info(source_tokenizer), vocab_info(target_tokenizer)
     batch = as_arrays(src, batch_ids, batch_logprobs)
+    opts = _Options(append_eos, source_eos_array(source_tokenizer, source_eos_ids), prompt_special_tokens)
     if prompt_texts is not None:
         if len(prompt_texts) != len(batch.ids):
             raise ValueError(f"got {len(prompt_texts)} prompt texts for {len(batch.ids)} sequences; pass one prompt per sequence or none")
@@ -96,11 +129,11 @@ def align_traces(
     keys = [(a.tobytes(), b.tobytes(), p) for a, b, p in zip(batch.ids, batch.logprobs, prompts, strict=True)]
     first = {k: i for i, k in reversed(list(enumerate(keys)))}  # each key's first sequence
     if len(first) == len(keys):
-        return _align_batch(source_tokenizer, target_tokenizer, src, tgt, batch, prompt_texts, append_eos)
+        return _align_batch(source_tokenizer, target_tokenizer, src, tgt, batch, prompt_texts, opts)
     rows = sorted(first.values())
     at = {keys[i]: j for j, i in enumerate(rows)}
     unique = _align_batch(source_tokenizer, target_tokenizer, src, tgt, _take(batch, rows),
-                          None if prompt_texts is None else [prompt_texts[i] for i in rows], append_eos)
+                          None if prompt_texts is None else [prompt_texts[i] for i in rows], opts)
     return [unique[at[k]] for k in keys]
 
 
@@ -112,28 +145,28 @@ def _take(batch: Batch, rows: list[int]) -> Batch:
 
 
 def _align_batch(source_tokenizer: Any, target_tokenizer: Any, src: VocabInfo, tgt: VocabInfo, batch: Batch,
-                 prompt_texts: list[str] | None, append_eos: bool) -> list[AlignedTrace]:
+                 prompt_texts: list[str] | None, opts: _Options) -> list[AlignedTrace]:
     if same_vocabulary(source_tokenizer, target_tokenizer):
-        return _passthrough(source_tokenizer, target_tokenizer, src, tgt, batch, prompt_texts, append_eos)
-    source = adapt_source(source_tokenizer, src, batch, append_eos=append_eos)
-    target = encode_target(target_tokenizer, tgt, source.texts, prompt_texts)
+        return _passthrough(source_tokenizer, target_tokenizer, tgt, batch, prompt_texts, opts)
+    source = adapt_source(source_tokenizer, src, batch, append_eos=opts.append_eos, eos_ids=opts.eos_ids)
+    target = encode_target(target_tokenizer, tgt, source.texts, prompt_texts, add_special=opts.prompt_special_tokens)
     return _pool(source, target, tgt.eos_id)
 
 
 def _passthrough(
-    source_tokenizer: Any, target_tokenizer: Any, src: VocabInfo, tgt: VocabInfo, batch: Batch, prompts: list[str] | None,
-    append_eos: bool,
+    source_tokenizer: Any, target_tokenizer: Any, tgt: VocabInfo, batch: Batch, prompts: list[str] | None, opts: _Options,
 ) -> list[AlignedTrace]:
     texts = decode_batch(source_tokenizer, [a.tolist() for a in batch.ids])
     if prompts is None:
         prompt_ids = [np.zeros(0, np.int64)] * len(texts)
     else:
-        prompt_ids = [np.asarray(target_tokenizer(p, add_special_tokens=True)["input_ids"], np.int64) for p in prompts]
+        prompt_ids = [np.asarray(target_tokenizer(p, add_special_tokens=opts.prompt_special_tokens)["input_ids"], np.int64)
+                      for p in prompts]
+    ends = ends_with_eos(batch, opts.eos_ids).tolist()
     out = []
-    for a, b, text, prm in zip(batch.ids, batch.logprobs, texts, prompt_ids, strict=True):
+    for a, b, text, prm, ends_eos in zip(batch.ids, batch.logprobs, texts, prompt_ids, ends, strict=True):
         a, b = a.copy(), b.copy()
-        ends_eos = a.size > 0 and src.eos_id is not None and int(a[-1]) == src.eos_id
-        eos_kept = ends_eos and append_eos and tgt.eos_id is not None
+        eos_kept = ends_eos and opts.append_eos and tgt.eos_id is not None
         unaligned = 0.0
         if eos_kept:
             a[-1] = tgt.eos_id

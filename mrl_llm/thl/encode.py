@@ -3,7 +3,8 @@
 Without a prompt the text is encoded alone, no special tokens added. With ``prompt_text`` (the
 learner's own templated prompt) the learner encodes ``prompt_text + text`` with its special tokens
 added (BOS for Llama-style tokenizers, nothing for Qwen/GPT-2: the BOS asymmetry lives in the
-tokenizers' own post-processors). The response slice starts at the first token that ends after the
+tokenizers' own post-processors) — or without them for a chat prompt (``add_special=False``), as the
+learner tokenizes its own chat prompts. The response slice starts at the first token that ends after the
 prompt; ``prompt_ids`` are the tokens before it, so ``prompt_ids + target_ids`` is exactly the
 learner's encoding of prompt + response. A token that straddles the prompt/response boundary belongs
 to the response (flagged, and counted as a boundary conflict). Tokens the learner's template adds
@@ -167,10 +168,13 @@ def _slice(flat: _Flat, plen: np.ndarray, text_len: np.ndarray) -> tuple[list[np
     return targets, prompts, r_seq, starts, ends, straddle
 
 
-def encode_target(tokenizer: Any, info: VocabInfo, texts: list[str], prompts: list[str] | None) -> TargetSide:
-    """Encode each response with the learner's tokenizer (see the module) and slice the response out."""
+def encode_target(tokenizer: Any, info: VocabInfo, texts: list[str], prompts: list[str] | None, *,
+                  add_special: bool = True) -> TargetSide:
+    """Encode each response with the learner's tokenizer (see the module) and slice the response out.
+    ``add_special``: add the tokenizer's special tokens to a prompted encoding (False for a chat prompt,
+    whose template holds them); an encoding without a prompt never gets them."""
     n = len(texts)
-    add_special = prompts is not None
+    add_special = prompts is not None and add_special
     full = texts if prompts is None else [p + t for p, t in zip(prompts, texts, strict=True)]
     plen = np.zeros(n, np.int64) if prompts is None else np.fromiter(map(len, prompts), np.int64, count=n)
     text_len = np.fromiter(map(len, texts), np.int64, count=n)

@@ -33,6 +33,7 @@ REGIME_COMPONENTS = BASES + ADDONS
 STANDARD_REGIMES = ("grpo", "xgrpo", "prp_snapshot", "prp_thl", "sgt")
 
 SelectionRule = Literal["shortest", "first", "random"]
+SGTNormalize = Literal["batch", "prompt"]
 LossAgg = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 
 
@@ -76,35 +77,52 @@ class PRPConfig:
 class SGTConfig:
     """Success-Gated Transfer.
 
-    ``weight`` is lambda in ``L_SGT = -lambda * mean_t log pi(y~_t)``; ``successes_per_prompt`` how
-    many verified peer successes are transferred per rescued prompt; ``selection`` which ones:
-    ``shortest`` (fewest tokens, ties in canonical order), ``first`` (canonical order) or ``random``
-    (uniform without replacement, from the caller's seeded generator).
+    ``weight`` is lambda; ``successes_per_prompt`` how many verified peer successes are transferred per
+    rescued prompt; ``selection`` which ones: ``shortest`` (fewest tokens, ties in canonical order),
+    ``first`` (canonical order) or ``random`` (uniform without replacement, from the caller's seeded
+    generator). ``normalize`` says how lambda is shared among the step's K rescued prompts
+    (:func:`shared_interfaces.losses.sgt_nll_loss`):
+
+    * ``batch`` (default): ``L_SGT = -lambda * mean over all the batch's SGT tokens of log pi`` — a total
+      weight of lambda per step whatever K; each rescued prompt gets about lambda / K (in proportion to
+      its targets' tokens). The SGT term's size stays comparable to the policy-gradient term (also a
+      mean), so one lambda works across batch sizes and gate rates; a prompt's pull weakens as more
+      prompts are rescued.
+    * ``prompt``: ``L_SGT = -lambda * sum over rescued prompts of (mean over that prompt's SGT tokens of
+      log pi)`` — lambda per rescued prompt, a total of K * lambda: each rescue pulls as hard however
+      many others happen in the step, and the term grows linearly with K (lower lambda, or expect larger
+      steps, when many prompts open the gate).
     """
 
     weight: float = 1.0
     successes_per_prompt: int = 1
     selection: SelectionRule = "shortest"
+    normalize: SGTNormalize = "batch"
 
     def __post_init__(self) -> None:
         if not self.weight >= 0:
             raise ConfigError(f"sgt.weight must be >= 0, got {self.weight}")
         if self.successes_per_prompt < 1:
             raise ConfigError(f"sgt.successes_per_prompt must be >= 1, got {self.successes_per_prompt}")
+        if self.normalize not in ("batch", "prompt"):
+            raise ConfigError(f"sgt.normalize must be 'batch' or 'prompt', got {self.normalize!r}")
 
 
 @dataclass(frozen=True)
 class LossConfig:
     """The clipped surrogate shared by every regime: separate low/high clip, aggregation, k3 KL.
 
-    ``max_response_len`` is the constant divisor of Dr.GRPO's ``seq-mean-token-sum-norm``.
+    ``max_response_len`` is the constant divisor of Dr.GRPO's ``seq-mean-token-sum-norm`` (the generation
+    budget). ``None`` (the default) means: the backend's own — the LLM backend sets it per learner to that
+    policy's ``max_new_tokens``; the core, and the bandit (one-token responses), use 1
+    (:attr:`dr_grpo_len`).
     """
 
     clip_low: float = 0.2
     clip_high: float = 0.2
     agg: LossAgg = "token-mean"
     kl_coef: float = 0.0
-    max_response_len: int = 1
+    max_response_len: int | None = None
 
     def __post_init__(self) -> None:
         if not (0 <= self.clip_low < 1):
@@ -113,8 +131,13 @@ class LossConfig:
             raise ConfigError(f"loss.clip_high must be >= 0, got {self.clip_high}")
         if not self.kl_coef >= 0:
             raise ConfigError(f"loss.kl_coef must be >= 0, got {self.kl_coef}")
-        if self.max_response_len < 1:
-            raise ConfigError(f"loss.max_response_len must be >= 1, got {self.max_response_len}")
+        if self.max_response_len is not None and self.max_response_len < 1:
+            raise ConfigError(f"loss.max_response_len must be >= 1 (or null), got {self.max_response_len}")
+
+    @property
+    def dr_grpo_len(self) -> int:
+        """The divisor ``seq-mean-token-sum-norm`` uses: ``max_response_len``, 1 when unset."""
+        return 1 if self.max_response_len is None else self.max_response_len
 
 
 @dataclass(frozen=True)

@@ -43,43 +43,18 @@ def group_advantages(
     samples, or all rewards equal — gets ``A = 0`` exactly (the formula would give NaN or float noise).
     """
     r = np.asarray(rewards, dtype=np.float64)
-    if mask is None and r.ndim >= 1 and r.shape[-1] > 0:
-        return _full_group_advantages(r, eps, scale_by_std)
     m = _as_mask(r, mask)
     n = m.sum(axis=-1, keepdims=True)
     rm = np.where(m, r, 0.0)
     mean = rm.sum(axis=-1, keepdims=True) / np.maximum(n, 1)
     dev = np.where(m, r - mean, 0.0)
     var = (dev**2).sum(axis=-1, keepdims=True) / np.maximum(n - 1, 1)
-    hi = np.where(m, r, -np.inf).max(axis=-1, keepdims=True)
-    lo = np.where(m, r, np.inf).min(axis=-1, keepdims=True)
+    hi = np.where(m, r, -np.inf).max(axis=-1, keepdims=True, initial=-np.inf)  # (initial: an empty group)
+    lo = np.where(m, r, np.inf).min(axis=-1, keepdims=True, initial=np.inf)
     degenerate = (n < 2) | (hi == lo)
     scale = np.sqrt(var) + eps if scale_by_std else 1.0
     adv = dev / scale
     return np.where(m & ~degenerate, adv, 0.0)
-
-
-def _full_group_advantages(r: np.ndarray, eps: float, scale_by_std: bool) -> np.ndarray:
-    """:func:`group_advantages` without a mask (every entry real): the same operations on the same numbers
-    with the mask's no-op ``where`` passes left out, and the degenerate test ``max == min`` done column
-    by column (a max is exact in any order, and numpy's last-axis max is slow on short groups)."""
-    n = r.shape[-1]
-    if n < 2:  # degenerate: a group of one
-        return np.zeros(r.shape)
-    mean = r.sum(axis=-1, keepdims=True) / n
-    dev = r - mean
-    var = (dev**2).sum(axis=-1, keepdims=True) / (n - 1)
-    if n <= 64:  # columns of a 2-d view: one long strided loop each
-        cols = r.reshape(-1, n)
-        hi, lo = cols[:, 0], cols[:, 0]
-        for g in range(1, n):
-            hi, lo = np.maximum(hi, cols[:, g]), np.minimum(lo, cols[:, g])
-        spread = (hi != lo).reshape(r.shape[:-1] + (1,))
-    else:
-        spread = r.max(axis=-1, keepdims=True) != r.min(axis=-1, keepdims=True)
-    scale = np.sqrt(var) + eps if scale_by_std else 1.0
-    adv = dev / scale
-    return np.where(spread, adv, 0.0)
 
 
 def pooled_advantages(
@@ -95,10 +70,15 @@ def pooled_advantages(
     ``rewards[..., P, G] -> A[..., P, G]``; ``A^i_g = (r^i_g - mean(R_x)) / (std(R_x) + eps)``.
     With P = 1 this is :func:`group_advantages` exactly (same code path on the same numbers).
     """
+    return _pooled(group_advantages, rewards, mask, eps=eps, scale_by_std=scale_by_std)
+
+
+def _pooled(group_fn, rewards, mask, *, eps: float, scale_by_std: bool) -> np.ndarray:
+    """``group_fn`` (a group-advantage function) over each prompt's pooled ``[P * G]`` samples."""
     r = np.asarray(rewards, dtype=np.float64)
     shape = r.shape
     m = None if mask is None else _as_mask(r, mask).reshape(shape[:-2] + (-1,))
-    flat = group_advantages(r.reshape(shape[:-2] + (-1,)), m, eps=eps, scale_by_std=scale_by_std)
+    flat = group_fn(r.reshape(shape[:-2] + (-1,)), m, eps=eps, scale_by_std=scale_by_std)
     return flat.reshape(shape)
 
 
@@ -142,6 +122,26 @@ def sgt_select(
     tokens; ties in canonical (j, g) order), ``first`` (canonical order), ``random`` (uniform, from
     ``rng``). Where the gate is closed nothing is selected. An unverified record is never selected.
     """
+    flat_cand, flat_key, gate, shape = sgt_candidates(rewards, verified, lengths, mask, rule=rule, rng=rng)
+    order = np.argsort(flat_key, axis=-1, kind="stable")
+    rank = np.empty_like(order)
+    np.put_along_axis(rank, order, np.arange(flat_key.shape[-1]), axis=-1)
+    chosen = flat_cand & (rank < k) & gate[..., None]
+    return chosen.reshape(shape)
+
+
+def sgt_candidates(
+    rewards: np.ndarray,
+    verified: np.ndarray,
+    lengths: np.ndarray,
+    mask: np.ndarray | None,
+    *,
+    rule: str,
+    rng: np.random.Generator | None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple[int, ...]]:
+    """:func:`sgt_select`'s inputs to the ranking: learner i's candidates flattened over ``(j, g)``
+    ``[..., i, P * G]``, their keys (``inf`` off the candidates), the gate ``[..., i]`` and the shape
+    ``[..., i, j, g]`` of the result."""
     r = np.asarray(rewards, dtype=np.float64)
     m = _as_mask(r, mask)
     P, G = r.shape[-2:]
@@ -161,14 +161,7 @@ def sgt_select(
         raise ValueError(f"unknown sgt selection rule {rule!r}; use shortest, first or random")
     flat_cand = cand.reshape(cand.shape[:-2] + (P * G,))
     flat_key = np.where(flat_cand, key.reshape(flat_cand.shape), np.inf)
-    if k == 1:  # rank 0 of the stable sort = the first minimum in canonical order (argmin's tie rule)
-        rank0 = np.arange(P * G) == np.argmin(flat_key, axis=-1)[..., None]
-        return (flat_cand & rank0 & gate[..., None]).reshape(cand.shape)
-    order = np.argsort(flat_key, axis=-1, kind="stable")
-    rank = np.empty_like(order)
-    np.put_along_axis(rank, order, np.arange(P * G), axis=-1)
-    chosen = flat_cand & (rank < k) & gate[..., None]
-    return chosen.reshape(cand.shape)
+    return flat_cand, flat_key, gate, cand.shape
 
 
 def behaviour_correction(learner_old_logp, mu_logp, cap: float):
@@ -207,7 +200,8 @@ class RegimePlan:
     * ``sample_weight[..., i, j, g]``: 1 for own samples, ``peer_weight`` for PRP peer samples, 0 elsewhere;
     * ``denominator``: ``"snapshot"`` / ``"thl"`` for PRP peer samples, else None;
     * ``sgt_gate[..., i]`` and ``sgt_targets[..., i, j, g]``: SGT's gate and selected peer successes;
-      ``sgt_weight`` its lambda (0 when the regime has no SGT term).
+      ``sgt_weight`` its lambda (0 when the regime has no SGT term) and ``sgt_normalize`` how lambda is
+      shared among rescued prompts (``batch`` / ``prompt``, :class:`~shared_interfaces.regimes.config.SGTConfig`).
     """
 
     advantages: np.ndarray
@@ -218,6 +212,7 @@ class RegimePlan:
     sgt_targets: np.ndarray
     sgt_weight: float
     ratio_cap: float
+    sgt_normalize: str = "batch"
 
     def learner_advantages(self) -> np.ndarray:
         """``[..., i, j, g]``: the advantage learner i's optimizer sees for sample (j, g) (0 off ``pg_mask``)."""
@@ -233,6 +228,8 @@ def regime_plan(
     mask: np.ndarray | None = None,
     *,
     rng: np.random.Generator | None = None,
+    group_fn=group_advantages,
+    select_fn=sgt_select,
 ) -> RegimePlan:
     """Apply regime ``spec`` to one or many prompts' pooled rollouts ``[..., P, G]``.
 
@@ -240,15 +237,17 @@ def regime_plan(
     group's statistics. Learner i's policy-gradient batch is its own samples, plus (PRP) every peer
     sample (up to ``max_peer_samples`` in canonical order) weighted by ``peer_weight``. SGT adds
     :func:`sgt_select`'s targets with weight ``lambda`` where :func:`sgt_gate` is open.
+    ``group_fn`` / ``select_fn`` replace :func:`group_advantages` / :func:`sgt_select` by equal variants
+    (:func:`shared_interfaces.regimes.fast.regime_plan_fast`).
     """
     r = np.asarray(rewards, dtype=np.float64)
     m = None if mask is None else _as_mask(r, mask)
     P = r.shape[-2]
     adv_cfg = spec.advantage
     if spec.pooled_advantages:
-        adv = pooled_advantages(r, m, eps=adv_cfg.eps, scale_by_std=adv_cfg.scale_by_std)
+        adv = _pooled(group_fn, r, m, eps=adv_cfg.eps, scale_by_std=adv_cfg.scale_by_std)
     else:
-        adv = group_advantages(r, m, eps=adv_cfg.eps, scale_by_std=adv_cfg.scale_by_std)
+        adv = group_fn(r, m, eps=adv_cfg.eps, scale_by_std=adv_cfg.scale_by_std)
     # which samples are real: the mask, or (no mask) one all-real [P, G] pattern shared by every prompt
     real = np.ones(r.shape[-2:], dtype=bool) if m is None else m
     eye = np.eye(P, dtype=bool)[:, :, None]  # [i, j, 1]
@@ -269,7 +268,7 @@ def regime_plan(
     pg_mask, weight = np.broadcast_to(pg_mask, full).copy(), np.broadcast_to(weight, full).copy()
     if spec.sgt_enabled:
         gate = sgt_gate(r, verified, m)
-        targets = sgt_select(
+        targets = select_fn(
             r, verified, lengths, m, k=spec.sgt.successes_per_prompt, rule=spec.sgt.selection, rng=rng
         )
         lam = spec.sgt.weight
@@ -286,4 +285,5 @@ def regime_plan(
         sgt_targets=targets,
         sgt_weight=lam,
         ratio_cap=spec.prp.ratio_cap,
+        sgt_normalize=spec.sgt.normalize,
     )

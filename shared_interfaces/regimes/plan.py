@@ -46,6 +46,7 @@ class LearnerPromptPlan:
     sgt_weight: float
     denominator: str | None
     ratio_cap: float
+    sgt_normalize: str = "batch"
 
     @property
     def peer_items(self) -> tuple[PGItem, ...]:
@@ -173,5 +174,6 @@ def _learner_plans(group: PromptGroup, arr: GroupArrays, plan: RegimePlan,
             sgt_weight=plan.sgt_weight,
             denominator=plan.denominator,
             ratio_cap=plan.ratio_cap,
+            sgt_normalize=plan.sgt_normalize,
         )
     return out

@@ -36,7 +36,8 @@ class TrainRow:
     """One record a learner trains on, with its roles.
 
     ``advantage`` and ``weight`` are the policy-gradient term's (0 when ``in_pg`` is False);
-    ``sgt`` marks an SGT target, whose tokens enter ``L_SGT`` with weight ``sgt_weight``.
+    ``sgt`` marks an SGT target, whose tokens enter ``L_SGT`` with weight ``sgt_weight``, shared among
+    rescued prompts as ``sgt_normalize`` says.
     """
 
     record: ExperienceRecord
@@ -48,6 +49,7 @@ class TrainRow:
     ratio_cap: float
     sgt: bool
     sgt_weight: float
+    sgt_normalize: str = "batch"
 
     @property
     def needs_peer_trace(self) -> bool:
@@ -74,6 +76,7 @@ def learner_rows(plans: Sequence[LearnerPromptPlan]) -> list[TrainRow]:
                     record=it.record, in_pg=True, advantage=it.advantage, weight=it.weight,
                     is_peer=it.is_peer, behaviour=behaviour, ratio_cap=plan.ratio_cap,
                     sgt=it.record.record_id in targets, sgt_weight=plan.sgt_weight,
+                    sgt_normalize=plan.sgt_normalize,
                 )
             )
         in_pg = {it.record.record_id for it in plan.pg_items}
@@ -84,6 +87,7 @@ def learner_rows(plans: Sequence[LearnerPromptPlan]) -> list[TrainRow]:
                 TrainRow(
                     record=rec, in_pg=False, advantage=0.0, weight=0.0, is_peer=True, behaviour="none",
                     ratio_cap=plan.ratio_cap, sgt=True, sgt_weight=plan.sgt_weight,
+                    sgt_normalize=plan.sgt_normalize,
                 )
             )
     return rows

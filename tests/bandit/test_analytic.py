@@ -115,7 +115,7 @@ def test_prp_snapshot_with_identical_peer_is_grpo_on_2g_samples():
     ro = prp.rollout(d)
     # the peer weights: sample weight and behaviour coefficient exactly 1 on every peer row
     batch = prp.plan(0, ro.rewards[0])
-    src = prp.learner_rows(ro.behaviour_logp[0], batch)
+    src = prp.per_row(ro.behaviour_logp[0], batch)
     coef = behaviour_coef(batch, src, src)
     peer = batch.pg_mask & batch.is_peer
     assert peer.sum() == 3 * 2 * 5 * G

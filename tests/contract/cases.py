@@ -56,6 +56,10 @@ def all_cases() -> list[ContractCase]:
     cases.append(_case("sgt-unverified-peer-never-selected", "sgt", two, unverified))
     cases.append(_case("sgt-two-successes-shortest", "sgt", two, rescue, sgt={"successes_per_prompt": 2}))
     cases.append(_case("sgt-first", "sgt", two, rescue, sgt={"selection": "first"}))
+    rescue2 = group("A", "p5", [0, 0, 0]) + group("B", "p5", [1, 1, 0])
+    for regime in ("sgt", "prp_thl+sgt"):  # lambda per rescued prompt: two pools
+        cases.append(_case(f"{regime}-normalize-prompt", regime, two, mixed + rescue + rescue2,
+                           sgt={"normalize": "prompt", "successes_per_prompt": 2}))
     three = group("A", "p4", [0, 0]) + group("B", "p4", [1, 0, 0]) + group("C", "p4", [0, 1, 1, 0, 1])
     for regime in ("xgrpo", "prp_snapshot", "sgt"):
         cases.append(_case(f"{regime}-three-policies-unequal-groups", regime, ("A", "B", "C"), three))

@@ -37,6 +37,7 @@ def assert_same(got: ContractOutput, want: ContractOutput) -> None:
         assert g.snapshot_coef == w.snapshot_coef, f"{learner}: snapshot coefficients differ"
         assert g.sgt_targets == w.sgt_targets, f"{learner}: SGT targets differ"
         assert g.sgt_gates == w.sgt_gates, f"{learner}: SGT gates differ"
+        assert g.sgt_pools == w.sgt_pools, f"{learner}: SGT normalisation pools differ"
 
 
 @pytest.mark.parametrize("backend", sorted(BACKENDS))
@@ -53,3 +54,4 @@ def test_reference_is_not_trivial():
     assert any(d.snapshot_coef for o in outs for d in o.values())
     assert any(d.sgt_targets for o in outs for d in o.values())
     assert any(not g for o in outs for d in o.values() for g in d.sgt_gates.values())
+    assert any(len(d.sgt_pools) >= 2 for o in outs for d in o.values())  # prompt-normalised SGT, two rescues

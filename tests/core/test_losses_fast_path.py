@@ -1,14 +1,15 @@
-"""``regime_loss`` computes each divisor once (the token count is shared by the loss, the clip fraction, the
-KL and ``approx_kl_old``; row counts only for the modes that divide by them) and takes the clipped
-surrogate's min as a select: it must equal the loss written out term by term, as first implemented
-(``torch.minimum``), bit for bit — values, diagnostics and gradients, at the snapshot (ties) too."""
+"""The public ``regime_loss`` (its equations) and its fast twin ``regime_loss_fast`` (each divisor once, the
+clipped surrogate's min as a select) both equal the loss written out term by term (``torch.minimum``),
+bit for bit — values, diagnostics and gradients, at the snapshot (ties) too; and equal each other with
+the own-row KL and SGT's per-prompt scale."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from shared_interfaces.losses import LossNorm, kl_k3, regime_loss
+from shared_interfaces.losses import LossNorm, kl_k3, regime_loss, sgt_row_scale
+from shared_interfaces.losses_fast import regime_loss_fast
 from shared_interfaces.regimes import LossConfig
 
 
@@ -38,14 +39,14 @@ def _reference(logp, old, adv, pg, cfg, coef, weight, sgt, lam, ref, norm):
     a = adv.unsqueeze(-1)
     surr1, surr2 = ratio * a, ratio.clamp(1.0 - cfg.clip_low, 1.0 + cfg.clip_high) * a
     per_token = -torch.minimum(surr1, surr2) * coef * weight.unsqueeze(-1)
-    pg_loss = _agg(per_token, mask_f, cfg.agg, cfg.max_response_len, norm)
+    pg_loss = _agg(per_token, mask_f, cfg.agg, cfg.dr_grpo_len, norm)
     clip = _masked_mean((surr2 < surr1).to(logp.dtype), mask_f)
     s = sgt.to(logp.dtype)
     if norm is None:
         sgt_loss = -lam * _masked_mean(logp, s)
     else:
         sgt_loss = -lam * (logp * s).sum(dim=(-2, -1)) / max(norm.sgt_tokens, 1.0)
-    kl = _agg(kl_k3(logp, ref), mask_f, cfg.agg, cfg.max_response_len, norm)
+    kl = _agg(kl_k3(logp, ref), mask_f, cfg.agg, cfg.dr_grpo_len, norm)
     return pg_loss + sgt_loss + cfg.kl_coef * kl, clip, _masked_mean(old - logp, mask_f), kl
 
 
@@ -53,7 +54,8 @@ def _reference(logp, old, adv, pg, cfg, coef, weight, sgt, lam, ref, norm):
 @pytest.mark.parametrize("with_norm", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("at_snapshot", [False, True])  # rho = 1: every unclipped row is a tie of the min
-def test_regime_loss_equals_the_term_by_term_loss(agg, with_norm, dtype, at_snapshot):
+@pytest.mark.parametrize("fn", [regime_loss, regime_loss_fast], ids=["plain", "fast"])
+def test_regime_loss_equals_the_term_by_term_loss(agg, with_norm, dtype, at_snapshot, fn):
     g = torch.Generator().manual_seed(7)
     shape = (3, 2, 40, 4)  # [S, P, N, T]
     x = torch.randn(shape, generator=g, dtype=dtype) - 1.0
@@ -72,8 +74,8 @@ def test_regime_loss_equals_the_term_by_term_loss(agg, with_norm, dtype, at_snap
     norm = LossNorm.of(pg, sgt) if with_norm else None
 
     a = x.clone().requires_grad_(True)
-    out = regime_loss(a, old, adv, pg, cfg, behaviour_coef=coef, sample_weight=weight, sgt_mask=sgt,
-                      sgt_weight=0.7, ref_logp=ref, norm=norm)
+    out = fn(a, old, adv, pg, cfg, behaviour_coef=coef, sample_weight=weight, sgt_mask=sgt,
+             sgt_weight=0.7, ref_logp=ref, norm=norm)
     out.loss.sum().backward()
     b = x.clone().requires_grad_(True)
     loss, clip, approx, kl = _reference(b, old, adv, pg, cfg, coef, weight, sgt, 0.7, ref, norm)
@@ -83,3 +85,31 @@ def test_regime_loss_equals_the_term_by_term_loss(agg, with_norm, dtype, at_snap
     assert torch.equal(out.approx_kl_old, approx.detach())
     assert torch.equal(out.kl, kl.detach())
     assert torch.equal(a.grad, b.grad)
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+@pytest.mark.parametrize("with_norm", [False, True])
+def test_fast_equals_plain_with_own_rows_and_prompt_scale(agg, with_norm):
+    g = torch.Generator().manual_seed(11)
+    shape = (2, 2, 24, 3)
+    x = torch.randn(shape, generator=g, dtype=torch.float32) - 1.0
+    old = x + 0.2 * torch.randn(shape, generator=g)
+    ref = x - 0.2 * torch.rand(shape, generator=g)
+    adv = torch.randn(shape[:-1], generator=g)
+    pg = torch.rand(shape, generator=g) < 0.8
+    sgt = torch.rand(shape, generator=g) < 0.2
+    own = torch.rand(shape[:-1], generator=g) < 0.5
+    scale = sgt_row_scale(sgt.any(-1), sgt.sum(-1), torch.arange(24) // 6)
+    cfg = LossConfig(agg=agg, kl_coef=0.05, max_response_len=3)
+    norm = LossNorm.of(pg, sgt, own) if with_norm else None
+    outs, grads = [], []
+    for fn in (regime_loss, regime_loss_fast):
+        a = x.clone().requires_grad_(True)
+        out = fn(a, old, adv, pg, cfg, sgt_mask=sgt, sgt_weight=0.7, sgt_scale=scale, ref_logp=ref, own_mask=own,
+                 norm=norm)
+        out.loss.sum().backward()
+        outs.append(out)
+        grads.append(a.grad)
+    for f in ("loss", "pg_loss", "sgt_loss", "kl", "clip_fraction", "approx_kl_old"):
+        assert torch.equal(getattr(outs[0], f).detach(), getattr(outs[1], f).detach()), f
+    assert torch.equal(grads[0], grads[1])

@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from shared_interfaces.records import (
+    LOGPROB_FLOOR,
     ExperienceRecord,
     PromptGroup,
     RecordValidationError,
@@ -41,6 +42,7 @@ def make(**kw) -> ExperienceRecord:
         (dict(token_logprobs=(-0.5, 0.1, -1.0)), "token_logprobs"),
         (dict(token_logprobs=(-0.5, float("nan"), -1.0)), "token_logprobs"),
         (dict(token_logprobs=(-0.5, -1.0)), "token_logprobs"),
+        (dict(token_logprobs=(-0.5, -1e308, -1.0)), "token_logprobs"),  # finite, but below LOGPROB_FLOOR
         (dict(token_ids=(1, -2, 3)), "token_ids"),
         (dict(schema_version=99), "schema_version"),
         (dict(finish_reason="eos"), "finish_reason"),
@@ -69,7 +71,7 @@ def test_records_are_frozen_and_hashable():
     assert hash(r) == hash(make())
 
 
-finite_logprob = st.floats(max_value=0.0, allow_nan=False, allow_infinity=False)
+finite_logprob = st.floats(min_value=LOGPROB_FLOOR, max_value=0.0, allow_nan=False, allow_infinity=False)
 
 
 @given(

@@ -1,6 +1,6 @@
-"""Without a mask, ``group_advantages`` / ``pooled_advantages`` / ``regime_plan`` take a fast path (no
-no-op ``where`` passes, the group's max/min by columns, one sample pattern broadcast over the prompts):
-it must give exactly what an all-True mask gives."""
+"""The fast variants of :mod:`shared_interfaces.regimes.fast` (no mask: no no-op ``where`` passes, the
+group's max/min by columns; k = 1 SGT selection by argmin) give exactly what the plain functions give,
+and the plain functions without a mask exactly what an all-True mask gives."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
 from shared_interfaces.regimes import group_advantages, parse_regime, pooled_advantages, regime_plan
+from shared_interfaces.regimes.fast import group_advantages_fast, regime_plan_fast
 
 REGIMES = ["grpo", "xgrpo", "prp_snapshot", "prp_thl", "sgt", "prp_thl+sgt", "sgt+xgrpo"]
 SETTINGS = [{}, {"prp": {"peer_weight": 0.5, "max_peer_samples": 3}, "sgt": {"successes_per_prompt": 2}},
@@ -31,6 +32,7 @@ def test_advantages_without_mask_equal_all_true_mask(r, scale):
     ones = np.ones(r.shape, bool)
     _same(group_advantages(r, eps=1e-6, scale_by_std=scale), group_advantages(r, ones, eps=1e-6, scale_by_std=scale))
     _same(pooled_advantages(r, scale_by_std=scale), pooled_advantages(r, ones, scale_by_std=scale))
+    _same(group_advantages_fast(r, eps=1e-6, scale_by_std=scale), group_advantages(r, eps=1e-6, scale_by_std=scale))
 
 
 def test_long_groups_and_special_values():
@@ -38,9 +40,10 @@ def test_long_groups_and_special_values():
     r = rng.normal(size=(3, 100))
     r[0] = 2.5  # degenerate
     r[1, 7] = np.inf
-    _same(group_advantages(r), group_advantages(r, np.ones(r.shape, bool)))
+    _same(group_advantages_fast(r), group_advantages(r, np.ones(r.shape, bool)))
     r = np.array([[0.0, -0.0, 0.0], [np.nan, 1.0, 1.0], [1.0, 1.0, 1.0]])
-    _same(group_advantages(r), group_advantages(r, np.ones(r.shape, bool)))
+    _same(group_advantages_fast(r), group_advantages(r, np.ones(r.shape, bool)))
+    _same(group_advantages_fast(np.zeros((2, 0))), group_advantages(np.zeros((2, 0))))  # empty groups
 
 
 @settings(max_examples=120, deadline=None)
@@ -50,8 +53,10 @@ def test_regime_plan_without_mask_equals_all_true_mask(r, name, k, seed):
     rng = np.random.default_rng(seed)
     verified = rng.random(r.shape) < 0.8
     lengths = rng.integers(1, 4, size=r.shape)
-    a = regime_plan(spec, r, verified, lengths)
-    b = regime_plan(spec, r, verified, lengths, np.ones(r.shape, bool))
+    a = regime_plan_fast(spec, r, verified, lengths, rng=np.random.default_rng(seed))
+    b = regime_plan(spec, r, verified, lengths, np.ones(r.shape, bool), rng=np.random.default_rng(seed))
+    c = regime_plan(spec, r, verified, lengths, rng=np.random.default_rng(seed))
     for f in ("advantages", "pg_mask", "sample_weight", "sgt_gate", "sgt_targets"):
         _same(getattr(a, f), getattr(b, f))
+        _same(getattr(c, f), getattr(b, f))
     assert (a.denominator, a.sgt_weight, a.ratio_cap) == (b.denominator, b.sgt_weight, b.ratio_cap)

@@ -1,4 +1,4 @@
-"""``sgt_select``'s k = 1 path (argmin) selects exactly what the general stable-rank path selects."""
+"""``sgt_select_fast``'s k = 1 path (argmin) selects exactly what the plain stable-rank ``sgt_select`` selects."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shared_interfaces.regimes import sgt_gate, sgt_select
+from shared_interfaces.regimes.fast import sgt_select_fast
 
 
 def _reference_k1(rewards, verified, key):
@@ -37,6 +38,9 @@ def test_k1_matches_the_stable_rank_rule(P, G, lead, seed, rule):
     rewards = (rng.random((lead, P, G)) < 0.4).astype(float)
     verified = rng.random((lead, P, G)) < 0.8
     lengths = rng.integers(1, 4, size=(lead, P, G))  # ties on purpose
-    got = sgt_select(rewards, verified, lengths, k=1, rule=rule)
+    got = sgt_select_fast(rewards, verified, lengths, k=1, rule=rule)
     key = lengths if rule == "shortest" else np.zeros_like(lengths)
     np.testing.assert_array_equal(got, _reference_k1(rewards, verified, key))
+    np.testing.assert_array_equal(got, sgt_select(rewards, verified, lengths, k=1, rule=rule))
+    np.testing.assert_array_equal(sgt_select_fast(rewards, verified, lengths, k=2, rule=rule),
+                                  sgt_select(rewards, verified, lengths, k=2, rule=rule))

@@ -196,3 +196,34 @@ def test_batched_thl_prefetch_equals_one_by_one_alignment(pair):
             assert list(got.target_ids) == list(want.target_ids) and list(got.prompt_ids) == list(want.prompt_ids)
             assert list(got.target_logprobs) == list(want.target_logprobs)
             assert got.residual == want.residual
+
+
+def test_kl_own_rows_and_prompt_sgt_scale_reach_the_loss(pair, monkeypatch):
+    """The loss gets the own-row mask (KL on own rows) and, under ``sgt.normalize: prompt``, the core's
+    per-row SGT scale computed over the whole batch; micro-batches still add up to the full update."""
+    a, _, ex = pair
+    spec = parse_regime("prp_thl+sgt", {"sgt": {"normalize": "prompt", "successes_per_prompt": 2}})
+    plans, _ = learner_plans(ex, "A", spec, ["p0"], 0, present=["A", "B"])
+    batch = a.build_batch(plans)
+    sgt_tokens = sum(len(r) for r, s in zip(batch.responses, batch.sgt, strict=True) if s)
+    assert batch.sgt.sum() == 2 and batch.sgt_pool.tolist() == [0] * len(batch)
+    assert batch.sgt_scale.tolist() == [1 / sgt_tokens if s else 0.0 for s in batch.sgt.tolist()]
+    spy = Spy()
+    monkeypatch.setattr(update_mod, "regime_loss", spy)
+    run_update(a.model, torch.optim.SGD(a.model.parameters(), lr=0.0), batch, loss_cfg=a.cfg.loss, temperature=1.0,
+               micro_batch=2, grad_accum=None, grad_clip=None, pad_id=a.pad_id, ref_model=a.ref_model)
+    own, scale = [], []
+    for _, kw in spy.calls:
+        own += kw["own_mask"].tolist()
+        scale += kw["sgt_scale"].tolist()
+    assert own == batch.own.tolist() and scale == batch.sgt_scale.tolist()
+    monkeypatch.undo()
+    losses = []
+    for mb in (1, len(batch)):
+        torch.manual_seed(0)
+        w = worker("A", "utf8-bytes")
+        res = run_update(w.model, torch.optim.SGD(w.model.parameters(), lr=0.0), batch, loss_cfg=w.cfg.loss,
+                         temperature=1.0, micro_batch=mb, grad_accum=None, grad_clip=None, pad_id=w.pad_id,
+                         ref_model=w.ref_model)
+        losses.append((res.metrics["loss"], res.metrics["sgt_loss"], res.metrics["kl_loss"]))
+    assert losses[0] == pytest.approx(losses[1], rel=1e-5, abs=1e-7)

@@ -107,3 +107,74 @@ def test_byte_fallback_sequences_decode_as_one(real_tokenizers):
     tr = align_trace(llama, gpt2, ids, lps, append_eos=False)
     assert tr.text == "a 😀 b" and tr.residual.n_split_chars > 0
     assert tr.residual.unaligned_mass == 0.0 and tr.residual.word_mass_error < 1e-12
+
+
+@pytest.mark.parametrize("prompts", [None, ["Q: 1+1?\n", "Q: 2+2?\n"]])
+def test_a_batch_of_only_empty_responses_gives_empty_traces(pair, prompts):
+    """Every sequence empty across vocabularies (an IndexError once): empty traces, zero residual, and
+    with prompts the learner's prompt ids alone."""
+    qwen, llama = pair
+    traces = align_traces(qwen, llama, [[], []], [[], []], prompt_texts=prompts)
+    for k, tr in enumerate(traces):
+        assert tr.text == "" and tr.target_ids.size == 0 and tr.target_logprobs.size == 0
+        assert tr.residual.unaligned_mass == 0.0 and tr.residual.word_mass_error == 0.0 and tr.residual.n_words == 0
+        want = [] if prompts is None else llama(prompts[k])["input_ids"]
+        assert tr.prompt_ids.tolist() == want
+
+
+def test_very_negative_finite_logprobs_are_refused_not_nan(pair):
+    """-1e308 is finite but overflows when a word's mass is pooled: refused with the position named."""
+    from mrl_llm.thl import THLInputError
+
+    qwen, llama = pair
+    ids = qwen("one two", add_special_tokens=False)["input_ids"]
+    with pytest.raises(THLInputError, match="below -10000"):
+        align_trace(qwen, llama, ids, [-1e308] * len(ids))
+    ok = align_trace(qwen, llama, ids, [-1e4] * len(ids))  # the floor itself is accepted, and finite
+    assert np.isfinite(ok.residual.word_mass_error) and np.isfinite(ok.target_logprobs).all()
+
+
+@pytest.fixture(scope="module")
+def chat_peer_dir(shared_dir, tmp_path_factory):
+    """A copy of qwen1.5 whose generation_config.json adds ``<|im_end|>`` to the EOS ids (a chat model's)."""
+    import json
+    import shutil
+
+    d = tmp_path_factory.mktemp("qwen-chat")
+    for f in (shared_dir / "tokenizers" / "qwen1.5").iterdir():
+        shutil.copy(f, d / f.name)
+    gen = json.loads((d / "generation_config.json").read_text())
+    gen["eos_token_id"] = [151643, 151645]
+    (d / "generation_config.json").write_text(json.dumps(gen))
+    return d
+
+
+def test_generation_config_eos_ids_are_mapped(chat_peer_dir, real_tokenizers):
+    """A peer whose engine stops on its generation config's ``<|im_end|>`` gives the learner an EOS."""
+    from mrl_llm.models import load_tokenizer_dir
+    from mrl_llm.rollout.base import generation_eos_ids
+
+    qwen, llama = load_tokenizer_dir(chat_peer_dir), real_tokenizers["llama2"]
+    im_end = qwen.convert_tokens_to_ids("<|im_end|>")
+    assert qwen.eos_token_id != im_end and generation_eos_ids(chat_peer_dir) == (151643, im_end)
+    ids = qwen("The answer is 4.", add_special_tokens=False)["input_ids"] + [im_end]
+    lps = [-0.5] * (len(ids) - 1) + [-0.25]
+    tr = align_trace(qwen, llama, ids, lps, source_eos_ids=generation_eos_ids(chat_peer_dir))
+    assert tr.eos_appended and tr.target_ids[-1] == llama.eos_token_id and tr.target_logprobs[-1] == -0.25
+    assert tr.residual.unaligned_mass == 0.0
+    old = align_trace(qwen, llama, ids, lps)  # the tokenizer's EOS alone: <|im_end|> is a dropped special
+    assert not old.eos_appended and old.residual.unaligned_mass == -0.25
+    same = align_trace(qwen, qwen, ids, lps, source_eos_ids=[im_end])  # pass-through: the learner's own EOS id
+    assert same.eos_appended and same.target_ids[-1] == qwen.eos_token_id
+
+
+def test_generation_eos_ids_of_a_missing_or_bad_config(tmp_path):
+    from mrl_llm.rollout.base import generation_eos_ids
+
+    assert generation_eos_ids(tmp_path) == () and generation_eos_ids(None) == ()
+    (tmp_path / "generation_config.json").write_text("{not json")
+    with pytest.raises(ValueError, match="generation_config.json"):
+        generation_eos_ids(tmp_path)
+    (tmp_path / "generation_config.json").write_text('{"eos_token_id": "x"}')
+    with pytest.raises(ValueError, match="eos_token_id"):
+        generation_eos_ids(tmp_path)

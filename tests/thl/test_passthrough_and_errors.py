@@ -78,6 +78,7 @@ def test_same_vocabulary_is_directional(tiny_tokenizers):
         ([5, 6], [-1.0, 0.5], r"log-prob 0.5 at position 1 is positive"),
         ([5, 6], [float("nan"), -1.0], r"at position 0 is NaN"),
         ([5], [float("-inf")], r"is infinite"),
+        ([5, 6], [-1.0, -1e308], r"log-prob -1e\+308 at position 1 is below -10000"),
         ([5.5], [-1.0], r"token ids must be integers"),
         ([2**70], [-1.0], r"token ids must be integers"),
         ([[5]], [[-1.0]], r"flat 1-D"),
