@@ -139,11 +139,12 @@ def _fresh_config(policy: PolicyConfig, tokenizer) -> Any:
         raise ConfigError(f"policy {policy.name!r}: model_config is not a valid {model_type!r} config: {err}") from err
 
 
-def build_model(policy: PolicyConfig, tokenizer, *, seed: int) -> torch.nn.Module:
-    """The policy's causal LM in its dtype, in train mode (module docstring)."""
+def build_model(policy: PolicyConfig, tokenizer, *, seed: int, dtype: str | None = None) -> torch.nn.Module:
+    """The policy's causal LM in its dtype (``dtype`` overrides it: the trainer asks for ``fp32`` master
+    weights, :mod:`mrl_llm.precision`), in train mode (module docstring)."""
     from transformers import AutoModelForCausalLM
 
-    dtype = TORCH_DTYPES[policy.dtype]
+    dtype = TORCH_DTYPES[dtype or policy.dtype]
     if policy.model_dir is not None:
         p = Path(policy.model_dir)
         if not (p / "config.json").is_file():

@@ -22,7 +22,6 @@ under the Ray driver. ``config`` is the plain mapping of :class:`WorkerConfig`.
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 import logging
@@ -50,6 +49,7 @@ from mrl_llm.models import (
     save_policy,
     tokenizer_id,
 )
+from mrl_llm.precision import Precision, lowp_copy
 from mrl_llm.rollout import HFEngine, SamplingConfig
 from mrl_llm.templates import PromptTemplate
 from mrl_llm.thl import align_trace, align_traces
@@ -100,11 +100,11 @@ class LLMPolicyWorker:
         self.tok_id = tokenizer_id(self.tokenizer)
         init_seed = config.init_seed if config.init_seed is not None else derive_seed(seed, name, "init")
         self.device = resolve_device(pol.device)
-        self.model = build_model(pol, self.tokenizer, seed=init_seed).to(self.device)
+        self.precision = Precision(pol.dtype)  # fp32 master weights, compute in pol.dtype
+        self.model = build_model(pol, self.tokenizer, seed=init_seed, dtype="fp32").to(self.device)
         self.ref_model = None
         if config.loss.kl_coef > 0 or config.track_ref_kl:
-            self.ref_model = copy.deepcopy(self.model).eval()
-            self.ref_model.requires_grad_(False)
+            self.ref_model = lowp_copy(self.model, self.precision.compute_dtype)
         self.optimizer = self._make_optimizer()
         self.engine = self._make_engine()
         self.pad_id = int(self.tokenizer.pad_token_id)
@@ -218,7 +218,8 @@ class LLMPolicyWorker:
     def _sample(self, problems: Sequence[Any], n: int, sp: SamplingConfig) -> tuple[list, list, float]:
         rendered = [self.render(p) for p in problems]
         t0 = time.perf_counter()
-        out = self.engine.generate([ids for _, ids in rendered], n, sp)
+        with self.precision.autocast(self.device):  # the hf engine samples from the master model
+            out = self.engine.generate([ids for _, ids in rendered], n, sp)
         return rendered, out, time.perf_counter() - t0
 
     def generate(self, problems: Sequence[Any], step: int) -> list[ExperienceRecord]:
@@ -313,12 +314,15 @@ class LLMPolicyWorker:
         batch = self.build_batch(plans)
         t1 = time.perf_counter()
         t = self.policy.train
-        res = run_update(self.model, self.optimizer, batch, loss_cfg=self.cfg.loss,
-                         temperature=self.policy.sampling.temperature, micro_batch=t.micro_batch,
-                         grad_accum=t.grad_accum, grad_clip=t.grad_clip, pad_id=self.pad_id, ref_model=self.ref_model)
+        with self.precision.autocast(self.device):  # forward/backward in pol.dtype, grads on the fp32 masters
+            res = run_update(self.model, self.optimizer, batch, loss_cfg=self.cfg.loss,
+                             temperature=self.policy.sampling.temperature, micro_batch=t.micro_batch,
+                             grad_accum=t.grad_accum, grad_clip=t.grad_clip, pad_id=self.pad_id,
+                             ref_model=self.ref_model)
         t2 = time.perf_counter()
         self.version += 1
-        self.engine.sync_weights(self.model)  # the vllm engine runs its drift check here
+        with self.precision.autocast(self.device):
+            self.engine.sync_weights(self.model)  # the vllm engine runs its drift check here
         t3 = time.perf_counter()
         nf = self.params["flops"]
         flops = 6.0 * nf * res.seq_tokens + 2.0 * nf * (res.ref_seq_tokens + res.old_seq_tokens)
@@ -383,15 +387,20 @@ class LLMPolicyWorker:
         return rows
 
     # -- checkpoints ---------------------------------------------------------------------------
-    def export(self, out_dir: str | Path) -> Path:
-        """Save the policy as an HF model directory (model + tokenizer + ``mrl_policy.json``)."""
+    def export(self, out_dir: str | Path, *, master: bool = False) -> Path:
+        """Save the policy as an HF model directory (model + tokenizer + ``mrl_policy.json``), in the
+        policy's dtype; ``master=True`` (checkpoints) writes the fp32 master weights."""
+        model = self.model
+        if self.precision.mixed and not master:
+            model = lowp_copy(self.model, self.precision.compute_dtype)
         meta = {"name": self.name, "template": to_mapping(self.policy.template), "dtype": self.policy.dtype,
+                "weights_dtype": "fp32" if model is self.model else self.policy.dtype,
                 "sampling": to_mapping(self.policy.sampling), "version": self.version, "tokenizer_id": self.tok_id}
-        return save_policy(self.model, self.tokenizer, out_dir, meta)
+        return save_policy(model, self.tokenizer, out_dir, meta)
 
     def save_checkpoint(self, path: str) -> None:
         d = Path(path)
-        self.export(d / "model")
+        self.export(d / "model", master=True)
         torch.save(self.optimizer.state_dict(), d / "optimizer.pt")
         np_state = np.random.get_state()
         torch.save({"torch": torch.get_rng_state(), "python": random.getstate(),
@@ -418,7 +427,8 @@ class LLMPolicyWorker:
         self.version = int(meta["version"])
         self.nan_streak = int(meta["nan_streak"])
         self.counters = {k: float(v) for k, v in meta["counters"].items()}
-        self.engine.sync_weights(self.model)
+        with self.precision.autocast(self.device):
+            self.engine.sync_weights(self.model)
 
     def state(self) -> dict[str, Any]:
         h = hashlib.sha256()

@@ -12,7 +12,9 @@ shape                  ``model_dir`` / ``model`` / ``path``: a directory with ``
 dtype                  ``dtype`` (fp32 / bf16 / fp16; float32 / bfloat16 / float16 accepted)
 rollouts per step      ``rollouts_per_step``, else ``prompts_per_step`` x ``group_size``
 lengths                ``max_prompt_len`` / ``prompt_len``; ``max_new_tokens`` / ``max_response_len``
-training               ``micro_batch`` / ``micro_batch_size``; ``gradient_checkpointing``; ``kl_coef``
+training               ``micro_batch`` / ``micro_batch_size``; ``gradient_checkpointing``; ``kl_coef``;
+                       ``max_tokens_per_micro_batch``; ``logprob_chunk`` (default
+                       :data:`DEFAULT_LOGPROB_CHUNK`, the trainer's; null: unchunked)
 engine                 ``engine`` (hf / vllm)
 =====================  ========================================================================
 
@@ -35,6 +37,7 @@ from shared_interfaces.config_io import ConfigError, load_yaml
 from shared_interfaces.mwra import AllocationError
 
 _MISSING = object()
+DEFAULT_LOGPROB_CHUNK = 1024  # = mrl_llm.config.TrainSection.logprob_chunk (a test pins the two equal)
 DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "fp32": "fp32", "bf16": "bf16", "fp16": "fp16"}
 
 
@@ -100,6 +103,8 @@ def footprints_from_config(data: Mapping[str, Any], base: Path = Path(".")) -> l
             micro_batch=int(_get(pol, data, "micro_batch", "micro_batch_size", default=1)),
             grad_checkpointing=bool(_get(pol, data, "gradient_checkpointing", "grad_checkpointing", default=False)),
             kl_coef=float(_get(pol, data, "kl_coef", default=0.0)),
+            logprob_chunk=int(_get(pol, data, "logprob_chunk", default=DEFAULT_LOGPROB_CHUNK) or 0),
+            max_tokens_per_micro_batch=int(_get(pol, data, "max_tokens_per_micro_batch", default=0) or 0),
             engine=str(_get(pol, data, "engine", default="hf")),  # type: ignore[arg-type]
         ))
     return out
