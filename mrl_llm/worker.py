@@ -85,6 +85,7 @@ class WorkerConfig:
     max_nan_steps: int = 3
     init_seed: int | None = None
     engine_args: dict[str, Any] = field(default_factory=dict)  # vllm.LLM settings (MWRA: vllm_memory)
+    gpu_bundle: bool = False  # placed on a GPU by the MWRA plan: the device must resolve to cuda
 
 
 class LLMPolicyWorker:
@@ -100,6 +101,10 @@ class LLMPolicyWorker:
         self.tok_id = tokenizer_id(self.tokenizer)
         init_seed = config.init_seed if config.init_seed is not None else derive_seed(seed, name, "init")
         self.device = resolve_device(pol.device)
+        if config.gpu_bundle and self.device.type != "cuda":
+            raise ConfigError(f"policy {name!r} is placed on a GPU bundle but its device {pol.device!r} resolves to "
+                              f"{self.device.type} (torch sees no GPU in this actor); check the actor's CUDA setup "
+                              "or set runtime.placement: cpu")
         self.precision = Precision(pol.dtype)  # fp32 master weights, compute in pol.dtype
         self.model = build_model(pol, self.tokenizer, seed=init_seed, dtype="fp32").to(self.device)
         self.ref_model = None
