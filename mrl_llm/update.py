@@ -11,6 +11,10 @@ each — and every mini-batch into micro-batches of ``micro_batch`` rows. Per mi
     loss      = regime_loss(logp, old, A, pg_mask, cfg, behaviour_coef=coef, sample_weight=w,
                             sgt_mask=..., sgt_weight=lambda, ref_logp=ref, norm=LossNorm(mini-batch))
 
+With ``max_tokens`` (``train.max_tokens_per_micro_batch``) a mini-batch's micro-batches are its token-budget
+groups instead (:mod:`mrl_llm.micro_batches`); ``logprob_chunk`` runs the LM head in checkpointed chunks
+(:func:`mrl_llm.logprobs.chunked_forward_logprobs`). ``padding_waste`` = padded / real tokens of the step.
+
 The micro-batch losses of a mini-batch sum to its loss (``LossNorm``), so the accumulated gradient is
 the mini-batch gradient; then grad-norm clipping and one optimizer step. A non-finite loss or gradient
 norm aborts the update: the gradients are dropped, no optimizer step is taken for that mini-batch and
@@ -27,6 +31,7 @@ import torch
 
 from mrl_llm.batch import TrainBatch, pad_rows, response_layout
 from mrl_llm.logprobs import forward_logprobs, pack, response_logprobs
+from mrl_llm.micro_batches import micro_batch_groups, token_budget_groups
 from shared_interfaces.losses import kl_k3, peer_behaviour_coef, regime_loss
 from shared_interfaces.regimes.config import LossConfig
 from shared_interfaces.regimes.math import ratio_variance
@@ -41,6 +46,7 @@ class UpdateResult:
     seq_tokens: int = 0  # prompt + response tokens forward+backward
     ref_seq_tokens: int = 0  # tokens through the reference model
     old_seq_tokens: int = 0  # tokens through the snapshot pass
+    padded_tokens: int = 0  # prompt + response tokens with padding, forward+backward
 
 
 class _Acc:
@@ -78,6 +84,8 @@ def run_update(
     grad_clip: float | None,
     pad_id: int,
     ref_model: torch.nn.Module | None = None,
+    max_tokens: int | None = None,
+    logprob_chunk: int | None = None,
 ) -> UpdateResult:
     """Apply the step's update (module docstring) and return its diagnostics."""
     res = UpdateResult()
@@ -86,10 +94,12 @@ def run_update(
         return res
     device = next(model.parameters()).device
     mbs = minibatches(n, micro_batch, grad_accum)
+    seq_lens = [len(p) + len(r) for p, r in zip(batch.prompts, batch.responses, strict=True)]
     old_all: list[list[float]] | None = None
     if len(mbs) > 1:
         old_all = response_logprobs(model, batch.prompts, batch.responses, pad_id=pad_id,
-                                    temperature=temperature, micro_batch=micro_batch)
+                                    temperature=temperature, micro_batch=micro_batch, chunk_size=logprob_chunk,
+                                    groups=None if max_tokens is None else token_budget_groups(seq_lens, max_tokens))
         res.old_seq_tokens = sum(len(p) + len(r) for p, r in zip(batch.prompts, batch.responses, strict=True))
     acc = _Acc()
     peer_old: list[np.ndarray] = []
@@ -101,10 +111,10 @@ def run_update(
         norm = batch.norm(mb)
         optimizer.zero_grad(set_to_none=True)
         mb_loss = {"loss": 0.0, "pg_loss": 0.0, "sgt_loss": 0.0, "kl_loss": 0.0}
-        for s in range(0, len(mb), micro_batch):
-            idx = mb[s : s + micro_batch]
+        for idx in micro_batch_groups(mb, seq_lens, micro_batch=micro_batch, max_tokens=max_tokens):
             packed = pack([batch.prompts[i] for i in idx], [batch.responses[i] for i in idx], pad_id)
-            logp_full, ent_full = forward_logprobs(model, packed, temperature, with_entropy=True)
+            logp_full, ent_full = forward_logprobs(model, packed, temperature, with_entropy=True,
+                                                   chunk_size=logprob_chunk)
             logp, mask = response_layout(logp_full, packed)
             T = logp.shape[1]
             if old_all is None:
@@ -119,7 +129,7 @@ def run_update(
             ref = None
             if ref_model is not None:
                 with torch.no_grad():
-                    ref_full, _ = forward_logprobs(ref_model, packed, temperature)
+                    ref_full, _ = forward_logprobs(ref_model, packed, temperature, chunk_size=logprob_chunk)
                 ref = response_layout(ref_full, packed)[0].to(logp.dtype)
                 res.ref_seq_tokens += int(packed.attention_mask.sum())
             out = regime_loss(
@@ -158,6 +168,7 @@ def run_update(
             acc.add("prp_coef", float((coef * thl_mask).sum()), float(thl_mask.sum()))
             res.tokens += int(mask.sum())
             res.seq_tokens += int(packed.attention_mask.sum())
+            res.padded_tokens += packed.input_ids.numel()
         grad_norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip is not None else math.inf)
         if not torch.isfinite(grad_norm):
             optimizer.zero_grad(set_to_none=True)
@@ -174,6 +185,7 @@ def run_update(
                                   "entropy", "grad_norm", "prp_coef")}
     m["kl_to_ref"] = acc.mean("kl_to_ref") if ref_model is not None else float("nan")
     m["logprob_drift_max"] = drift
+    m["padding_waste"] = res.padded_tokens / res.seq_tokens if res.seq_tokens else float("nan")
     if peer_old:
         m["prp_ratio_var"] = ratio_variance(np.concatenate(peer_old), np.concatenate(peer_mu))
     m["nan_skipped"] = 0.0

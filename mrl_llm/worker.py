@@ -311,8 +311,11 @@ class LLMPolicyWorker:
         """The step's :class:`~mrl_llm.batch.TrainBatch` (the rows of the core's plans, tokenised; THL)."""
         rows = learner_rows(list(plans))
         self._prefetch([r.record for r in rows])
+        max_len = self.max_len
+        if self.policy.train.max_tokens_per_micro_batch is not None:  # every row must fit the token budget
+            max_len = min(max_len, self.policy.max_prompt_len + self.policy.sampling.max_new_tokens)
         return build_batch(rows, learner=self.name, prompt_ids=self._prompt_ids, align=self._align,
-                           max_len=self.max_len)
+                           max_len=max_len)
 
     def train_step(self, plans: Sequence[LearnerPromptPlan]) -> dict[str, float]:
         t0 = time.perf_counter()
@@ -323,7 +326,8 @@ class LLMPolicyWorker:
             res = run_update(self.model, self.optimizer, batch, loss_cfg=self.cfg.loss,
                              temperature=self.policy.sampling.temperature, micro_batch=t.micro_batch,
                              grad_accum=t.grad_accum, grad_clip=t.grad_clip, pad_id=self.pad_id,
-                             ref_model=self.ref_model)
+                             ref_model=self.ref_model, max_tokens=t.max_tokens_per_micro_batch,
+                             logprob_chunk=t.logprob_chunk)
         t2 = time.perf_counter()
         self.version += 1
         with self.precision.autocast(self.device):
