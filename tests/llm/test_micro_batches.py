@@ -27,7 +27,7 @@ def test_every_row_in_exactly_one_group_within_the_budget(lengths, budget):
     assert all(g and padded_tokens(lengths, g) <= budget for g in groups)
     assert [lengths[i] for i in flat] == sorted(lengths, reverse=True)  # longest first
     # greedy: a group could not have taken the next group's first row
-    for a, b in zip(groups, groups[1:]):
+    for a, b in zip(groups, groups[1:], strict=False):
         assert padded_tokens(lengths, a + b[:1]) > budget
 
 
