@@ -163,7 +163,8 @@ class LLMPolicyWorker:
                    "seed": derive_seed(self.seed, self.name, "engine") % 2**31,
                    "max_model_len": max_len,
                    "drift": DriftConfig(threshold=d.threshold, n_prompts=d.probe_prompts, max_new_tokens=d.probe_tokens,
-                                        temperature=pol.sampling.temperature, enabled=d.enabled),
+                                        temperature=pol.sampling.temperature, enabled=d.enabled,
+                                        on_exceed=d.on_exceed or "stop"),
                    "engine_args": engine_args}
         if pol.model_dir is not None and pol.tokenizer_path == pol.model_dir:
             # vLLM loads the initial weights itself; updates arrive by sync_weights
@@ -372,6 +373,7 @@ class LLMPolicyWorker:
         drift = getattr(self.engine, "last_drift", None)
         if drift is not None:
             m["drift_mean_abs"], m["drift_max_abs"] = float(drift.mean_abs), float(drift.max_abs)
+            m["drift_exceeded"] = float(drift.exceeded)
         return m
 
     # -- evaluation ----------------------------------------------------------------------------
