@@ -12,7 +12,7 @@ Layout (every key optional unless marked; unknown keys are errors naming the key
     eval: {data: {...}, every: 10, k: 4, max_prompts: 64}
     policies:                      # required, at least one
       - name: qwen                 # required, unique
-        model_dir: models/Qwen2.5-Math-1.5B    # an HF model directory ...
+        model_dir: models/Qwen2.5-Math-1.5B    # an HF model directory, or a hub id (Qwen/Qwen2.5-Math-1.5B) ...
         model_config: {model_type: llama, hidden_size: 64, ...}  # ... or a config for a fresh tiny model
         tokenizer_dir: ...         # default: model_dir; "utf8-bytes": the built-in byte tokenizer
         template: {text: "{question}\n{instruction}\n", instruction: ..., chat: never}  # mrl_llm.templates
@@ -49,6 +49,7 @@ from typing import Any, Literal
 
 from mrl_llm.byte_tokenizer import BYTE_TOKENIZER_ID
 from mrl_llm.data import DataConfig
+from mrl_llm.hub import is_hub_id
 from mrl_llm.templates import TemplateConfig
 from shared_interfaces.config_io import ConfigError, from_mapping, load_yaml, to_mapping
 from shared_interfaces.regimes.config import LossConfig, RegimeSpec, parse_regime, parse_regime_config
@@ -368,14 +369,11 @@ def _resolve_paths(cfg: RunConfig, base: Path) -> RunConfig:
     def data(d: DataConfig | None) -> DataConfig | None:
         return None if d is None else replace(d, path=expand_path(d.path, base))
 
+    def model_path(value: str | None) -> str | None:  # a hub id (mrl_llm.hub) stays as it is
+        return value if value in (None, BYTE_TOKENIZER_ID) or is_hub_id(value, base) else expand_path(value, base)
+
     pols = tuple(
-        replace(
-            p,
-            model_dir=None if p.model_dir is None else expand_path(p.model_dir, base),
-            tokenizer_dir=(p.tokenizer_dir if p.tokenizer_dir in (None, BYTE_TOKENIZER_ID)
-                           else expand_path(p.tokenizer_dir, base)),
-        )
-        for p in cfg.policies
+        replace(p, model_dir=model_path(p.model_dir), tokenizer_dir=model_path(p.tokenizer_dir)) for p in cfg.policies
     )
     return replace(cfg, policies=pols, data=data(cfg.data), eval=replace(cfg.eval, data=data(cfg.eval.data)))
 

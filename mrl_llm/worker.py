@@ -166,7 +166,7 @@ class LLMPolicyWorker:
                                         temperature=pol.sampling.temperature, enabled=d.enabled,
                                         on_exceed=d.on_exceed or "stop"),
                    "engine_args": engine_args}
-        if pol.model_dir is not None and pol.tokenizer_path == pol.model_dir:
+        if pol.model_dir is not None and pol.tokenizer_path == pol.model_dir and Path(pol.model_dir).is_dir():
             # vLLM loads the initial weights itself; updates arrive by sync_weights
             return make_engine("vllm", model_dir=pol.model_dir, **options)
         # a model_config policy (or one with its own tokenizer_dir): its initial weights and tokenizer are
