@@ -12,6 +12,9 @@
 * ``report --runs DIR`` — learning curves per policy and regime (``DIR/report.png``) and a table.
 * ``demo [--out DIR] [--seeds N] [--steps N] ...`` — the CPU demo (:mod:`mrl_llm.demo.run`).
 * ``plan --config FILE [--cluster FILE]`` — the MWRA placement plan (:mod:`mrl_llm.distributed.plan_cli`).
+* ``data prepare --config FILE --source FILE_OR_HUB_ID [--split train] [--out FILE]`` — write the
+  config's ``data.path`` from a local file or a Hugging Face dataset, checked with the config's field
+  mapping (:mod:`mrl_llm.data.prepare`).
 
 Bad input exits with status 2 and a one-line message that says what to change.
 """
@@ -134,6 +137,18 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _data(args: argparse.Namespace) -> int:
+    from mrl_llm.config import load_config
+    from mrl_llm.data.prepare import prepare
+
+    cfg = load_config(args.config)
+    if cfg.data is None:
+        raise ValueError(f"{args.config} has no data section; add data: {{path: ..., verifier: ..., fields: ...}}")
+    path, n = prepare(cfg.data, args.source, out=args.out, split=args.split, subset=args.subset, force=args.force)
+    print(f"wrote {n} rows to {path}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="mrl_llm", description="Mutual RL for heterogeneous LLM policies.")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -167,6 +182,14 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--runs", required=True)
     r.add_argument("--out", help="figure path (default DIR/report.png)")
     sub.add_parser("plan", help="print the MWRA placement plan of a config", add_help=False)
+    dp = sub.add_parser("data", help="prepare a config's dataset").add_subparsers(dest="data_cmd", required=True)
+    p = dp.add_parser("prepare", help="write data.path from a local file or a Hugging Face dataset id")
+    p.add_argument("--config", required=True, help="experiment YAML whose data section (path, fields) to fill")
+    p.add_argument("--source", required=True, help="a .jsonl/.json file or a hub dataset id (owner/name)")
+    p.add_argument("--split", default="train", help="hub dataset split (default train)")
+    p.add_argument("--subset", help="hub dataset configuration name, if it has several")
+    p.add_argument("--out", help="output file (default: the config's data.path)")
+    p.add_argument("--force", action="store_true", help="overwrite an existing output file")
     d = sub.add_parser("demo", help="the CPU demo: two heterogeneous tiny policies, every regime, a table and a plot")
     d.add_argument("--out", default="runs/demo", help="demo directory (default runs/demo)")
     d.add_argument("--seeds", type=int, help="repeat with this many seeds; means with 95%% t-intervals")
@@ -195,7 +218,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
-        return {"train": _train, "eval": _eval, "report": _report, "demo": _demo}[args.cmd](args)
+        return {"train": _train, "eval": _eval, "report": _report, "demo": _demo, "data": _data}[args.cmd](args)
     except USER_ERRORS as err:
         print(f"mrl_llm {args.cmd}: {one_line(err)}", file=sys.stderr)
         return 2

@@ -12,7 +12,7 @@ Layout (every key optional unless marked; unknown keys are errors naming the key
     eval: {data: {...}, every: 10, k: 4, max_prompts: 64}
     policies:                      # required, at least one
       - name: qwen                 # required, unique; [A-Za-z0-9][A-Za-z0-9._-]{0,63} (it names folders)
-        model_dir: models/Qwen2.5-Math-1.5B    # an HF model directory ...
+        model_dir: models/Qwen2.5-Math-1.5B    # an HF model directory, or a hub id (Qwen/Qwen2.5-Math-1.5B) ...
         model_config: {model_type: llama, hidden_size: 64, ...}  # ... or a config for a fresh tiny model
         tokenizer_dir: ...         # default: model_dir; "utf8-bytes": the built-in byte tokenizer
         template: {text: "{question}\n{instruction}\n", instruction: ..., chat: never}  # mrl_llm.templates
@@ -22,11 +22,11 @@ Layout (every key optional unless marked; unknown keys are errors naming the key
         engine: hf                 # hf | vllm
         sampling: {temperature: 1.0, top_p: 1.0, max_new_tokens: 1024}
         train: {optimizer: adamw, lr: 1e-6, micro_batch: 4, grad_accum: null, grad_clip: 1.0,
-                gradient_checkpointing: true}
+                gradient_checkpointing: true, max_tokens_per_micro_batch: 16384, logprob_chunk: 1024}
     checkpoint_every: 1            # steps between checkpoints (0: only at the end)
     runtime: {backend: local}      # local | ray (see RuntimeConfig)
 
-Per policy also: ``device`` (cpu | cuda | auto), ``drift`` (the vLLM engine's drift check, see
+Per policy also: ``device`` (auto, the default: cuda when torch sees a GPU, else cpu | cpu | cuda), ``drift`` (the vLLM engine's drift check, see
 :class:`DriftSection`), ``engine_args`` (keyword arguments for ``vllm.LLM``, e.g.
 ``{gpu_memory_utilization: 0.3}``; under Ray they win over the MWRA plan's memory settings),
 ``join_step`` / ``leave_step`` (the steps ``join_step <= s < leave_step`` the policy takes part in; Ray
@@ -56,6 +56,7 @@ from typing import Any, Literal
 
 from mrl_llm.byte_tokenizer import BYTE_TOKENIZER_ID
 from mrl_llm.data import DataConfig
+from mrl_llm.hub import is_hub_id
 from mrl_llm.templates import TemplateConfig
 from shared_interfaces.config_io import ConfigError, from_mapping, load_yaml, to_mapping
 from shared_interfaces.regimes.config import LossConfig, RegimeSpec, parse_regime, parse_regime_config
@@ -134,6 +135,14 @@ class TrainSection:
     updates per step). Either way the loss of a mini-batch is normalised over the whole mini-batch
     (:class:`shared_interfaces.losses.LossNorm`), so the accumulated gradient equals the gradient of
     the mini-batch loss. ``grad_clip``: max global grad norm (None: no clipping).
+
+    ``max_tokens_per_micro_batch`` (opt-in; None: ``micro_batch`` rows): micro-batches are instead
+    grouped by tokens — within each mini-batch, rows longest first, each micro-batch as many rows as
+    keep ``rows x longest (prompt + response)`` (its padded size) within the budget
+    (:func:`mrl_llm.micro_batches.token_budget_groups`); the mini-batch stays ``micro_batch *
+    grad_accum`` rows. It must be >= ``max_prompt_len + sampling.max_new_tokens``. ``logprob_chunk``:
+    positions per checkpointed LM-head + log-softmax chunk (:func:`mrl_llm.logprobs.forward_logprobs`;
+    None: all positions at once).
     """
 
     optimizer: Literal["adamw", "adam", "sgd"] = "adamw"
@@ -145,8 +154,15 @@ class TrainSection:
     micro_batch: int = 4
     grad_accum: int | None = None
     gradient_checkpointing: bool = False
+    max_tokens_per_micro_batch: int | None = None
+    logprob_chunk: int | None = 1024
 
     def __post_init__(self) -> None:
+        if self.max_tokens_per_micro_batch is not None and self.max_tokens_per_micro_batch < 2:
+            raise ConfigError(f"train.max_tokens_per_micro_batch must be >= 2 or null, got "
+                              f"{self.max_tokens_per_micro_batch}")
+        if self.logprob_chunk is not None and self.logprob_chunk < 1:
+            raise ConfigError(f"train.logprob_chunk must be >= 1 or null (unchunked), got {self.logprob_chunk}")
         if not self.lr > 0:
             raise ConfigError(f"train.lr must be > 0, got {self.lr}")
         if self.micro_batch < 1:
@@ -163,13 +179,16 @@ class TrainSection:
 class DriftSection:
     """The vLLM engine's drift check after every weight sync (:class:`mrl_llm.rollout.DriftConfig`):
     mean |engine log-prob - trainer log-prob| over ``probe_prompts`` probe responses of ``probe_tokens``
-    tokens must stay <= ``threshold`` nats (fp32 engine and trainer: ~1e-6; bf16: ~1e-2); above it the
-    run stops with an error. Logged every step as ``drift_mean_abs``."""
+    tokens should stay <= ``threshold`` nats (fp32 engine and trainer: ~1e-6; bf16: ~1e-2). Above it,
+    ``on_exceed: stop`` ends the run with an error and ``warn`` logs a warning and goes on (default:
+    ``warn`` for a bf16 policy, whose short probe is noisy, ``stop`` for fp32). Logged every sync as
+    ``drift_mean_abs`` (and ``drift_exceeded``)."""
 
     threshold: float = 0.05
     probe_prompts: int = 2
     probe_tokens: int = 8
     enabled: bool = True
+    on_exceed: Literal["warn", "stop"] | None = None
 
     def __post_init__(self) -> None:
         if not self.threshold > 0 or self.probe_prompts < 1 or self.probe_tokens < 1:
@@ -195,7 +214,7 @@ class PolicyConfig:
     sampling: SamplingSection = field(default_factory=SamplingSection)
     train: TrainSection = field(default_factory=TrainSection)
     init_seed: int | None = None  # seed of a fresh model_config model (default: derived from run seed)
-    device: Literal["cpu", "cuda", "auto"] = "cpu"  # auto: cuda when available
+    device: Literal["cpu", "cuda", "auto"] = "auto"  # auto: cuda when torch sees a GPU, else cpu
     drift: DriftSection = field(default_factory=DriftSection)
     engine_args: dict[str, Any] = field(default_factory=dict)  # vllm.LLM kwargs; win over the MWRA plan's
     join_step: int = 0
@@ -214,10 +233,18 @@ class PolicyConfig:
         if self.model_config is not None:
             check_model_config(self.model_config, f"policy {self.name!r}: model_config")
         object.__setattr__(self, "dtype", DTYPE_ALIASES[self.dtype])
+        if self.drift.on_exceed is None:  # a noisy bf16 probe warns; an fp32 mismatch is a bug: stop
+            object.__setattr__(self, "drift", replace(self.drift, on_exceed="warn" if self.dtype == "bf16" else "stop"))
         if self.group_size < 1:
             raise ConfigError(f"policy {self.name!r}: group_size must be >= 1, got {self.group_size}")
         if self.max_prompt_len < 1:
             raise ConfigError(f"policy {self.name!r}: max_prompt_len must be >= 1")
+        budget, longest = self.train.max_tokens_per_micro_batch, self.max_prompt_len + self.sampling.max_new_tokens
+        if budget is not None and budget < longest:
+            raise ConfigError(
+                f"policy {self.name!r}: train.max_tokens_per_micro_batch {budget} is below the longest row "
+                f"max_prompt_len + sampling.max_new_tokens = {longest}; raise it to at least {longest}"
+            )
         if self.join_step < 0 or (self.leave_step is not None and self.leave_step <= self.join_step):
             raise ConfigError(f"policy {self.name!r}: need 0 <= join_step < leave_step, got "
                               f"{self.join_step} and {self.leave_step}")
@@ -394,14 +421,11 @@ def _resolve_paths(cfg: RunConfig, base: Path) -> RunConfig:
     def data(d: DataConfig | None) -> DataConfig | None:
         return None if d is None else replace(d, path=expand_path(d.path, base))
 
+    def model_path(value: str | None) -> str | None:  # a hub id (mrl_llm.hub) stays as it is
+        return value if value in (None, BYTE_TOKENIZER_ID) or is_hub_id(value, base) else expand_path(value, base)
+
     pols = tuple(
-        replace(
-            p,
-            model_dir=None if p.model_dir is None else expand_path(p.model_dir, base),
-            tokenizer_dir=(p.tokenizer_dir if p.tokenizer_dir in (None, BYTE_TOKENIZER_ID)
-                           else expand_path(p.tokenizer_dir, base)),
-        )
-        for p in cfg.policies
+        replace(p, model_dir=model_path(p.model_dir), tokenizer_dir=model_path(p.tokenizer_dir)) for p in cfg.policies
     )
     return replace(cfg, policies=pols, data=data(cfg.data), eval=replace(cfg.eval, data=data(cfg.eval.data)))
 

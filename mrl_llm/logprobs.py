@@ -8,6 +8,11 @@ compares the two).
 Layout: each sequence is ``prompt + response``, right-padded to the batch's longest; the logits at
 position ``k`` predict token ``k + 1``, so the response tokens' log-probs are read at positions
 ``len(prompt) - 1 .. len(prompt) + len(response) - 2``.
+
+Chunked (``chunk_size``, :func:`chunked_forward_logprobs`): the backbone runs once; the LM head, the
+log-softmax and the gather run over the response positions only, ``chunk_size`` at a time, each chunk
+under activation checkpointing, so at most one chunk's ``[chunk, V]`` logits are alive (forward and
+backward) instead of ``[B, L, V]``. The numbers are the unchunked ones (a test pins 1e-6 in fp32).
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+from torch.utils.checkpoint import checkpoint
 
 from shared_interfaces.losses import entropy_from_logits, token_logprobs
 
@@ -64,14 +70,19 @@ def pack(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], p
 
 
 def forward_logprobs(
-    model: torch.nn.Module, batch: PackedBatch, temperature: float = 1.0, *, with_entropy: bool = False
+    model: torch.nn.Module, batch: PackedBatch, temperature: float = 1.0, *, with_entropy: bool = False,
+    chunk_size: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``(logp [B, L - 1], entropy [B, L - 1] or None)`` of the packed batch (differentiable).
 
     Only the positions from the shortest prompt's last token on can hold response tokens, so the LM
     head and the log-softmax run on that window alone (``logits_to_keep``); positions before it are 0.
-    With a large vocabulary this is most of the cost of a step.
+    With a large vocabulary this is most of the cost of a step. ``chunk_size``: the chunked path
+    (:func:`chunked_forward_logprobs`; values at the response positions only, 0 elsewhere) where the
+    model allows it (:func:`chunkable`).
     """
+    if chunk_size and chunkable(model):
+        return chunked_forward_logprobs(model, batch, temperature, with_entropy=with_entropy, chunk_size=chunk_size)
     device = next(model.parameters()).device
     B, L = batch.input_ids.shape
     start = max(0, min(batch.prompt_lens, default=1) - 1)
@@ -89,6 +100,64 @@ def forward_logprobs(
     return logp, ent
 
 
+#: config keys of logit transforms that happen inside the CausalLM's forward after the LM head; a model
+#: with any of them set takes the unchunked path (the chunked one applies the head alone).
+LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
+
+
+def chunkable(model: torch.nn.Module) -> bool:
+    """Whether ``model`` is backbone (``model.base_model``) + output head and nothing after the head."""
+    head, base = model.get_output_embeddings(), getattr(model, "base_model", model)
+    cfg = getattr(model, "config", None)
+    return (head is not None and base is not model
+            and not any(getattr(cfg, k, None) not in (None, 1, 1.0) for k in LOGIT_TRANSFORMS))
+
+
+def _chunk_logp(head: torch.nn.Module, h: torch.Tensor, targets: torch.Tensor, temperature: float,
+                with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """``log_softmax(head(h) / T)[targets]`` (float32) and, detached, the entropy at ``T`` (or an empty tensor)."""
+    logits = head(h)
+    logp = token_logprobs(logits, targets, temperature)
+    ent = entropy_from_logits(logits.detach() / temperature) if with_entropy else logp.new_empty(0)
+    return logp, ent
+
+
+def chunked_forward_logprobs(
+    model: torch.nn.Module, batch: PackedBatch, temperature: float = 1.0, *, with_entropy: bool = False,
+    chunk_size: int = 1024,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`forward_logprobs` with the LM head in checkpointed chunks of ``chunk_size`` response positions
+    (module docstring): ``h = backbone(x)[response positions]``; per chunk ``c``,
+    ``logp_c = log_softmax(head(h_c) / T)[y_c]`` recomputed in the backward pass rather than stored, and
+    the entropy from the same logits without a graph. ``[B, L - 1]`` outputs, 0 off the response."""
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    device = next(model.parameters()).device
+    B, L = batch.input_ids.shape
+    hidden = model.base_model(input_ids=batch.input_ids.to(device), attention_mask=batch.attention_mask.to(device),
+                              use_cache=False).last_hidden_state
+    mask = batch.response_mask.to(device)
+    h = hidden[:, :-1][mask]  # [n, H]: the positions that predict a response token
+    targets = batch.targets.to(device)[mask]
+    head = model.get_output_embeddings()
+    lps, ents = [], []
+    for s in range(0, h.shape[0], chunk_size):
+        args = (head, h[s : s + chunk_size], targets[s : s + chunk_size], temperature, with_entropy)
+        if torch.is_grad_enabled() and h.requires_grad:
+            lp, ent = checkpoint(_chunk_logp, *args, use_reentrant=False)
+        else:
+            lp, ent = _chunk_logp(*args)
+        lps.append(lp)
+        ents.append(ent)
+    flat = torch.cat(lps) if lps else h.new_zeros(0, dtype=torch.float32)
+    logp = torch.zeros((B, L - 1), dtype=flat.dtype, device=device).masked_scatter(mask, flat)
+    ent = None
+    if with_entropy:
+        flat_ent = torch.cat(ents) if ents else flat.detach()
+        ent = torch.zeros((B, L - 1), dtype=flat_ent.dtype, device=device).masked_scatter(mask, flat_ent)
+    return logp, ent
+
+
 @torch.no_grad()
 def response_logprobs(
     model: torch.nn.Module,
@@ -98,18 +167,29 @@ def response_logprobs(
     pad_id: int,
     temperature: float = 1.0,
     micro_batch: int = 16,
+    groups: Sequence[Sequence[int]] | None = None,
+    chunk_size: int | None = None,
 ) -> list[list[float]]:
-    """Each response's per-token log-probs under ``model`` (no gradient), in micro-batches."""
+    """Each response's per-token log-probs under ``model`` (no gradient), in micro-batches of
+    ``micro_batch`` rows, or of the row indices ``groups`` (e.g. token-budget groups,
+    :mod:`mrl_llm.micro_batches`); ``chunk_size`` as in :func:`forward_logprobs`."""
     was_training = model.training
     model.eval()
-    out: list[list[float]] = []
+    if groups is None:
+        step = max(1, micro_batch)
+        groups = [range(s, min(len(prompts), s + step)) for s in range(0, len(prompts), step)]
+    out: list[list[float] | None] = [None] * len(prompts)
     try:
-        for s in range(0, len(prompts), max(1, micro_batch)):
-            batch = pack(prompts[s : s + micro_batch], responses[s : s + micro_batch], pad_id)
-            logp, _ = forward_logprobs(model, batch, temperature)
+        for g in groups:
+            g = list(g)
+            batch = pack([prompts[i] for i in g], [responses[i] for i in g], pad_id)
+            logp, _ = forward_logprobs(model, batch, temperature, chunk_size=chunk_size)
             logp = logp.float().cpu()
-            for i in range(logp.shape[0]):
-                out.append(logp[i][batch.response_mask[i]].tolist())
+            for k, i in enumerate(g):
+                out[i] = logp[k][batch.response_mask[k]].tolist()
     finally:
         model.train(was_training)
-    return out
+    missing = [i for i, v in enumerate(out) if v is None]
+    if missing:
+        raise ValueError(f"response_logprobs: groups leave rows {missing[:5]} out; every row needs one group")
+    return out  # type: ignore[return-value]

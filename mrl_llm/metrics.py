@@ -23,10 +23,12 @@ kept); ``clip_fraction`` over the policy-gradient tokens; ``prp_ratio_var`` = Va
 the PRP peer tokens (mu = the peer's THL-aligned trace, before truncation); ``prp_coef`` = the mean
 truncated correction on ``thl`` rows; ``sgt_activations`` = prompts whose SGT gate opened;
 ``thl_*`` = the THL residual of the aligned peer records (:func:`mrl_llm.batch.thl_metrics`);
-``logprob_drift_max`` = max |engine log-prob - trainer log-prob| on own tokens;
-``peer_verdict_rejected`` / ``peer_reward_refused`` = peer records the learner left out of the step
-because its own verifier disagrees with their claimed reward / their reward is outside [0, 1]
-(:mod:`mrl_llm.peer_check`).
+``logprob_drift_max`` = max |engine log-prob - trainer log-prob| on own tokens; ``padding_waste`` =
+padded / real prompt + response tokens of the step's micro-batches (:mod:`mrl_llm.micro_batches`);
+``drift_mean_abs`` / ``drift_exceeded`` = the vLLM engine's drift probe after the step's weight sync
+(:mod:`mrl_llm.rollout.drift`); ``peer_verdict_rejected`` / ``peer_reward_refused`` = peer records the
+learner left out of the step because its own verifier disagrees with their claimed reward / their reward
+is outside [0, 1] (:mod:`mrl_llm.peer_check`).
 
 FLOPs are estimated with the usual dense-transformer rule: ``2 N`` per token for a forward pass and
 ``6 N`` for forward + backward, N = the parameters doing multiply-adds (all but the input embedding

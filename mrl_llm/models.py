@@ -5,7 +5,8 @@
   ``tokenizer.json`` tokenizer (``tokenizer_class`` TokenizersBackend / PreTrainedTokenizerFast) loads
   as exactly that, also in a model folder whose ``config.json`` would make ``AutoTokenizer`` swap in
   the model type's class (see :func:`_generic_tokenizer_class`).
-* :func:`build_model` — ``AutoModelForCausalLM.from_pretrained(model_dir)`` in the policy's dtype, or
+* :func:`build_model` — ``AutoModelForCausalLM.from_pretrained(model_dir)`` (a directory or a hub id,
+  :mod:`mrl_llm.hub`) in the policy's dtype, or
   a fresh ``from_config`` model from ``model_config`` (vocabulary size and special ids default to the
   tokenizer's; initialised from ``seed`` without touching the global RNG).
 * :func:`tokenizer_id` — the id records carry: a hash of the vocabulary, so two policies with the same
@@ -29,6 +30,7 @@ import torch
 
 from mrl_llm.byte_tokenizer import BYTE_TOKENIZER_ID, byte_tokenizer
 from mrl_llm.config import POLICY_NAME, PolicyConfig
+from mrl_llm.hub import hub_hint, is_hub_id
 from shared_interfaces.config_io import ConfigError
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -56,6 +58,11 @@ def load_tokenizer(policy: PolicyConfig):
 def load_tokenizer_dir(path: str | Path, *, who: str = "policy"):
     """``AutoTokenizer.from_pretrained(path)``, loaded once per process and folder (a slow-to-fast conversion
     takes seconds; the policies of a run and their peers share the object: treat it as read-only)."""
+    if is_hub_id(str(path)):  # from the hub cache (or the hub), see mrl_llm.hub
+        try:
+            return _load_tokenizer_cached(str(path))
+        except ModelLoadError as err:
+            raise ModelLoadError(f"{who}: {err}; {hub_hint(str(path))}") from err
     p = Path(path).resolve()
     if not p.is_dir():
         raise ModelLoadError(f"tokenizer directory {p} for {who} not found; set tokenizer_dir (or model_dir)")
@@ -180,12 +187,19 @@ def fresh_config(policy: PolicyConfig, tokenizer) -> Any:
     return built
 
 
-def build_model(policy: PolicyConfig, tokenizer, *, seed: int) -> torch.nn.Module:
-    """The policy's causal LM in its dtype, in train mode (module docstring)."""
+def build_model(policy: PolicyConfig, tokenizer, *, seed: int, dtype: str | None = None) -> torch.nn.Module:
+    """The policy's causal LM in its dtype (``dtype`` overrides it: the trainer asks for ``fp32`` master
+    weights, :mod:`mrl_llm.precision`), in train mode (module docstring)."""
     from transformers import AutoModelForCausalLM
 
-    dtype = TORCH_DTYPES[policy.dtype]
-    if policy.model_dir is not None:
+    dtype = TORCH_DTYPES[dtype or policy.dtype]
+    if policy.model_dir is not None and is_hub_id(policy.model_dir):
+        try:  # the hub cache first; HF_HUB_OFFLINE=1: the cache only
+            model = AutoModelForCausalLM.from_pretrained(policy.model_dir, dtype=dtype)
+        except Exception as err:  # noqa: BLE001 - re-raised with the id and a hint
+            raise ModelLoadError(f"cannot load the model of policy {policy.name!r} from the hub id "
+                                 f"{policy.model_dir!r}: {err}; {hub_hint(policy.model_dir)}") from err
+    elif policy.model_dir is not None:
         p = Path(policy.model_dir)
         if not (p / "config.json").is_file():
             raise ModelLoadError(

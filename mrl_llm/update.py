@@ -12,6 +12,10 @@ each — and every mini-batch into micro-batches of ``micro_batch`` rows. Per mi
                             sgt_mask=..., sgt_weight=lambda, sgt_scale=..., ref_logp=ref, own_mask=own,
                             norm=LossNorm(mini-batch))      (KL on own rows; sgt_scale: normalize: prompt)
 
+With ``max_tokens`` (``train.max_tokens_per_micro_batch``) a mini-batch's micro-batches are its token-budget
+groups instead (:mod:`mrl_llm.micro_batches`); ``logprob_chunk`` runs the LM head in checkpointed chunks
+(:func:`mrl_llm.logprobs.chunked_forward_logprobs`). ``padding_waste`` = padded / real tokens of the step.
+
 The micro-batch losses of a mini-batch sum to its loss (``LossNorm``), so the accumulated gradient is
 the mini-batch gradient; then grad-norm clipping and one optimizer step. A non-finite loss or gradient
 norm aborts the update: the gradients are dropped, no optimizer step is taken for that mini-batch and
@@ -31,6 +35,7 @@ import torch
 
 from mrl_llm.batch import TrainBatch, pad_rows, response_layout
 from mrl_llm.logprobs import forward_logprobs, pack, response_logprobs
+from mrl_llm.micro_batches import micro_batch_groups, token_budget_groups
 from shared_interfaces.losses import LossNorm, LossOutput, kl_k3, peer_behaviour_coef, regime_loss
 from shared_interfaces.regimes.config import LossConfig
 from shared_interfaces.regimes.math import ratio_variance
@@ -45,6 +50,7 @@ class UpdateResult:
     seq_tokens: int = 0  # prompt + response tokens forward+backward
     ref_seq_tokens: int = 0  # tokens through the reference model
     old_seq_tokens: int = 0  # tokens through the snapshot pass
+    padded_tokens: int = 0  # prompt + response tokens with padding, forward+backward
 
 
 def minibatches(n: int, micro_batch: int, grad_accum: int | None) -> list[list[int]]:
@@ -130,12 +136,13 @@ class MicroBatch:
 
 def micro_batch_loss(model: torch.nn.Module, batch: TrainBatch, idx: list[int], snapshot: list[list[float]] | None, *,
                      loss_cfg: LossConfig, temperature: float, pad_id: int, norm: LossNorm,
-                     ref_model: torch.nn.Module | None, res: UpdateResult) -> tuple[LossOutput, MicroBatch]:
+                     ref_model: torch.nn.Module | None, res: UpdateResult,
+                     logprob_chunk: int | None = None) -> tuple[LossOutput, MicroBatch]:
     """Rows ``idx``: one forward, the core's behaviour correction and loss (module docstring). ``snapshot``:
     the rows' ``log pi_old`` from a pass before the first update, or None (``old = logp.detach()``)."""
     device = next(model.parameters()).device
     packed = pack([batch.prompts[i] for i in idx], [batch.responses[i] for i in idx], pad_id)
-    logp_full, ent_full = forward_logprobs(model, packed, temperature, with_entropy=True)
+    logp_full, ent_full = forward_logprobs(model, packed, temperature, with_entropy=True, chunk_size=logprob_chunk)
     logp, mask = response_layout(logp_full, packed)
     T = logp.shape[1]
     old = logp.detach() if snapshot is None else pad_rows([snapshot[i] for i in idx], T).to(device, logp.dtype)
@@ -148,7 +155,7 @@ def micro_batch_loss(model: torch.nn.Module, batch: TrainBatch, idx: list[int], 
     ref = None
     if ref_model is not None:
         with torch.no_grad():
-            ref_full, _ = forward_logprobs(ref_model, packed, temperature)
+            ref_full, _ = forward_logprobs(ref_model, packed, temperature, chunk_size=logprob_chunk)
         ref = response_layout(ref_full, packed)[0].to(logp.dtype)
         res.ref_seq_tokens += int(packed.attention_mask.sum())
     out = regime_loss(
@@ -160,6 +167,7 @@ def micro_batch_loss(model: torch.nn.Module, batch: TrainBatch, idx: list[int], 
     )
     res.tokens += int(mask.sum())
     res.seq_tokens += int(packed.attention_mask.sum())
+    res.padded_tokens += packed.input_ids.numel()
     entropy, _ = response_layout(ent_full, packed)
     return out, MicroBatch(logp, entropy, old, mu, ref, coef, mask, pg_mask, sgt_mask, in_pg, own, use_mu)
 
@@ -176,6 +184,8 @@ def run_update(
     grad_clip: float | None,
     pad_id: int,
     ref_model: torch.nn.Module | None = None,
+    max_tokens: int | None = None,
+    logprob_chunk: int | None = None,
 ) -> UpdateResult:
     """Apply the step's update (module docstring) and return its diagnostics."""
     res = UpdateResult()
@@ -183,11 +193,13 @@ def run_update(
     if n == 0:
         return res
     mbs = minibatches(n, micro_batch, grad_accum)
+    seq_lens = [len(p) + len(r) for p, r in zip(batch.prompts, batch.responses, strict=True)]
     snapshot: list[list[float]] | None = None  # log pi_old of every row, when the weights move within the step
     if len(mbs) > 1:
         snapshot = response_logprobs(model, batch.prompts, batch.responses, pad_id=pad_id,
-                                     temperature=temperature, micro_batch=micro_batch)
-        res.old_seq_tokens = sum(len(p) + len(r) for p, r in zip(batch.prompts, batch.responses, strict=True))
+                                     temperature=temperature, micro_batch=micro_batch, chunk_size=logprob_chunk,
+                                     groups=None if max_tokens is None else token_budget_groups(seq_lens, max_tokens))
+        res.old_seq_tokens = sum(seq_lens)
     diag = Diagnostics()
     params = [p for p in model.parameters() if p.requires_grad]
     model.train()
@@ -196,9 +208,10 @@ def run_update(
         optimizer.zero_grad(set_to_none=True)
         losses = {"loss": 0.0, "pg_loss": 0.0, "sgt_loss": 0.0, "kl_loss": 0.0}
         grad_norm = None
-        for s in range(0, len(rows), micro_batch):
-            out, mb = micro_batch_loss(model, batch, rows[s : s + micro_batch], snapshot, loss_cfg=loss_cfg,
-                                       temperature=temperature, pad_id=pad_id, norm=norm, ref_model=ref_model, res=res)
+        for idx in micro_batch_groups(rows, seq_lens, micro_batch=micro_batch, max_tokens=max_tokens):
+            out, mb = micro_batch_loss(model, batch, idx, snapshot, loss_cfg=loss_cfg, temperature=temperature,
+                                       pad_id=pad_id, norm=norm, ref_model=ref_model, res=res,
+                                       logprob_chunk=logprob_chunk)
             if not torch.isfinite(out.loss).all():
                 break
             out.loss.backward()
@@ -217,4 +230,5 @@ def run_update(
         for k, v in losses.items():
             diag.add(k, v, 1.0)
     res.metrics = diag.metrics(tracks_ref=ref_model is not None)
+    res.metrics["padding_waste"] = res.padded_tokens / res.seq_tokens if res.seq_tokens else float("nan")
     return res

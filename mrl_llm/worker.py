@@ -24,7 +24,6 @@ under the Ray driver. ``config`` is the plain mapping of :class:`WorkerConfig`.
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 import logging
@@ -53,6 +52,7 @@ from mrl_llm.models import (
     tokenizer_id,
 )
 from mrl_llm.peer_check import PeerCheck
+from mrl_llm.precision import Precision, lowp_copy
 from mrl_llm.rollout import HFEngine, SamplingConfig
 from mrl_llm.runstate import CheckpointError, read_json
 from mrl_llm.templates import PromptTemplate
@@ -93,6 +93,7 @@ class WorkerConfig:
     max_nan_steps: int = 3
     init_seed: int | None = None
     engine_args: dict[str, Any] = field(default_factory=dict)  # vllm.LLM settings (MWRA: vllm_memory)
+    gpu_bundle: bool = False  # placed on a GPU by the MWRA plan: the device must resolve to cuda
     verifier_options: dict[str, dict[str, Any]] = field(default_factory=dict)  # by verifier name (data.*)
 
 
@@ -119,11 +120,15 @@ class LLMPolicyWorker:
         self.tok_id = tokenizer_id(self.tokenizer)
         init_seed = config.init_seed if config.init_seed is not None else derive_seed(seed, name, "init")
         self.device = resolve_device(pol.device)
-        self.model = build_model(pol, self.tokenizer, seed=init_seed).to(self.device)
+        if config.gpu_bundle and self.device.type != "cuda":
+            raise ConfigError(f"policy {name!r} is placed on a GPU bundle but its device {pol.device!r} resolves to "
+                              f"{self.device.type} (torch sees no GPU in this actor); check the actor's CUDA setup "
+                              "or set runtime.placement: cpu")
+        self.precision = Precision(pol.dtype)  # fp32 master weights, compute in pol.dtype
+        self.model = build_model(pol, self.tokenizer, seed=init_seed, dtype="fp32").to(self.device)
         self.ref_model = None
         if config.loss.kl_coef > 0 or config.track_ref_kl:
-            self.ref_model = copy.deepcopy(self.model).eval()
-            self.ref_model.requires_grad_(False)
+            self.ref_model = lowp_copy(self.model, self.precision.compute_dtype)
         self.optimizer = self._make_optimizer()
         self.engine = self._make_engine()
         self.pad_id = int(self.tokenizer.pad_token_id)
@@ -178,9 +183,10 @@ class LLMPolicyWorker:
                    "seed": derive_seed(self.seed, self.name, "engine") % 2**31,
                    "max_model_len": max_len,
                    "drift": DriftConfig(threshold=d.threshold, n_prompts=d.probe_prompts, max_new_tokens=d.probe_tokens,
-                                        temperature=pol.sampling.temperature, enabled=d.enabled),
+                                        temperature=pol.sampling.temperature, enabled=d.enabled,
+                                        on_exceed=d.on_exceed or "stop"),
                    "engine_args": engine_args}
-        if pol.model_dir is not None and pol.tokenizer_path == pol.model_dir:
+        if pol.model_dir is not None and pol.tokenizer_path == pol.model_dir and Path(pol.model_dir).is_dir():
             # vLLM loads the initial weights itself; updates arrive by sync_weights
             return make_engine("vllm", model_dir=pol.model_dir, **options)
         # a model_config policy (or one with its own tokenizer_dir): its initial weights and tokenizer are
@@ -259,7 +265,8 @@ class LLMPolicyWorker:
     def _sample(self, problems: Sequence[Any], n: int, sp: SamplingConfig) -> tuple[list, list, float]:
         rendered = [self.render(p) for p in problems]
         t0 = time.perf_counter()
-        out = self.engine.generate([ids for _, ids in rendered], n, sp)
+        with self.precision.autocast(self.device):  # the hf engine samples from the master model
+            out = self.engine.generate([ids for _, ids in rendered], n, sp)
         return rendered, out, time.perf_counter() - t0
 
     def generate(self, problems: Sequence[Any], step: int) -> list[ExperienceRecord]:
@@ -353,20 +360,27 @@ class LLMPolicyWorker:
         """The step's :class:`~mrl_llm.batch.TrainBatch` (the rows of the core's plans, tokenised; THL)."""
         rows = learner_rows(list(plans))
         self._prefetch([r.record for r in rows])
+        max_len = self.max_len
+        if self.policy.train.max_tokens_per_micro_batch is not None:  # every row must fit the token budget
+            max_len = min(max_len, self.policy.max_prompt_len + self.policy.sampling.max_new_tokens)
         return build_batch(rows, learner=self.name, prompt_ids=self._prompt_ids, align=self._align,
-                           max_len=self.max_len)
+                           max_len=max_len)
 
     def train_step(self, plans: Sequence[LearnerPromptPlan]) -> dict[str, float]:
         t0 = time.perf_counter()
         batch = self.build_batch(plans)
         t1 = time.perf_counter()
         t = self.policy.train
-        res = run_update(self.model, self.optimizer, batch, loss_cfg=self.loss_cfg,
-                         temperature=self.policy.sampling.temperature, micro_batch=t.micro_batch,
-                         grad_accum=t.grad_accum, grad_clip=t.grad_clip, pad_id=self.pad_id, ref_model=self.ref_model)
+        with self.precision.autocast(self.device):  # forward/backward in pol.dtype, grads on the fp32 masters
+            res = run_update(self.model, self.optimizer, batch, loss_cfg=self.loss_cfg,
+                             temperature=self.policy.sampling.temperature, micro_batch=t.micro_batch,
+                             grad_accum=t.grad_accum, grad_clip=t.grad_clip, pad_id=self.pad_id,
+                             ref_model=self.ref_model, max_tokens=t.max_tokens_per_micro_batch,
+                             logprob_chunk=t.logprob_chunk)
         t2 = time.perf_counter()
         self.version += 1
-        self.engine.sync_weights(self.model)  # the vllm engine runs its drift check here
+        with self.precision.autocast(self.device):
+            self.engine.sync_weights(self.model)  # the vllm engine runs its drift check here
         t3 = time.perf_counter()
         nf = self.params["flops"]
         flops = 6.0 * nf * res.seq_tokens + 2.0 * nf * (res.ref_seq_tokens + res.old_seq_tokens)
@@ -407,6 +421,7 @@ class LLMPolicyWorker:
         drift = getattr(self.engine, "last_drift", None)
         if drift is not None:
             m["drift_mean_abs"], m["drift_max_abs"] = float(drift.mean_abs), float(drift.max_abs)
+            m["drift_exceeded"] = float(drift.exceeded)
         return m
 
     # -- evaluation ----------------------------------------------------------------------------
@@ -434,15 +449,20 @@ class LLMPolicyWorker:
         return rows
 
     # -- checkpoints ---------------------------------------------------------------------------
-    def export(self, out_dir: str | Path) -> Path:
-        """Save the policy as an HF model directory (model + tokenizer + ``mrl_policy.json``)."""
+    def export(self, out_dir: str | Path, *, master: bool = False) -> Path:
+        """Save the policy as an HF model directory (model + tokenizer + ``mrl_policy.json``), in the
+        policy's dtype; ``master=True`` (checkpoints) writes the fp32 master weights."""
+        model = self.model
+        if self.precision.mixed and not master:
+            model = lowp_copy(self.model, self.precision.compute_dtype)
         meta = {"name": self.name, "template": to_mapping(self.policy.template), "dtype": self.policy.dtype,
+                "weights_dtype": "fp32" if model is self.model else self.policy.dtype,
                 "sampling": to_mapping(self.policy.sampling), "version": self.version, "tokenizer_id": self.tok_id}
-        return save_policy(self.model, self.tokenizer, out_dir, meta)
+        return save_policy(model, self.tokenizer, out_dir, meta)
 
     def save_checkpoint(self, path: str) -> None:
         d = Path(path)
-        self.export(d / "model")
+        self.export(d / "model", master=True)
         torch.save(self.optimizer.state_dict(), d / "optimizer.pt")
         np_state = np.random.get_state()
         torch.save({"torch": torch.get_rng_state(), "python": random.getstate(),
@@ -472,7 +492,8 @@ class LLMPolicyWorker:
         self.version = int(meta["version"])
         self.nan_streak = int(meta["nan_streak"])
         self.counters = {k: float(v) for k, v in meta["counters"].items()}
-        self.engine.sync_weights(self.model)
+        with self.precision.autocast(self.device):
+            self.engine.sync_weights(self.model)
 
     def state(self) -> dict[str, Any]:
         h = hashlib.sha256()

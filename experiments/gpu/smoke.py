@@ -8,8 +8,12 @@ Ray, vLLM (unless it is installed), math-verify or gymnasium
 
 The pair mirrors the paper's Qwen2.5-Math-1.5B + Qwen3-1.7B-Base: a ``qwen2`` model with
 Qwen2.5-1.5B's widths and a ``qwen3`` model with Qwen3-1.7B's widths, each cut to a few layers and
-randomly initialised (no weights can be downloaded), bf16, G = 8, regime ``prp_thl+sgt``, on the
-arithmetic task of ``experiments/data/arithmetic`` (its verifier needs nothing outside the tree).
+randomly initialised (no weights can be downloaded), G = 8, regime ``prp_thl+sgt``, on the
+arithmetic task of ``experiments/data/arithmetic`` (its verifier needs nothing outside the tree). On the
+GPU it runs what the paper presets run: ``dtype: bf16`` with fp32 master weights (:mod:`mrl_llm.precision`;
+the smoke checks that the final checkpoint holds fp32 weights and the exported policies bf16),
+``device: auto``, token-budget micro-batches (``train.max_tokens_per_micro_batch``) and log-probs in
+checkpointed chunks (``train.logprob_chunk``); ``--cpu`` keeps fp32 but uses the budget and the chunks too.
 The two policies get two different tokenizers made here (``../shared`` does not travel): a byte-level
 BPE trained on the task's text and the built-in UTF-8 byte tokenizer, so THL does real work.
 
@@ -93,18 +97,20 @@ def smoke_config(out: Path, *, cpu: bool, steps: int, engine: str) -> Any:
     models = CPU_MODELS if cpu else GPU_MODELS
     bpe = make_bpe_tokenizer(out / "tokenizers" / "bpe")
     tokenizers = {"qwen2.5-like": str(bpe), "qwen3-like": "utf8-bytes"}
-    size = ({"group_size": 2, "max_new_tokens": 8, "micro_batch": 4, "prompts": 2} if cpu else
-            {"group_size": 8, "max_new_tokens": 96, "micro_batch": 16, "prompts": 16})
+    size = ({"group_size": 2, "max_new_tokens": 8, "micro_batch": 4, "prompts": 2, "chunk": 16} if cpu else
+            {"group_size": 8, "max_new_tokens": 96, "micro_batch": 16, "prompts": 16, "chunk": 256})
+    budget = 4 * (64 + size["max_new_tokens"])  # four of the longest rows (max_prompt_len 64) per micro-batch
     # two engines and two trainers share the GPU: each vLLM engine gets a fifth of it
     engine_args = {} if cpu or engine != "vllm" else {"gpu_memory_utilization": 0.2}
     policies = [{
         "name": name, "model_config": dict(mc), "tokenizer_dir": tokenizers[name], "dtype": "fp32" if cpu else "bf16",
-        "device": "cpu" if cpu else "cuda", "engine": engine, "engine_args": engine_args,
+        "device": "cpu" if cpu else "auto", "engine": engine, "engine_args": engine_args,
         "group_size": size["group_size"], "max_prompt_len": 64,
         "template": {"text": "{question}\n{instruction}\n"},
         "drift": {"threshold": 1e-3 if cpu else 0.05},
         "sampling": {"temperature": 1.0, "top_p": 1.0, "max_new_tokens": size["max_new_tokens"]},
-        "train": {"optimizer": "adamw", "lr": 1e-6, "micro_batch": size["micro_batch"], "grad_clip": 1.0},
+        "train": {"optimizer": "adamw", "lr": 1e-6, "micro_batch": size["micro_batch"], "grad_clip": 1.0,
+                  "max_tokens_per_micro_batch": budget, "logprob_chunk": size["chunk"]},
     } for name, mc in models.items()]
     return config_from_mapping({
         "name": f"gpu-smoke{'-cpu' if cpu else ''}", "seed": 0, "steps": steps, "prompts_per_step": size["prompts"],
@@ -139,8 +145,26 @@ def summarize(run_dir: Path, config: Any) -> dict[str, Any]:
             "step_s_mean": sum(r["step_s"] for r in mine) / max(1, len(mine)),
             "reward_mean_last": mine[-1]["reward_mean"] if mine else None,
             "drift_mean_abs_last": mine[-1].get("drift_mean_abs") if mine else None,
+            "padding_waste_mean": sum(r["padding_waste"] for r in mine) / max(1, len(mine)),
+            **weight_dtypes(run_dir, name),
         }
     return out
+
+
+def weight_dtypes(run_dir: Path, name: str) -> dict[str, Any]:
+    """The dtypes of the policy's last checkpoint (the fp32 masters) and of its exported weights."""
+    from safetensors import safe_open
+
+    def dtypes(files: list[Path]) -> list[str]:
+        seen = set()
+        for f in files:
+            with safe_open(str(f), framework="pt") as fh:
+                seen.update(str(fh.get_slice(k).get_dtype()) for k in fh.keys())
+        return sorted(seen)
+
+    ckpt = sorted(p for p in run_dir.rglob("model/*.safetensors") if name in p.parts and "policies" not in p.parts)
+    return {"checkpoint_dtypes": dtypes(ckpt[-1:]),
+            "export_dtypes": dtypes(sorted((run_dir / "policies" / name).glob("*.safetensors")))}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -181,10 +205,11 @@ def main(argv: list[str] | None = None) -> int:
     (out / "smoke.json").write_text(json.dumps(result, indent=1))
     print(f"smoke on {result['device']} with the {engine} engine: {steps} steps in {wall:.1f} s "
           f"({'within' if result['within_budget'] else 'OVER'} the {BUDGET_S:.0f} s budget)")
-    print(f"{'policy':<14}{'gen tok/s':>12}{'train tok/s':>13}{'step s':>9}")
+    print(f"{'policy':<14}{'gen tok/s':>12}{'train tok/s':>13}{'step s':>9}{'padded/real':>13}  weights ckpt / export")
     for name, p in result["policies"].items():
         g, t = p["generation_tokens_per_s"] or 0.0, p["training_tokens_per_s"] or 0.0
-        print(f"{name:<14}{g:12.1f}{t:13.1f}{p['step_s_mean']:9.2f}")
+        print(f"{name:<14}{g:12.1f}{t:13.1f}{p['step_s_mean']:9.2f}{p['padding_waste_mean']:13.2f}  "
+              f"{','.join(p['checkpoint_dtypes'])} / {','.join(p['export_dtypes'])}")
     print("peak memory: " + ", ".join(f"{k}={v:.2f}" for k, v in result["peak_memory"].items()))
     print(f"written: {out / 'smoke.json'}")
     return 0

@@ -7,11 +7,12 @@ Everything is in bytes; ``e`` is the bytes per element of the policy's dtype (fp
 
 Training state, sharded FSDP-style over ``k`` devices (``k = 1``: unsharded):
 
-* weights ``N e / k`` (+ one gathered layer ``N_layer e`` when ``k > 1``);
-* gradients ``N e / k``;
-* optimizer ``N (8 + 4 [e < 4 and master_weights]) / k`` for AdamW (fp32 first and second moments,
-  plus an fp32 master copy under mixed precision); SGD keeps only the master copy;
-* a frozen reference model for the k3 KL (``kl_coef > 0``): ``N e / k``.
+* weights ``N w / k`` (+ one gathered layer ``N_layer e`` when ``k > 1``), where ``w = 4`` under mixed
+  precision (``e < 4`` and ``master_weights``: the trainable weights ARE the fp32 master copy and forward
+  and backward run under autocast, :mod:`mrl_llm.precision`), else ``w = e``;
+* gradients ``N w / k`` (they land on the weights: fp32 under mixed precision);
+* optimizer ``8 N / k`` for AdamW (fp32 first and second moments), nothing for SGD;
+* a frozen reference model for the k3 KL (``kl_coef > 0``): ``N e / k`` (a copy in the compute dtype).
 
 Training activations, per device (Korthikanti et al. 2022, "Reducing Activation Recomputation",
 re-derived for attention computed by a fused kernel, so no ``s^2`` term, no dropout, and gated MLPs):
@@ -19,7 +20,10 @@ one layer stores ``A = e s b (3h + 2h_q + 2h_kv + 4I)`` (``4I`` -> ``2I`` for un
 inputs of the two norms and of QKV, Q/K/V, the attention output, the MLP's gate/up/act/product.
 Without gradient checkpointing all ``L`` layers keep ``A``; with it each keeps only its input
 ``e s b h`` and one layer's ``A`` is live during recomputation. The LM head adds the logits
-``e b s V`` and their fp32 log-softmax with its gradient ``2 * 4 b s V``.
+``e c V`` and their fp32 log-softmax with its gradient ``2 * 4 c V`` over ``c`` positions: all ``b s``
+of the micro-batch unchunked, or one chunk ``c = min(logprob_chunk, b s)`` when log-probs are computed
+in checkpointed chunks (:func:`mrl_llm.logprobs.forward_logprobs`). ``b s`` is ``micro_batch * s``, or the
+token budget ``max_tokens_per_micro_batch`` when one is set.
 
 Rollout engine: its own weights copy ``N e`` unless it samples from the trainer's model in the same
 process (the ``hf`` engine colocated or on CPU), the KV cache ``2 L h_kv e_kv (prompt_len + max_response_len)`` per sequence in
@@ -164,6 +168,8 @@ class PolicyFootprint:
     optimizer: Literal["adamw", "sgd"] = "adamw"
     master_weights: bool = True
     kl_coef: float = 0.0
+    logprob_chunk: int = 0  # positions per checkpointed LM-head chunk (0: unchunked)
+    max_tokens_per_micro_batch: int = 0  # padded tokens per micro-batch (0: micro_batch rows of seq_len)
     engine: Literal["hf", "vllm"] = "vllm"
     max_num_seqs: int = 256  # the engine's cap on sequences in flight
     tokenizer_id: str = ""
@@ -182,6 +188,16 @@ class PolicyFootprint:
     @property
     def seq_len(self) -> int:
         return self.prompt_len + self.max_response_len
+
+    @property
+    def micro_tokens(self) -> int:
+        """``b s``: padded tokens of one training micro-batch (the token budget when one is set)."""
+        return self.max_tokens_per_micro_batch or self.micro_batch * self.seq_len
+
+    @property
+    def logits_positions(self) -> int:
+        """Positions whose full-vocabulary logits are alive at once (one chunk when chunked)."""
+        return min(self.logprob_chunk, self.micro_tokens) if self.logprob_chunk else self.micro_tokens
 
     @property
     def step_cost(self) -> float:
@@ -230,7 +246,7 @@ def layer_activation_bytes(p: PolicyFootprint) -> float:
     """``A = e s b (3h + 2h_q + 2h_kv + 4I)`` (``2I`` for ungated MLPs): one layer's saved activations."""
     sh, e = p.shape, DTYPE_BYTES[p.dtype]
     mlp = (4 if sh.gated_mlp else 2) * sh.intermediate_size
-    return e * p.seq_len * p.micro_batch * (3 * sh.hidden_size + 2 * sh.q_width + 2 * sh.kv_width + mlp)
+    return e * p.micro_tokens * (3 * sh.hidden_size + 2 * sh.q_width + 2 * sh.kv_width + mlp)
 
 
 def training_bytes(p: PolicyFootprint, shards: int = 1) -> MemoryBreakdown:
@@ -238,21 +254,20 @@ def training_bytes(p: PolicyFootprint, shards: int = 1) -> MemoryBreakdown:
     if shards < 1:
         raise ValueError(f"shards must be >= 1, got {shards}")
     sh, e, n = p.shape, DTYPE_BYTES[p.dtype], p.n_params
-    weights = n * e / shards + (sh.layer_params * e if shards > 1 else 0)
+    w = 4 if (e < 4 and p.master_weights) else e
+    weights = n * w / shards + (sh.layer_params * e if shards > 1 else 0)
     if p.kl_coef > 0:
         weights += n * e / shards
-    master = 4 if (e < 4 and p.master_weights) else 0
     moments = 8 if p.optimizer == "adamw" else 0
     layer = layer_activation_bytes(p)
-    tokens = p.micro_batch * p.seq_len
+    tokens = p.micro_tokens
     if p.grad_checkpointing:
         acts = sh.n_layers * e * tokens * sh.hidden_size + layer
     else:
         acts = sh.n_layers * layer
-    acts += e * tokens * sh.vocab_size + 2 * 4 * tokens * sh.vocab_size
-    return MemoryBreakdown(
-        weights=weights, gradients=n * e / shards, optimizer=n * (moments + master) / shards, activations=acts
-    )
+    c = p.logits_positions
+    acts += e * c * sh.vocab_size + 2 * 4 * c * sh.vocab_size
+    return MemoryBreakdown(weights=weights, gradients=n * w / shards, optimizer=n * moments / shards, activations=acts)
 
 
 def kv_bytes_per_sequence(p: PolicyFootprint) -> float:

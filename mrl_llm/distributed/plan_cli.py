@@ -6,13 +6,15 @@ few numbers it needs (first match, searching the policy's nested sections, then 
 
 =====================  ========================================================================
 name                   ``name``
-shape                  ``model_dir`` / ``model`` / ``path``: a directory with ``config.json``, or a
-                       known architecture name (:data:`memory.KNOWN_SHAPES`); or ``model_config``
+shape                  ``model_dir`` / ``model`` / ``path``: a directory with ``config.json``, a hub id
+                       whose ``config.json`` is in the hub cache, or a known architecture name (:data:`memory.KNOWN_SHAPES`); or ``model_config``
                        (a Hugging Face config mapping, for tiny ``from_config`` models)
 dtype                  ``dtype`` (fp32 / bf16 / fp16; float32 / bfloat16 / float16 accepted)
 rollouts per step      ``rollouts_per_step``, else ``prompts_per_step`` x ``group_size``
 lengths                ``max_prompt_len`` / ``prompt_len``; ``max_new_tokens`` / ``max_response_len``
-training               ``micro_batch`` / ``micro_batch_size``; ``gradient_checkpointing``; ``kl_coef``
+training               ``micro_batch`` / ``micro_batch_size``; ``gradient_checkpointing``; ``kl_coef``;
+                       ``max_tokens_per_micro_batch``; ``logprob_chunk`` (default
+                       :data:`DEFAULT_LOGPROB_CHUNK`, the trainer's; null: unchunked)
 engine                 ``engine`` (hf / vllm)
 =====================  ========================================================================
 
@@ -35,6 +37,7 @@ from shared_interfaces.config_io import ConfigError, load_yaml
 from shared_interfaces.mwra import AllocationError
 
 _MISSING = object()
+DEFAULT_LOGPROB_CHUNK = 1024  # = mrl_llm.config.TrainSection.logprob_chunk (a test pins the two equal)
 DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "fp32": "fp32", "bf16": "bf16", "fp16": "fp16"}
 
 
@@ -69,11 +72,29 @@ def _shape(pol: Mapping, where: str, base: Path) -> ModelShape:
     p = Path(str(ref)) if Path(str(ref)).is_absolute() else base / str(ref)
     if (p / "config.json").is_file():
         return ModelShape.from_model_dir(p)
+    cached = _hub_cached_config(str(ref))
+    if cached is not None:
+        return ModelShape.from_model_dir(cached)
     shape = known_shape(str(ref))
     if shape is None:
         raise ShapeError(f"{where}: model {ref!r} has no config.json at {p} and is not a known architecture; "
                          "build the model directory first or add model_config")
     return shape
+
+
+def _hub_cached_config(ref: str) -> Path | None:
+    """The snapshot folder of hub id ``ref`` in the local hub cache when its ``config.json`` is there
+    (nothing is downloaded to plan)."""
+    from mrl_llm.hub import is_hub_id
+
+    if not is_hub_id(ref):
+        return None
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:
+        return None
+    got = try_to_load_from_cache(ref, "config.json")
+    return Path(got).parent if isinstance(got, str) else None
 
 
 def footprints_from_config(data: Mapping[str, Any], base: Path = Path(".")) -> list[PolicyFootprint]:
@@ -100,6 +121,8 @@ def footprints_from_config(data: Mapping[str, Any], base: Path = Path(".")) -> l
             micro_batch=int(_get(pol, data, "micro_batch", "micro_batch_size", default=1)),
             grad_checkpointing=bool(_get(pol, data, "gradient_checkpointing", "grad_checkpointing", default=False)),
             kl_coef=float(_get(pol, data, "kl_coef", default=0.0)),
+            logprob_chunk=int(_get(pol, data, "logprob_chunk", default=DEFAULT_LOGPROB_CHUNK) or 0),
+            max_tokens_per_micro_batch=int(_get(pol, data, "max_tokens_per_micro_batch", default=0) or 0),
             engine=str(_get(pol, data, "engine", default="hf")),  # type: ignore[arg-type]
         ))
     return out

@@ -113,6 +113,11 @@ def ray_specs(config: RunConfig, plan: PlacementPlan, ckpt_root: Path,
             log.warning("policy %s is planned on %d devices; its one actor uses the first (the worker is "
                         "single-device), the others stay reserved", s.name, len(p.bundles))
         cfg = dict(s.config)
+        if p.num_gpus > 0:  # the worker must land on the GPU it was given (device auto resolves there)
+            if config.policy(s.name).device == "cpu":
+                raise ConfigError(f"policy {s.name!r} is planned on a GPU bundle but sets device: cpu; set "
+                                  "policies[].device: auto (or cuda), or runtime.placement: cpu")
+            cfg["gpu_bundle"] = True
         if config.policy(s.name).engine == "vllm":
             cfg["engine_args"] = vllm_memory(plan, fps[s.name]).engine_args()  # policies[].engine_args win
         out.append(replace(s, config=cfg, threads=min(config.threads or p.threads, p.threads),

@@ -245,6 +245,9 @@ class VLLMEngine(RolloutEngine):
         """Load ``model``'s current weights into the engine in place, reset the prefix cache, and run
         the drift check when one is configured."""
         state = state_dict_for_sync(model)
+        low = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(str(self.engine_args.get("dtype")))
+        if low is not None:  # the engine's own copy is low precision: send it that (fp32 masters stay here)
+            state = {k: v.to(low) if v.is_floating_point() else v for k, v in state.items()}
         paths = self._write_buckets(state)
         try:
             self._wake(["weights"])

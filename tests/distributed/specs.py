@@ -17,7 +17,8 @@ CLUSTERS = Path(__file__).resolve().parents[2] / "experiments" / "configs" / "cl
 
 def paper_pair() -> list[PolicyFootprint]:
     common = dict(dtype="bf16", rollouts_per_step=128 * 8, prompt_len=1024, max_response_len=3072,
-                  micro_batch=4, grad_checkpointing=True, kl_coef=0.001, engine="vllm")
+                  micro_batch=4, grad_checkpointing=True, kl_coef=0.001, engine="vllm",
+                  logprob_chunk=1024)  # the trainer's default chunk, which the config adapter assumes
     return [
         PolicyFootprint(name="qwen2.5-math-1.5b", shape=KNOWN_SHAPES["Qwen2.5-Math-1.5B"], **common),
         PolicyFootprint(name="qwen3-1.7b-base", shape=KNOWN_SHAPES["Qwen3-1.7B-Base"], **common),

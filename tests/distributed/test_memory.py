@@ -81,15 +81,30 @@ def test_training_bytes_hand_computed() -> None:
     assert layer_activation_bytes(p) == 2 * 8 * 2 * 112
     logits = 2 * 16 * 10 + 8 * 16 * 10
     m = training_bytes(p)
-    assert (m.weights, m.gradients, m.optimizer) == (2 * n, 2 * n, 12 * n)
+    # bf16 with master weights: fp32 weights and grads (the masters), fp32 AdamW moments
+    assert (m.weights, m.gradients, m.optimizer) == (4 * n, 4 * n, 8 * n)
     assert m.activations == 2 * 2 * 8 * 2 * 112 + logits
+    pure = training_bytes(_tiny(master_weights=False))
+    assert (pure.weights, pure.gradients, pure.optimizer) == (2 * n, 2 * n, 8 * n)
     ck = training_bytes(_tiny(grad_checkpointing=True))
     assert ck.activations == 2 * 2 * 16 * 8 + 2 * 8 * 2 * 112 + logits
     fp32 = training_bytes(_tiny(dtype="fp32", optimizer="sgd"))
     assert (fp32.gradients, fp32.optimizer) == (4 * n, 0)
     sharded = training_bytes(_tiny(kl_coef=0.01), shards=4)
-    assert sharded.weights == 2 * (2 * n / 4) + 2 * p.shape.layer_params
-    assert sharded.optimizer == 12 * n / 4
+    # fp32 master shard + the gathered layer in bf16 + the bf16 reference copy's shard
+    assert sharded.weights == 4 * n / 4 + 2 * p.shape.layer_params + 2 * n / 4
+    assert sharded.optimizer == 8 * n / 4
+
+
+def test_logits_term_follows_the_chunk_and_the_token_budget() -> None:
+    p = _tiny()
+    base = training_bytes(p).activations
+    chunked = training_bytes(_tiny(logprob_chunk=4)).activations
+    # 16 positions of logits (2 B bf16 + 2 x 4 B fp32) -> 4 positions
+    assert base - chunked == (2 + 8) * (16 - 4) * 10
+    assert training_bytes(_tiny(logprob_chunk=1000)).activations == base  # a chunk above b s changes nothing
+    budget = _tiny(max_tokens_per_micro_batch=8)
+    assert budget.micro_tokens == 8 and layer_activation_bytes(budget) == 2 * 8 * 112
 
 
 def test_kv_and_rollout_bytes() -> None:

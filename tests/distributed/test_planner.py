@@ -112,7 +112,7 @@ def test_three_policies_on_two_cpus_get_fractional_cpus() -> None:
 def test_kv_concurrency_scales_to_what_fits() -> None:
     fp = paper_pair()[0]
     roomy = ClusterSpec("big", (NodeSpec(gpus=1, gpu_memory_gib=400, cpus=4, ram_gib=64),))
-    tight = ClusterSpec("tight", (NodeSpec(gpus=1, gpu_memory_gib=70, cpus=4, ram_gib=64),))
+    tight = ClusterSpec("tight", (NodeSpec(gpus=1, gpu_memory_gib=50, cpus=4, ram_gib=64),))  # chunked logits: 70 fits
     big, small = plan_placement([fp], roomy), plan_placement([fp], tight)
     assert big.policies[0].rollout_concurrency == 256
     c = small.policies[0].rollout_concurrency

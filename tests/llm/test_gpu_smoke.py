@@ -51,7 +51,10 @@ def test_the_smoke_path_imports_no_ray_vllm_mathverify_gymnasium(tmp_path):
             "assert not s.vllm_installed()\n"
             f"cfg = s.smoke_config(Path({str(tmp_path / 'out')!r}), cpu=False, steps=1, engine='hf')\n"
             "assert [p.model_config['model_type'] for p in cfg.policies] == ['qwen2', 'qwen3']\n"
-            "assert {p.tokenizer_path for p in cfg.policies} >= {'utf8-bytes'}\n")
+            "assert {p.tokenizer_path for p in cfg.policies} >= {'utf8-bytes'}\n"
+            # the GPU run exercises bf16 master weights, device auto, the token budget and chunking
+            "assert all(p.dtype == 'bf16' and p.device == 'auto' and p.train.max_tokens_per_micro_batch\n"
+            "           and p.train.logprob_chunk for p in cfg.policies)\n")
     res = subprocess.run([sys.executable, "-c", code], env=_env(tmp_path), cwd=tmp_path, capture_output=True,
                          text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
@@ -70,5 +73,6 @@ def test_smoke_sh_cpu_mode_runs_end_to_end_without_them(tmp_path):
     assert set(got["policies"]) == {"qwen2.5-like", "qwen3-like"}
     for p in got["policies"].values():
         assert p["steps"] == 2 and p["generation_tokens_per_s"] > 0 and p["training_tokens_per_s"] > 0
+        assert p["padding_waste_mean"] >= 1.0 and p["checkpoint_dtypes"] == p["export_dtypes"] == ["F32"]
     assert got["peak_memory"]["host_max_rss_gib"] > 0
     assert "gen tok/s" in res.stdout and "written:" in res.stdout

@@ -171,10 +171,11 @@ def test_gradient_checkpointing_gives_the_same_update(pair, dtype):
         pol = PolicyConfig(name="B", model_config=tiny("llama"), tokenizer_dir=learner_tokenizer_dir(), dtype=dtype,
                            train=TrainSection(lr=1e-2, micro_batch=3, gradient_checkpointing=ckpt))
         w = LLMPolicyWorker("B", WorkerConfig(policy=pol, loss=LossConfig(kl_coef=0.1)), seed=1)
-        assert w.model.is_gradient_checkpointing == ckpt and next(w.model.parameters()).dtype == (
-            torch.bfloat16 if dtype == "bf16" else torch.float32)
-        res = run_update(w.model, w.optimizer, batch, loss_cfg=w.cfg.loss, temperature=1.0, micro_batch=3,
-                         grad_accum=None, grad_clip=1.0, pad_id=w.pad_id, ref_model=w.ref_model)
+        # fp32 master weights whatever the dtype; bf16 computes under autocast (mrl_llm.precision)
+        assert w.model.is_gradient_checkpointing == ckpt and next(w.model.parameters()).dtype == torch.float32
+        with w.precision.autocast(w.device):
+            res = run_update(w.model, w.optimizer, batch, loss_cfg=w.cfg.loss, temperature=1.0, micro_batch=3,
+                             grad_accum=None, grad_clip=1.0, pad_id=w.pad_id, ref_model=w.ref_model)
         assert not res.nan_skipped and res.optimizer_steps == 1 and math.isfinite(res.metrics["loss"])
         params.append(torch.cat([p.detach().float().flatten() for p in w.model.parameters()]))
     torch.testing.assert_close(params[0], params[1], atol=1e-6 if dtype == "fp32" else 1e-2, rtol=0)
