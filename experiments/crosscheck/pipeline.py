@@ -4,7 +4,7 @@
 
 * ``calibration`` — per LLM seed: the floor ``p_never``, per policy the scenario's initial accuracy
   (mean ``p``), the LLM's step-0 sample accuracy, the rescue-set size;
-* ``fit`` — the GRPO grid (:func:`experiments.crosscheck.simulate.fit_grid`) and its best setting;
+* ``fit`` — the GRPO grid (:func:`bandit_sim.fit.fit_grid`) and its best setting;
 * ``regimes`` — per regime, on the budget axis: the LLM's per-policy sample-accuracy curve (mean over
   LLM seeds) and the bandit's (mean over LLM seeds of its mean over bandit seeds), the RMSE between them
   and the flat baseline's; three scalar outcomes for the ordering: ``final`` (accuracy at the last
@@ -31,10 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from bandit_sim.scenario import save_scenario
-from experiments.crosscheck.calibrate import Calibration, CalibrationConfig, calibrate
-from experiments.crosscheck.llm_runs import LLMRun, discover, group_size, step0_counts
-from experiments.crosscheck.simulate import (
+from bandit_sim.calibrate import Calibration, CalibrationConfig, calibrate
+from bandit_sim.fit import (
     FitCase,
     FreeSettings,
     Prediction,
@@ -42,9 +40,11 @@ from experiments.crosscheck.simulate import (
     bandit_config,
     curve_sse,
     fit_grid,
-    sgt_weight_scan,
     simulate,
 )
+from bandit_sim.scenario import save_scenario
+from experiments.crosscheck.llm_runs import LLMRun, discover, group_size, step0_counts
+from experiments.crosscheck.simulate import sgt_weight_scan
 from experiments.crosscheck.stats import auc, precision_recall, rank_agreement
 from shared_interfaces.regimes.config import STANDARD_REGIMES, parse_regime
 
