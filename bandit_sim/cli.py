@@ -8,6 +8,8 @@
 grid's full product, one result file per point as it finishes, a progress bar, one table and one plot
 (:mod:`bandit_sim.sweep`); a failed point is listed and the command exits 1.
 ``scenario --preset NAME --out FILE.npz``: write the preset's generated scenario, to edit or calibrate.
+``predict --success-matrix FILE [--probe-run FILE]``: calibrate a scenario from an LLM pair's success matrix,
+simulate every regime and print the predicted ordering and the regime to use (:mod:`bandit_sim.predict`).
 """
 
 from __future__ import annotations
@@ -51,6 +53,19 @@ def _parser() -> argparse.ArgumentParser:
     sw.add_argument("--ray-address", help="an existing Ray cluster (default: start a local one)")
     sw.add_argument("--workers", type=int, default=1, help="processes per point (sequential runtime)")
     sw.add_argument("--quiet", action="store_true", help="no progress bar")
+    pr = sub.add_parser("predict", help="predict the regimes' outcomes for LLM policies from their success matrix")
+    pr.add_argument("--success-matrix", required=True, help="success_matrix.json of a run (mrl_llm success-matrix)")
+    pr.add_argument("--probe-run", help="success matrix of a short GRPO run of the same policies: fit the lr on it")
+    pr.add_argument("--regimes", help="comma-separated regimes (default: the five standard ones)")
+    pr.add_argument("--seeds", type=int, default=32, help="bandit seeds")
+    pr.add_argument("--preset", default="paper", help="run preset whose optimizer / lr / epochs are used without a probe")
+    pr.add_argument("--objective", choices=("final", "rescue"), default="final", help="what 'the regime to use' maximises")
+    pr.add_argument("--arms", type=int, default=16, help="bandit arms per prompt (one correct)")
+    pr.add_argument("--alpha", type=float, default=0.01, help="never-solved floor: p = alpha / (draws of the prompt)")
+    pr.add_argument("--thl-sigma", type=float, default=0.0, help="THL residual on prp_thl's denominator")
+    for flag in ("--steps", "--prompts-per-step", "--group-size", "--eval-k"):
+        pr.add_argument(flag, type=int, help="override the matrix's run setting")
+    pr.add_argument("--out", help="also write the prediction as JSON to this file")
     sc = sub.add_parser("scenario", help="write a preset's generated scenario as .npz")
     sc.add_argument("--preset", required=True)
     sc.add_argument("--out", required=True)
@@ -126,6 +141,24 @@ def _recorded_grid(data: dict, where: Path):
     return SweepGrid(base, {k: tuple(v) for k, v in data["axes"].items()}, name=str(data["name"]))
 
 
+def cmd_predict(args: argparse.Namespace) -> int:
+    from bandit_sim.predict import PredictOptions, format_prediction, predict, write_prediction
+    from shared_interfaces.success_matrix import read_success_matrix
+
+    regimes = None if args.regimes is None else tuple(r.strip() for r in args.regimes.split(",") if r.strip())
+    opts = PredictOptions(**({"regimes": regimes} if regimes is not None else {}), seeds=args.seeds,
+                          preset=args.preset, objective=args.objective, arms=args.arms, alpha=args.alpha,
+                          thl_sigma=args.thl_sigma, steps=args.steps, prompts_per_step=args.prompts_per_step,
+                          group_size=args.group_size, eval_k=args.eval_k)
+    matrix = read_success_matrix(args.success_matrix)
+    probe = read_success_matrix(args.probe_run) if args.probe_run else None
+    res = predict(matrix, probe, opts)
+    print(format_prediction(res))
+    if args.out:
+        print(f"-> {write_prediction(res, args.out)}")
+    return 0
+
+
 def cmd_scenario(args: argparse.Namespace) -> int:
     from bandit_sim.runner import scenario_of
 
@@ -137,7 +170,8 @@ def cmd_scenario(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        return {"run": cmd_run, "sweep": cmd_sweep, "scenario": cmd_scenario}[args.command](args)
+        return {"run": cmd_run, "sweep": cmd_sweep, "scenario": cmd_scenario,
+                "predict": cmd_predict}[args.command](args)
     except (ConfigError, ScenarioError, ValueError) as err:
         print(f"bandit_sim: error: {err}", file=sys.stderr)
         return 2

@@ -172,7 +172,7 @@ def validate(data: Any, *, where: str = "success matrix") -> dict[str, Any]:
         _check_curve(curve, len(pols), where)
     outcomes = data.get("outcomes")
     if outcomes is not None:
-        _check_outcomes(outcomes, len(pols), where)
+        validate_outcomes(outcomes, len(pols), where=where)
     return data
 
 
@@ -204,7 +204,8 @@ def _check_curve(curve: Any, P: int, where: str) -> None:
                 raise _fail(where, f"curve.accuracy[{i}][{t}] must be a number in [0, 1] or null, got {x!r}")
 
 
-def _check_outcomes(outcomes: Any, P: int, where: str) -> None:
+def validate_outcomes(outcomes: Any, P: int, *, where: str = "outcomes") -> None:
+    """Check an ``outcomes`` object (module docstring) for ``P`` policies."""
     if not isinstance(outcomes, dict):
         raise _fail(where, "'outcomes' must be null or an object {regime: {final_accuracy, ...}}")
     for reg, o in outcomes.items():

@@ -13,7 +13,7 @@
   solved at the end: observed in the LLM's evaluation, expected ``P(solved)`` in the bandit), with
   ``rescue_curve`` the same share at every evaluation; the LLM's binomial evaluation noise on ``final``;
 * ``ordering`` — for each outcome, Spearman and Kendall between the bandit's and the LLM's values
-  over the regimes, with exact permutation p-values (:mod:`experiments.crosscheck.stats`);
+  over the regimes, with exact permutation p-values (:mod:`bandit_sim.stats`);
 * ``rescue`` — per regime, the predicted rescues (``mean over bandit seeds of P(solved) >= threshold``,
   default 0.5) against the observed ones (solved at the LLM's last evaluation), over the entries of the
   rescue sets pooled over policies and LLM seeds, and the AUC of the bandit's P(solved) for telling the
@@ -43,9 +43,9 @@ from bandit_sim.fit import (
     simulate,
 )
 from bandit_sim.scenario import save_scenario
+from bandit_sim.stats import auc, precision_recall, rank_agreement
 from experiments.crosscheck.llm_runs import LLMRun, discover, group_size, step0_counts
 from experiments.crosscheck.simulate import sgt_weight_scan
-from experiments.crosscheck.stats import auc, precision_recall, rank_agreement
 from shared_interfaces.regimes.config import STANDARD_REGIMES, parse_regime
 
 OUTCOMES = ("final", "mean", "rescue_rate")
