@@ -4,8 +4,12 @@
 ``--steps``, ``--seeds``, ``--out DIR``; ``--lr``, ``--group-size``, ``--batch-prompts``, ``--epochs``,
 ``--sgt-weight``, ``--thl-sigma``, ``--seed`` override the preset, which a ``--config FILE.yaml`` (keys of
 :class:`bandit_sim.config.RunConfig`) also overrides: preset < config file < flags.
-``sweep --grid NAME --out DIR``: the grid's full product with a progress bar, one table and one plot.
+``sweep --grid NAME|FILE.yaml --out DIR [--runtime sequential|ray] [--ray-address ADDR] [--resume DIR]``: the
+grid's full product, one result file per point as it finishes, a progress bar, one table and one plot
+(:mod:`bandit_sim.sweep`); a failed point is listed and the command exits 1.
 ``scenario --preset NAME --out FILE.npz``: write the preset's generated scenario, to edit or calibrate.
+``predict --success-matrix FILE [--probe-run FILE]``: calibrate a scenario from an LLM pair's success matrix,
+simulate every regime and print the predicted ordering and the regime to use (:mod:`bandit_sim.predict`).
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from bandit_sim.config import RunConfig, config_from_mapping, with_overrides
-from bandit_sim.presets import RUN_PRESETS, SWEEP_GRIDS, get_grid, get_preset
+from bandit_sim.presets import RUN_PRESETS, get_preset
 from bandit_sim.scenario import ScenarioError, save_scenario
 from shared_interfaces.config_io import ConfigError, load_yaml
 
@@ -40,9 +44,28 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--no-plots", action="store_true")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
     sw = sub.add_parser("sweep", help="run a grid of configs")
-    sw.add_argument("--grid", required=True, help=f"named grid: {', '.join(sorted(SWEEP_GRIDS))}")
-    sw.add_argument("--out", required=True)
-    sw.add_argument("--workers", type=int, default=1)
+    sw.add_argument("--grid", help="a named grid (bandit_sim/grids: paper, paper-full, smoke) or a YAML file "
+                    "(base + axes); with --resume, the grid recorded in DIR by default")
+    sw.add_argument("--out", help="output directory (a new one; see --resume)")
+    sw.add_argument("--resume", metavar="DIR", help="continue the sweep in DIR: finished points are skipped")
+    sw.add_argument("--runtime", choices=("sequential", "ray"), default="sequential",
+                    help="sequential: points one by one, each over --workers processes; ray: points as Ray tasks")
+    sw.add_argument("--ray-address", help="an existing Ray cluster (default: start a local one)")
+    sw.add_argument("--workers", type=int, default=1, help="processes per point (sequential runtime)")
+    sw.add_argument("--quiet", action="store_true", help="no progress bar")
+    pr = sub.add_parser("predict", help="predict the regimes' outcomes for LLM policies from their success matrix")
+    pr.add_argument("--success-matrix", required=True, help="success_matrix.json of a run (mrl_llm success-matrix)")
+    pr.add_argument("--probe-run", help="success matrix of a short GRPO run of the same policies: fit the lr on it")
+    pr.add_argument("--regimes", help="comma-separated regimes (default: the five standard ones)")
+    pr.add_argument("--seeds", type=int, default=32, help="bandit seeds")
+    pr.add_argument("--preset", default="paper", help="run preset whose optimizer / lr / epochs are used without a probe")
+    pr.add_argument("--objective", choices=("final", "rescue"), default="final", help="what 'the regime to use' maximises")
+    pr.add_argument("--arms", type=int, default=16, help="bandit arms per prompt (one correct)")
+    pr.add_argument("--alpha", type=float, default=0.01, help="never-solved floor: p = alpha / (draws of the prompt)")
+    pr.add_argument("--thl-sigma", type=float, default=0.0, help="THL residual on prp_thl's denominator")
+    for flag in ("--steps", "--prompts-per-step", "--group-size", "--eval-k"):
+        pr.add_argument(flag, type=int, help="override the matrix's run setting")
+    pr.add_argument("--out", help="also write the prediction as JSON to this file")
     sc = sub.add_parser("scenario", help="write a preset's generated scenario as .npz")
     sc.add_argument("--preset", required=True)
     sc.add_argument("--out", required=True)
@@ -83,9 +106,56 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     from bandit_sim.sweep import run_sweep
+    from bandit_sim.sweep_config import load_grid
 
-    rows = run_sweep(get_grid(args.grid), args.out, workers=args.workers)
-    print(f"{len(rows)} rows -> {Path(args.out) / 'sweep.csv'}")
+    if (args.out is None) == (args.resume is None):
+        raise ConfigError("give exactly one of --out DIR (a new sweep) and --resume DIR (continue one)")
+    if args.ray_address and args.runtime != "ray":
+        raise ConfigError("--ray-address needs --runtime ray")
+    out = Path(args.resume or args.out)
+    if args.grid is not None:
+        grid = load_grid(args.grid)
+    elif args.resume:
+        grid_file = out / "grid.json"
+        if not grid_file.is_file():
+            raise ConfigError(f"--resume {out}: no grid.json there; it is not a sweep directory")
+        grid = _recorded_grid(json.loads(grid_file.read_text()), grid_file)
+    else:
+        raise ConfigError("give --grid NAME or FILE.yaml (named grids: paper, paper-full, smoke)")
+    res = run_sweep(grid, out, runtime=args.runtime, workers=args.workers, resume=args.resume is not None,
+                    ray_address=args.ray_address, progress=not args.quiet)
+    print(f"{res.points - len(res.failures)}/{res.points} points ({res.ran} run now, {res.wall_s:.1f} s), "
+          f"{len(res.rows)} rows -> {out / 'sweep.csv'}")
+    for f in res.failures:
+        print(f"  failed point {f['key']} after {f['attempts']} attempts: {f['error']}", file=sys.stderr)
+    return 1 if res.failures else 0
+
+
+def _recorded_grid(data: dict, where: Path):
+    from bandit_sim.config import config_from_mapping
+    from bandit_sim.sweep_config import SweepGrid
+
+    if not isinstance(data, dict) or set(data) != {"name", "base", "axes"}:
+        raise ConfigError(f"{where}: not a grid record (keys name, base, axes); pass --grid")
+    base = config_from_mapping(data["base"], where=f"{where}: base")
+    return SweepGrid(base, {k: tuple(v) for k, v in data["axes"].items()}, name=str(data["name"]))
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    from bandit_sim.predict import PredictOptions, format_prediction, predict, write_prediction
+    from shared_interfaces.success_matrix import read_success_matrix
+
+    regimes = None if args.regimes is None else tuple(r.strip() for r in args.regimes.split(",") if r.strip())
+    opts = PredictOptions(**({"regimes": regimes} if regimes is not None else {}), seeds=args.seeds,
+                          preset=args.preset, objective=args.objective, arms=args.arms, alpha=args.alpha,
+                          thl_sigma=args.thl_sigma, steps=args.steps, prompts_per_step=args.prompts_per_step,
+                          group_size=args.group_size, eval_k=args.eval_k)
+    matrix = read_success_matrix(args.success_matrix)
+    probe = read_success_matrix(args.probe_run) if args.probe_run else None
+    res = predict(matrix, probe, opts)
+    print(format_prediction(res))
+    if args.out:
+        print(f"-> {write_prediction(res, args.out)}")
     return 0
 
 
@@ -100,7 +170,8 @@ def cmd_scenario(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        return {"run": cmd_run, "sweep": cmd_sweep, "scenario": cmd_scenario}[args.command](args)
+        return {"run": cmd_run, "sweep": cmd_sweep, "scenario": cmd_scenario,
+                "predict": cmd_predict}[args.command](args)
     except (ConfigError, ScenarioError, ValueError) as err:
         print(f"bandit_sim: error: {err}", file=sys.stderr)
         return 2

@@ -1,17 +1,16 @@
-"""Named run presets (``bandit_sim run --preset NAME``) and sweep grids (``bandit_sim sweep --grid NAME``).
+"""Named run presets (``bandit_sim run --preset NAME``; a sweep grid's ``base``).
 
 ``paper`` is the benchmark workload of the issue: 256 contexts x 32 arms, 2 policies, the five standard
 regimes, 64 seeds, 1000 steps, 64 prompts per step, G = 8, one epoch, metrics every 10 steps; its
 scenario has half the contexts shared, a tenth unsolved, and half of each policy's peer-only contexts
 with hard support (the rescue set). ``smoke`` is the same shape of problem, small enough for seconds.
 
-A sweep grid is a base run config plus axes (``overlap`` = scenario overlap, ``group_size``,
-``thl_sigma``, ``sgt_weight`` = SGT's lambda, ``lr``); the sweep runs the full product.
+Sweep grids are YAML files (a preset plus axes): :mod:`bandit_sim.sweep_config`, ``bandit_sim/grids/``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from bandit_sim.config import RunConfig
 from bandit_sim.scenario import ScenarioSpec
@@ -34,71 +33,7 @@ RUN_PRESETS: dict[str, RunConfig] = {
     ),
 }
 
-#: axes a sweep may vary, and what each changes in the run config
-SWEEP_AXES = ("overlap", "group_size", "thl_sigma", "sgt_weight", "lr")
-
-
-@dataclass(frozen=True)
-class SweepGrid:
-    base: RunConfig
-    axes: dict[str, tuple[float, ...]]
-
-    def __post_init__(self) -> None:
-        unknown = sorted(set(self.axes) - set(SWEEP_AXES))
-        if unknown:
-            raise ConfigError(f"sweep grid: unknown axes {unknown}; known: {list(SWEEP_AXES)}")
-
-    def points(self) -> list[dict[str, float]]:
-        pts: list[dict[str, float]] = [{}]
-        for name, values in self.axes.items():
-            pts = [{**p, name: v} for p in pts for v in values]
-        return pts
-
-
-def apply_point(base: RunConfig, point: dict[str, float]) -> RunConfig:
-    """The run config of one grid point."""
-    cfg = base
-    for name, v in point.items():
-        if name == "overlap":
-            gen = cfg.generator
-            cfg = replace(cfg, generator=replace(gen, overlap=float(v), unsolved=min(gen.unsolved, 1.0 - float(v))))
-        elif name == "group_size":
-            cfg = replace(cfg, group_size=int(v))
-        elif name == "sgt_weight":
-            cfg = replace(cfg, sgt=replace(cfg.sgt, weight=float(v)))
-        else:
-            cfg = replace(cfg, **{name: float(v)})
-    return cfg
-
-
-SWEEP_GRIDS: dict[str, SweepGrid] = {
-    "paper": SweepGrid(
-        base=replace(
-            RUN_PRESETS["paper"], generator=replace(PAPER_SCENARIO, n_contexts=128, n_arms=16), seeds=16,
-            steps=400, batch_prompts=32, record_every=20,
-        ),
-        axes={
-            "overlap": (0.2, 0.5, 0.8),
-            "group_size": (4, 8, 16),
-            "thl_sigma": (0.0, 0.5, 1.0),
-            "sgt_weight": (0.1, 1.0),
-            "lr": (5.0, 20.0),
-        },
-    ),
-    "smoke": SweepGrid(
-        base=replace(RUN_PRESETS["smoke"], steps=20, seeds=2, record_every=10),
-        axes={"overlap": (0.2, 0.8), "thl_sigma": (0.0, 1.0)},
-    ),
-}
-
-
 def get_preset(name: str) -> RunConfig:
     if name not in RUN_PRESETS:
         raise ConfigError(f"unknown preset {name!r}; known presets: {sorted(RUN_PRESETS)}")
     return RUN_PRESETS[name]
-
-
-def get_grid(name: str) -> SweepGrid:
-    if name not in SWEEP_GRIDS:
-        raise ConfigError(f"unknown sweep grid {name!r}; known grids: {sorted(SWEEP_GRIDS)}")
-    return SWEEP_GRIDS[name]

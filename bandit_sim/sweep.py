@@ -1,16 +1,34 @@
-"""``bandit_sim sweep``: run every point of a grid and write one table and one combined plot.
+"""``bandit_sim sweep``: run every point of a grid, one result file per point, then one table and one plot.
 
-Outputs under ``DIR``: ``sweep.csv`` (one row per point x regime x policy: the grid values and the
-final-step seed means of the summary metrics), ``sweep.json`` (the grid and the same rows) and
-``sweep.png`` (per axis: final accuracy and rescue-set accuracy per regime, averaged over the other axes
-and the policies).
+**The schedule** (:func:`run_sweep`, one loop whatever the runtime): the points not yet finished in
+``DIR/points/`` are handed to a runtime — ``sequential`` (one point after another in this process, each
+sharded over ``workers`` processes, :func:`bandit_sim.runner.run_config`) or ``ray`` (points as Ray
+tasks in parallel, :mod:`bandit_sim.sweep_ray`). Each finished point is written at once and atomically
+(a temporary file renamed) to ``DIR/points/<key>.json``; a failing point is retried once, then written to
+``DIR/failed/<key>.json`` with its error, and the sweep goes on. ``--resume DIR`` skips the finished
+points (a failed one is tried again); the grid must be the one ``DIR/grid.json`` records. A progress bar
+counts points with an ETA.
+
+**Outputs** under ``DIR``, from the point files in grid order (so a resumed sweep, a Ray sweep and a
+sequential one give the same rows): ``sweep.csv`` (one row per point x regime x policy: the grid values,
+the final-step seed means of the summary metrics and the 95 % half widths of accuracy, rescue accuracy and
+KL), ``sweep.json`` (the grid, the rows, the failed points with their errors, the runtime and wall time)
+and ``sweep.png`` (per axis: final accuracy and rescue-set accuracy per regime, averaged over the other
+axes and the policies).
 """
 
 from __future__ import annotations
 
 import csv
 import json
+import os
+import time
+import traceback
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Literal, Protocol
 
 import matplotlib
 
@@ -19,31 +37,199 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-from bandit_sim.presets import SweepGrid, apply_point  # noqa: E402
+from bandit_sim.config import RunConfig  # noqa: E402
 from bandit_sim.results import SUMMARY_KEYS, final_policy_stats  # noqa: E402
 from bandit_sim.runner import run_config, scenario_of  # noqa: E402
+from bandit_sim.sweep_config import SweepGrid, apply_point  # noqa: E402
+from shared_interfaces.config_io import ConfigError  # noqa: E402
+
+ROW_CI_KEYS = ("accuracy_ci95", "rescue_accuracy_ci95", "kl_to_init_ci95")
+ATTEMPTS = 2  # a failing point is tried twice, then reported
+PointFn = Callable[[RunConfig, dict, int], dict]
 
 
-def run_sweep(grid: SweepGrid, out_dir: str | Path, *, workers: int = 1, progress: bool = True) -> list[dict]:
+def point_key(point: dict[str, float]) -> str:
+    """The point's file name stem, e.g. ``overlap=0.2,group_size=4``."""
+    return ",".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in point.items()) or "base"
+
+
+def run_point(base: RunConfig, point: dict[str, float], workers: int = 1) -> dict[str, Any]:
+    """Run one grid point: ``{"rows": [...], "wall_s"}`` (rows as in ``sweep.csv``)."""
+    t0 = time.perf_counter()
+    cfg = apply_point(base, point)
+    res = run_config(cfg, scenario_of(cfg), workers=workers)
+    rows = []
+    for r, name in enumerate(res.regimes):
+        for p, pol in enumerate(res.policy_names):
+            stats = final_policy_stats(res, r, p)
+            rows.append({**point, "regime": name, "policy": pol,
+                         **{k: stats[k] for k in SUMMARY_KEYS + ROW_CI_KEYS}})
+    return {"rows": rows, "wall_s": time.perf_counter() - t0}
+
+
+class Runtime(Protocol):
+    """Where points run: ``submit`` queues one, ``results`` yields ``(tag, value, error)`` as they finish
+    (``error`` a one-line string when the point raised) until nothing is queued."""
+
+    def submit(self, tag: Any, base: RunConfig, point: dict) -> None: ...
+
+    def results(self) -> Iterator[tuple[Any, dict | None, str | None]]: ...
+
+    def close(self) -> None: ...
+
+
+def describe_error(err: BaseException) -> str:
+    """One line: the exception's type and message, and where it was raised."""
+    tb = traceback.extract_tb(err.__traceback__)
+    where = f" (at {Path(tb[-1].filename).name}:{tb[-1].lineno})" if tb else ""
+    msg = " ".join(str(err).split()) or "no message"
+    return f"{type(err).__name__}: {msg}{where}"
+
+
+@dataclass
+class SequentialRuntime:
+    """Points one after another in this process, each sharded over ``workers`` processes."""
+
+    workers: int = 1
+    point_fn: PointFn = run_point
+    queue: deque = field(default_factory=deque)
+
+    def submit(self, tag: Any, base: RunConfig, point: dict) -> None:
+        self.queue.append((tag, base, point))
+
+    def results(self) -> Iterator[tuple[Any, dict | None, str | None]]:
+        while self.queue:
+            tag, base, point = self.queue.popleft()
+            try:
+                yield tag, self.point_fn(base, point, self.workers), None
+            except Exception as err:  # a failing point is reported, never raised out of the sweep
+                yield tag, None, describe_error(err)
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass
+class SweepResult:
+    """The rows of every finished point (grid order), the failed points, and how the run went."""
+
+    rows: list[dict]
+    failures: list[dict]
+    points: int
+    ran: int
+    wall_s: float
+
+
+def write_atomic(path: Path, data: dict) -> None:
+    """Write JSON to ``path`` through a temporary file renamed over it (never a half-written file)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=1, allow_nan=False) + "\n")
+    os.replace(tmp, path)
+
+
+def prepare_dir(grid: SweepGrid, out: Path, *, resume: bool) -> dict[str, dict]:
+    """Create ``out`` (or check it on resume); returns the finished points' files by key."""
+    ident = grid.to_dict()
+    ident_path = out / "grid.json"
+    if resume:
+        if not ident_path.is_file():
+            raise ConfigError(f"--resume {out}: no grid.json there; it is not a sweep directory (start one with --out)")
+        old = json.loads(ident_path.read_text())
+        if {k: old.get(k) for k in ("base", "axes")} != {k: ident[k] for k in ("base", "axes")}:
+            raise ConfigError(f"--resume {out}: that sweep was made by another grid ({old.get('name')}); resume it with "
+                              "the same grid, or start a new --out")
+    else:
+        if (out / "points").is_dir() and any((out / "points").glob("*.json")):
+            raise ConfigError(f"--out {out} already holds a sweep's points; continue it with --resume {out} or pick "
+                              "a new directory")
+        out.mkdir(parents=True, exist_ok=True)
+        write_atomic(ident_path, ident)
+    (out / "points").mkdir(exist_ok=True)
+    (out / "failed").mkdir(exist_ok=True)
+    done = {}
+    for f in (out / "points").glob("*.json"):
+        try:
+            done[f.stem] = json.loads(f.read_text())
+        except json.JSONDecodeError as err:
+            raise ConfigError(f"{f} is not valid JSON ({err}); delete it and --resume to rerun that point") from err
+    return done
+
+
+def make_runtime(runtime: str, *, workers: int, ray_address: str | None, point_fn: PointFn) -> Runtime:
+    if runtime == "sequential":
+        return SequentialRuntime(workers=workers, point_fn=point_fn)
+    if runtime == "ray":
+        from bandit_sim.sweep_ray import RayRuntime
+
+        return RayRuntime.start(address=ray_address, point_fn=point_fn)
+    raise ConfigError(f"unknown sweep runtime {runtime!r}; use sequential or ray")
+
+
+def run_sweep(grid: SweepGrid, out_dir: str | Path, *, runtime: Literal["sequential", "ray"] = "sequential",
+              workers: int = 1, resume: bool = False, ray_address: str | None = None, progress: bool = True,
+              point_fn: PointFn = run_point) -> SweepResult:
+    """Run the grid's unfinished points on ``runtime`` and write the outputs (module docstring)."""
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    rows: list[dict] = []
+    done = prepare_dir(grid, out, resume=resume)
     points = grid.points()
-    for point in tqdm(points, desc="grid points", disable=not progress):
-        cfg = apply_point(grid.base, point)
-        res = run_config(cfg, scenario_of(cfg), workers=workers)
-        for r, name in enumerate(res.regimes):
-            for p, pol in enumerate(res.policy_names):
-                stats = final_policy_stats(res, r, p)
-                rows.append({**point, "regime": name, "policy": pol, **{k: stats[k] for k in SUMMARY_KEYS}})
-    with open(out / "sweep.csv", "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-    (out / "sweep.json").write_text(json.dumps({"axes": {k: list(v) for k, v in grid.axes.items()}, "rows": rows},
-                                               indent=1) + "\n")
-    plot_sweep(grid, rows, out / "sweep.png")
-    return rows
+    keys = [point_key(p) for p in points]
+    todo = [(k, p) for k, p in zip(keys, points, strict=True) if k not in done]
+    t0 = time.perf_counter()
+    failures: list[dict] = []
+    if todo:
+        rt = make_runtime(runtime, workers=workers, ray_address=ray_address, point_fn=point_fn)
+        bar = tqdm(total=len(points), initial=len(points) - len(todo), desc="grid points", unit="point",
+                   disable=not progress, smoothing=0.0)
+        try:
+            failures = _schedule(rt, grid.base, todo, out, done, bar)
+        finally:
+            bar.close()
+            rt.close()
+    for k in done:
+        (out / "failed" / f"{k}.json").unlink(missing_ok=True)
+    rows = [row for k in keys if k in done for row in done[k]["rows"]]
+    result = SweepResult(rows, failures, len(points), len(todo), time.perf_counter() - t0)
+    write_outputs(grid, out, result, runtime=runtime, workers=workers)
+    return result
+
+
+def _schedule(rt: Runtime, base: RunConfig, todo: list[tuple[str, dict]], out: Path, done: dict[str, dict],
+              bar: tqdm) -> list[dict]:
+    attempts: dict[str, int] = {}
+    point_of = dict(todo)
+    for k, p in todo:
+        attempts[k] = 1
+        rt.submit(k, base, p)
+    failures = []
+    for k, value, error in rt.results():
+        if error is None:
+            data = {"key": k, "point": point_of[k], "attempts": attempts[k], **value}
+            write_atomic(out / "points" / f"{k}.json", data)
+            done[k] = data
+            bar.update(1)
+        elif attempts[k] < ATTEMPTS:
+            attempts[k] += 1
+            rt.submit(k, base, point_of[k])
+        else:
+            fail = {"key": k, "point": point_of[k], "attempts": attempts[k], "error": error}
+            write_atomic(out / "failed" / f"{k}.json", fail)
+            failures.append(fail)
+            bar.update(1)
+    return failures
+
+
+def write_outputs(grid: SweepGrid, out: Path, result: SweepResult, *, runtime: str, workers: int) -> None:
+    rows = result.rows
+    if rows:
+        with open(out / "sweep.csv", "w", newline="") as fh:
+            w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
+        plot_sweep(grid, rows, out / "sweep.png")
+    summary = {"grid": grid.name, "axes": {k: list(v) for k, v in grid.axes.items()}, "points": result.points,
+               "finished": result.points - len(result.failures), "ran_now": result.ran, "runtime": runtime,
+               "workers": workers, "wall_s": round(result.wall_s, 3), "failures": result.failures, "rows": rows}
+    write_atomic(out / "sweep.json", summary)
 
 
 def plot_sweep(grid: SweepGrid, rows: list[dict], path: Path) -> Path:

@@ -11,6 +11,8 @@
   writes ``--out FILE`` (JSON) when given.
 * ``report --runs DIR`` — learning curves per policy and regime (``DIR/report.png``) and a table.
 * ``demo [--out DIR] [--seeds N] [--steps N] ...`` — the CPU demo (:mod:`mrl_llm.demo.run`).
+* ``success-matrix --run DIR [--out FILE]`` — a run's success matrix (:mod:`mrl_llm.success_matrix`), the
+  input of ``python -m bandit_sim predict``; every run also writes ``DIR/success_matrix.json`` at its end.
 * ``plan --config FILE [--cluster FILE]`` — the MWRA placement plan (:mod:`mrl_llm.distributed.plan_cli`).
 * ``data prepare --config FILE --source FILE_OR_HUB_ID [--split train] [--out FILE]`` — write the
   config's ``data.path`` from a local file or a Hugging Face dataset, checked with the config's field
@@ -113,6 +115,14 @@ def _eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _success_matrix(args: argparse.Namespace) -> int:
+    from mrl_llm.success_matrix import FILE_NAME, write_run_matrix
+
+    path = write_run_matrix(args.run, args.out or Path(args.run) / FILE_NAME)
+    print(f"success matrix: {path}")
+    return 0
+
+
 def _report(args: argparse.Namespace) -> int:
     from mrl_llm.report import make_report
 
@@ -181,6 +191,9 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("report", help="learning curves and a table for the runs under a directory")
     r.add_argument("--runs", required=True)
     r.add_argument("--out", help="figure path (default DIR/report.png)")
+    sm = sub.add_parser("success-matrix", help="write a run directory's success matrix (bandit_sim predict's input)")
+    sm.add_argument("--run", required=True, help="a run directory (config.json + eval.jsonl)")
+    sm.add_argument("--out", help="output file (default RUN/success_matrix.json)")
     sub.add_parser("plan", help="print the MWRA placement plan of a config", add_help=False)
     dp = sub.add_parser("data", help="prepare a config's dataset").add_subparsers(dest="data_cmd", required=True)
     p = dp.add_parser("prepare", help="write data.path from a local file or a Hugging Face dataset id")
@@ -218,7 +231,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
-        return {"train": _train, "eval": _eval, "report": _report, "demo": _demo, "data": _data}[args.cmd](args)
+        return {"train": _train, "eval": _eval, "report": _report, "demo": _demo, "data": _data,
+                "success-matrix": _success_matrix}[args.cmd](args)
     except USER_ERRORS as err:
         print(f"mrl_llm {args.cmd}: {one_line(err)}", file=sys.stderr)
         return 2

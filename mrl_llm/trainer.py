@@ -280,6 +280,9 @@ class Run:
             for a in self.actors.values():
                 a.worker.close()
         (self.out / "summary.json").write_text(json.dumps(clean(summary), indent=1, allow_nan=False))
+        from mrl_llm.success_matrix import write_run_matrix
+
+        write_run_matrix(self.out)  # success_matrix.json: the run's start, for bandit_sim predict
         return summary
 
     def summary(self, wall_s: float) -> dict[str, Any]:

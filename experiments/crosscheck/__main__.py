@@ -11,11 +11,11 @@ import argparse
 import sys
 import time
 
-from experiments.crosscheck.calibrate import CalibrationConfig
+from bandit_sim.calibrate import CalibrationConfig
+from bandit_sim.fit import SimOptions
 from experiments.crosscheck.llm_runs import RunsError
 from experiments.crosscheck.pipeline import CrosscheckOptions, run_crosscheck
 from experiments.crosscheck.report import write_report
-from experiments.crosscheck.simulate import SimOptions
 from shared_interfaces.config_io import ConfigError
 
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from experiments.crosscheck.calibrate import Counts
+from bandit_sim.calibrate import Counts
 from mrl_llm.evaluate import read_eval_rows, solved
 from shared_interfaces.regimes.config import parse_regime_config
 

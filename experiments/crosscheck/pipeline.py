@@ -4,7 +4,7 @@
 
 * ``calibration`` — per LLM seed: the floor ``p_never``, per policy the scenario's initial accuracy
   (mean ``p``), the LLM's step-0 sample accuracy, the rescue-set size;
-* ``fit`` — the GRPO grid (:func:`experiments.crosscheck.simulate.fit_grid`) and its best setting;
+* ``fit`` — the GRPO grid (:func:`bandit_sim.fit.fit_grid`) and its best setting;
 * ``regimes`` — per regime, on the budget axis: the LLM's per-policy sample-accuracy curve (mean over
   LLM seeds) and the bandit's (mean over LLM seeds of its mean over bandit seeds), the RMSE between them
   and the flat baseline's; three scalar outcomes for the ordering: ``final`` (accuracy at the last
@@ -13,7 +13,7 @@
   solved at the end: observed in the LLM's evaluation, expected ``P(solved)`` in the bandit), with
   ``rescue_curve`` the same share at every evaluation; the LLM's binomial evaluation noise on ``final``;
 * ``ordering`` — for each outcome, Spearman and Kendall between the bandit's and the LLM's values
-  over the regimes, with exact permutation p-values (:mod:`experiments.crosscheck.stats`);
+  over the regimes, with exact permutation p-values (:mod:`bandit_sim.stats`);
 * ``rescue`` — per regime, the predicted rescues (``mean over bandit seeds of P(solved) >= threshold``,
   default 0.5) against the observed ones (solved at the LLM's last evaluation), over the entries of the
   rescue sets pooled over policies and LLM seeds, and the AUC of the bandit's P(solved) for telling the
@@ -31,10 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from bandit_sim.scenario import save_scenario
-from experiments.crosscheck.calibrate import Calibration, CalibrationConfig, calibrate
-from experiments.crosscheck.llm_runs import LLMRun, discover, group_size, step0_counts
-from experiments.crosscheck.simulate import (
+from bandit_sim.calibrate import Calibration, CalibrationConfig, calibrate
+from bandit_sim.fit import (
     FitCase,
     FreeSettings,
     Prediction,
@@ -42,10 +40,12 @@ from experiments.crosscheck.simulate import (
     bandit_config,
     curve_sse,
     fit_grid,
-    sgt_weight_scan,
     simulate,
 )
-from experiments.crosscheck.stats import auc, precision_recall, rank_agreement
+from bandit_sim.scenario import save_scenario
+from bandit_sim.stats import auc, precision_recall, rank_agreement
+from experiments.crosscheck.llm_runs import LLMRun, discover, group_size, step0_counts
+from experiments.crosscheck.simulate import sgt_weight_scan
 from shared_interfaces.regimes.config import STANDARD_REGIMES, parse_regime
 
 OUTCOMES = ("final", "mean", "rescue_rate")

@@ -218,7 +218,7 @@ def markdown(res: dict) -> str:
                        f"{_f(row['rescue_rate'])} |")
         out.append("")
     out += ["## How the numbers are made", "",
-            "* Calibration, fit and outcomes: `experiments/crosscheck/calibrate.py`, `simulate.py`, `pipeline.py` "
+            "* Calibration, fit and outcomes: `bandit_sim/calibrate.py`, `bandit_sim/fit.py`, `pipeline.py` "
             "(module docstrings give the construction, the objective and the definitions).",
             "* Sample accuracy = successes / samples over the evaluation prompts (the bandit's `accuracy` is its "
             "expectation); the evaluation s.e. is the binomial one of the final point, mean over policies and seeds.",

@@ -250,4 +250,7 @@ def _train_on_ray(config: RunConfig, out: Path, *, resume: bool, problems: Seque
         if started:
             ray.shutdown()
     (out / "summary.json").write_text(json.dumps(clean(summary), indent=1, allow_nan=False))
+    from mrl_llm.success_matrix import write_run_matrix
+
+    write_run_matrix(out)  # success_matrix.json: the run's start, for bandit_sim predict
     return summary

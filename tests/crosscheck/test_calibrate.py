@@ -9,9 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bandit_sim.config import RunConfig
-from bandit_sim.engine import Engine
-from experiments.crosscheck.calibrate import (
+from bandit_sim.calibrate import (
     CORRECT_ARM,
     CalibrationConfig,
     Counts,
@@ -23,6 +21,8 @@ from experiments.crosscheck.calibrate import (
     solve_probability,
     success_probabilities,
 )
+from bandit_sim.config import RunConfig
+from bandit_sim.engine import Engine
 
 
 @settings(max_examples=200, deadline=None)

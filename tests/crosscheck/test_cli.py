@@ -52,7 +52,7 @@ def test_numbers_match_the_fabrication(report):
         assert res["regimes"][reg]["rescue_curve"]["llm"][-1] == pytest.approx(m / 4)
         assert res["regimes"][reg]["rescue_curve"]["llm"][0] == 0.0
     # the ordering statistics are those of the reported values
-    from experiments.crosscheck.stats import spearman
+    from bandit_sim.stats import spearman
 
     regs = res["llm_runs"]["regimes"]
     for key in ("final", "mean", "rescue_rate"):

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from experiments.crosscheck.stats import (
+from bandit_sim.stats import (
     kendall_tau_b,
     permutation_test,
     precision_recall,
@@ -80,7 +80,7 @@ def test_precision_recall_hand_case():
 
 
 def test_auc_hand_case():
-    from experiments.crosscheck.stats import auc
+    from bandit_sim.stats import auc
 
     # positives 0.9, 0.4; negatives 0.4, 0.1: pairs (0.9>0.4, 0.9>0.1, 0.4=0.4, 0.4>0.1) -> 3.5 / 4
     assert auc([0.9, 0.4, 0.4, 0.1], [True, True, False, False]) == pytest.approx(0.875)

@@ -43,6 +43,10 @@ def test_train_resume_eval_report(tmp_path, capsys):
     s = json.loads((out / "summary.json").read_text())
     assert s["regime"] == "xgrpo" and s["steps"] == 1 and [p["name"] for p in s["policies"]] == ["a", "b"]
     assert "eval_accuracy=" in capsys.readouterr().out
+    from shared_interfaces.success_matrix import read_success_matrix
+
+    matrix = read_success_matrix(out / "success_matrix.json")  # every run writes its success matrix at its end
+    assert matrix.policies == ("a", "b") and list(matrix.outcomes) == ["xgrpo"] and matrix.run["steps"] == 1
 
     assert main(["train", "--config", str(cfg), "--out", str(out)]) == 2
     assert "already holds a run" in capsys.readouterr().err

@@ -1,0 +1,203 @@
+"""``python -m bandit_sim predict --success-matrix FILE [--probe-run FILE]``: which regime to use for a pair
+(or more) of LLM policies, predicted by the simulator from their measured start.
+
+1. **Calibrate** (:mod:`bandit_sim.calibrate`): the matrix's step-0 counts -> a scenario (one context per
+   prompt, ``arms`` arms, policy ``i``'s success probability on ``x`` its measured rate, never-solved
+   prompts at the floor ``alpha / D``) and the rescue sets (prompts a policy never solved while a peer did).
+2. **Free settings** (:mod:`bandit_sim.fit`): with ``--probe-run`` — the success matrix of a short GRPO run
+   of the same policies, with its learning curve — the optimizer, learning rate and epochs are fitted on
+   that curve as the cross-check does; without it the run preset's (``--preset``, default ``paper``), and
+   the output says so.
+3. **Simulate** every regime (``--regimes``, default the five standard ones) over ``--seeds`` bandit seeds
+   with the matrix's run settings (steps, prompts per step, G, the regime and loss sections; flags override).
+4. **Report**: per regime the final accuracy (sample accuracy at the end, mean over policies) and the
+   rescue rate (mean P(solved) over the rescue-set entries, the LLM's evaluation protocol with ``eval_k``
+   samples), each as a mean over bandit seeds with a 95 % t-interval; the two orderings; the rescue-set
+   sizes; and the regime to use: the best on ``--objective`` (``final`` or ``rescue``), with the regimes
+   whose interval overlaps the best's named as ties. When the matrix holds observed ``outcomes``, their
+   ordering is printed beside, with the Spearman correlation.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bandit_sim.calibrate import CalibrationConfig, Counts, calibrate
+from bandit_sim.fit import FitCase, FreeSettings, SimOptions, bandit_config, eval_gcd, fit_grid, simulate
+from bandit_sim.metrics import seed_summary
+from bandit_sim.presets import get_preset
+from bandit_sim.stats import spearman
+from shared_interfaces.config_io import ConfigError
+from shared_interfaces.regimes import STANDARD_REGIMES, parse_regime
+from shared_interfaces.success_matrix import SuccessMatrix, SuccessMatrixError
+
+
+@dataclass(frozen=True)
+class PredictOptions:
+    regimes: tuple[str, ...] = STANDARD_REGIMES
+    seeds: int = 32
+    preset: str = "paper"
+    objective: str = "final"
+    arms: int = 16
+    alpha: float = 0.01
+    thl_sigma: float = 0.0
+    steps: int | None = None
+    prompts_per_step: int | None = None
+    group_size: int | None = None
+    eval_k: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.objective not in ("final", "rescue"):
+            raise ConfigError(f"--objective must be final or rescue, got {self.objective!r}")
+        if self.seeds < 2:
+            raise ConfigError(f"--seeds must be >= 2 (the interval needs two), got {self.seeds}")
+        if not self.regimes:
+            raise ConfigError("--regimes: give at least one regime")
+        for r in self.regimes:
+            parse_regime(r)
+
+
+def run_settings(m: SuccessMatrix, opts: PredictOptions, *, where: str) -> dict[str, Any]:
+    """The matrix's ``run`` section with the flags over it; a missing setting is an error naming its flag."""
+    run = dict(m.run or {"regime": {"name": "grpo"}, "loss": {}})
+    for key in ("steps", "prompts_per_step", "group_size", "eval_k"):
+        if getattr(opts, key) is not None:
+            run[key] = getattr(opts, key)
+    missing = [k for k in ("steps", "prompts_per_step", "group_size") if not run.get(k)]
+    if missing:
+        flags = ", ".join("--" + k.replace("_", "-") for k in missing)
+        raise SuccessMatrixError(f"{where} has no run settings {missing}; give {flags}")
+    if not run.get("eval_k"):
+        run["eval_k"] = int(np.median(m.samples))
+    return run
+
+
+def _counts(m: SuccessMatrix) -> Counts:
+    return Counts(m.samples, m.successes, m.greedy_known)
+
+
+def free_settings(m: SuccessMatrix, run: dict[str, Any], scenario, probe: SuccessMatrix | None,
+                  opts: PredictOptions) -> tuple[FreeSettings, dict[str, Any]]:
+    """The probe's fitted settings, or the preset's (module docstring); with how they were chosen."""
+    if probe is None:
+        cfg = get_preset(opts.preset)
+        free = FreeSettings(cfg.optimizer, cfg.lr, cfg.epochs)
+        return free, {"source": f"preset {opts.preset} (no --probe-run: not fitted)"}
+    if probe.policies != m.policies:
+        raise SuccessMatrixError(f"--probe-run is a run of policies {list(probe.policies)}, the success matrix of "
+                                 f"{list(m.policies)}; the probe must train the same policies")
+    if probe.curve_steps is None or len(probe.curve_steps) < 2:
+        raise SuccessMatrixError("--probe-run has no learning curve (curve with evaluations after step 0); write it "
+                                 "from a GRPO run with eval.every > 0")
+    prun = run_settings(probe, PredictOptions(), where="--probe-run")
+    if parse_regime(prun["regime"]["name"]).name != "grpo":
+        raise SuccessMatrixError(f"--probe-run is a {prun['regime']['name']} run; the fit needs a GRPO probe")
+    fractions = probe.curve_steps / prun["steps"]
+    case = FitCase(scenario, prun, int(prun["group_size"]), int(prun["eval_k"]), fractions, probe.curve_accuracy)
+    fit = fit_grid([case], SimOptions(seeds=opts.seeds, thl_sigma=opts.thl_sigma))
+    b = fit["best"]
+    return FreeSettings(b["optimizer"], b["lr"], b["epochs"]), {
+        "source": "fitted on the probe's GRPO curve", "rmse": b["rmse"], "flat_baseline_rmse": fit["flat_baseline_rmse"]}
+
+
+def _interval(x: np.ndarray) -> dict[str, float | None]:
+    s = seed_summary(x, axis=0)
+    mean, ci = float(s["mean"]), float(s["ci95"])
+    return {"mean": None if math.isnan(mean) else mean, "ci95": None if math.isnan(ci) else ci}
+
+
+def predict(m: SuccessMatrix, probe: SuccessMatrix | None = None, opts: PredictOptions | None = None) -> dict[str, Any]:
+    """The prediction (module docstring) as a JSON-able dict."""
+    opts = opts or PredictOptions()
+    run = run_settings(m, opts, where="the success matrix")
+    cal = calibrate(_counts(m), m.prompts, m.policies, CalibrationConfig(arms=opts.arms, alpha=opts.alpha),
+                    steps=int(run["steps"]), batch_prompts=int(run["prompts_per_step"]),
+                    group_size=int(run["group_size"]))
+    free, how = free_settings(m, run, cal.scenario, probe, opts)
+    sim = SimOptions(seeds=opts.seeds, thl_sigma=opts.thl_sigma)
+    regimes = tuple(parse_regime(r).name for r in opts.regimes)
+    cfg = bandit_config(run, regimes, cal.scenario.n_contexts, free, sim, int(run["group_size"]),
+                        eval_gcd(np.array([1.0]), int(run["steps"])))
+    pred = simulate(cal.scenario, cfg, int(run["eval_k"]))
+    per = {}
+    for r, name in enumerate(pred.regimes):
+        final = pred.accuracy[r, -1].mean(axis=-1)  # [S]
+        q = pred.final_solve_prob[r]  # [S, P, C]
+        rescue = q[:, cal.rescue].mean(axis=-1) if cal.rescue.any() else np.full(q.shape[0], np.nan)
+        per[name] = {"final": _interval(final), "rescue_rate": _interval(rescue)}
+    key = "final" if opts.objective == "final" else "rescue_rate"
+    ordering = {k: sorted(per, key=lambda n, k=k: -(per[n][k]["mean"] if per[n][k]["mean"] is not None else -1))
+                for k in ("final", "rescue_rate")}
+    best = ordering[key][0]
+    lo = per[best][key]["mean"] - (per[best][key]["ci95"] or 0.0) if per[best][key]["mean"] is not None else None
+    ties = [n for n in ordering[key][1:] if lo is not None and per[n][key]["mean"] is not None
+            and per[n][key]["mean"] + (per[n][key]["ci95"] or 0.0) >= lo]
+    out = {
+        "policies": list(m.policies), "prompts": len(m.prompts),
+        "rescue_set_sizes": {p: int(cal.rescue[i].sum()) for i, p in enumerate(m.policies)},
+        "run": {k: run[k] for k in ("steps", "prompts_per_step", "group_size", "eval_k")},
+        "free_settings": {"optimizer": free.optimizer, "lr": free.lr, "epochs": free.epochs, **how},
+        "seeds": opts.seeds, "regimes": per, "ordering": ordering, "objective": opts.objective,
+        "use": best, "ties_with_use": ties,
+    }
+    if m.outcomes:
+        out["observed"] = observed_agreement(per, m.outcomes)
+    return out
+
+
+def observed_agreement(per: dict[str, dict], outcomes: dict[str, dict]) -> dict[str, Any]:
+    """The observed outcomes' orderings over the regimes both sides have, and Spearman against the prediction."""
+    common = [r for r in per if r in {parse_regime(o).name: o for o in outcomes}]
+    obs = {parse_regime(o).name: v for o, v in outcomes.items()}
+    res: dict[str, Any] = {"regimes": common}
+    for key, okey in (("final", "final_accuracy"), ("rescue_rate", "rescue_rate")):
+        pairs = [(per[r][key]["mean"], obs[r][okey]) for r in common]
+        if okey == "final_accuracy":
+            pairs = [(p, float(np.mean(o))) for p, o in pairs]
+        ok = [(p, o) for p, o in pairs if p is not None and o is not None]
+        rho = spearman([p for p, _ in ok], [o for _, o in ok]) if len(ok) >= 3 else math.nan
+        res[key] = {"observed": {r: o for r, (_, o) in zip(common, pairs, strict=True)},
+                    "observed_ordering": sorted([r for r, (_, o) in zip(common, pairs, strict=True) if o is not None],
+                                                key=lambda r: -dict(zip(common, pairs, strict=True))[r][1]),
+                    "spearman": None if math.isnan(rho) else rho}
+    return res
+
+
+def format_prediction(res: dict[str, Any]) -> str:
+    f = res["free_settings"]
+    lines = [f"policies {res['policies']}, {res['prompts']} prompts; rescue-set sizes {res['rescue_set_sizes']}",
+             f"run: {res['run']}; {res['seeds']} bandit seeds",
+             f"learning rate: {f['optimizer']} lr {f['lr']:g}, {f['epochs']} epoch(s) — {f['source']}",
+             f"{'regime':>14}  {'final accuracy':>18}  {'rescue rate':>18}"]
+    for name, v in res["regimes"].items():
+        cells = []
+        for k in ("final", "rescue_rate"):
+            m, c = v[k]["mean"], v[k]["ci95"]
+            cells.append("n/a (no rescue set)" if m is None else f"{m:.4f} ± {c or 0.0:.4f}")
+        lines.append(f"{name:>14}  {cells[0]:>18}  {cells[1]:>18}")
+    lines.append(f"predicted ordering by final accuracy: {' > '.join(res['ordering']['final'])}")
+    lines.append(f"predicted ordering by rescue rate:    {' > '.join(res['ordering']['rescue_rate'])}")
+    if "observed" in res:
+        for k in ("final", "rescue_rate"):
+            o = res["observed"][k]
+            if not o["observed_ordering"]:
+                lines.append(f"observed {k}: not recorded in the matrix's outcomes")
+                continue
+            rho = "n/a" if o["spearman"] is None else f"{o['spearman']:.2f}"
+            lines.append(f"observed ordering by {k}: {' > '.join(o['observed_ordering'])} (Spearman vs predicted {rho})")
+    tie = f" (within the interval: {', '.join(res['ties_with_use'])})" if res["ties_with_use"] else ""
+    lines.append(f"use: {res['use']} — best predicted {res['objective']}{tie}")
+    return "\n".join(lines)
+
+
+def write_prediction(res: dict[str, Any], path: str | Path) -> Path:
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(json.dumps(res, indent=1, allow_nan=False) + "\n")
+    return p

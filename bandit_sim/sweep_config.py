@@ -1,0 +1,138 @@
+"""Sweep grids as YAML: a run preset, optional overrides of its keys, and the axes to vary.
+
+A grid file (``bandit_sim/grids/NAME.yaml`` for the named grids ``paper``, ``paper-full``, ``smoke``)::
+
+    base: paper                    # a run preset (bandit_sim.presets.RUN_PRESETS)
+    overrides:                     # optional: RunConfig keys over the preset, loaded like `run --config`
+      generator: {n_contexts: 128}
+      seeds: 16
+    axes:                          # each a non-empty list of numbers; the sweep runs the full product
+      overlap: [0.2, 0.5, 0.8]     # scenario overlap (unsolved is capped at 1 - overlap)
+      group_size: [4, 8, 16]       # G
+      thl_sigma: [0.0, 0.5, 1.0]   # THL residual on prp_thl's denominator
+      sgt_weight: [0.1, 1.0]       # SGT's lambda
+      lr: [5.0, 20.0]
+
+Unknown top-level keys, unknown axes and unknown override keys are :class:`ConfigError` naming them;
+every point's run config is built (and so validated) when the grid is loaded.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from bandit_sim.config import RunConfig, config_from_mapping
+from bandit_sim.presets import get_preset
+from shared_interfaces.config_io import ConfigError, load_yaml, to_mapping
+
+#: axes a sweep may vary, and what each changes in the run config (:func:`apply_point`)
+SWEEP_AXES = ("overlap", "group_size", "thl_sigma", "sgt_weight", "lr")
+GRID_KEYS = ("base", "overrides", "axes")
+GRIDS_DIR = Path(__file__).parent / "grids"
+
+
+@dataclass(frozen=True)
+class SweepGrid:
+    """A base run config plus axes; ``points()`` is their full product in axis order (last axis fastest)."""
+
+    base: RunConfig
+    axes: dict[str, tuple[float, ...]]
+    name: str = "grid"
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.axes) - set(SWEEP_AXES))
+        if unknown:
+            raise ConfigError(f"sweep grid {self.name}: unknown axes {unknown}; known: {list(SWEEP_AXES)}")
+        for axis, values in self.axes.items():
+            if not values:
+                raise ConfigError(f"sweep grid {self.name}: axis {axis} has no values; give a list of numbers")
+
+    def points(self) -> list[dict[str, float]]:
+        pts: list[dict[str, float]] = [{}]
+        for name, values in self.axes.items():
+            pts = [{**p, name: v} for p in pts for v in values]
+        return pts
+
+    def to_dict(self) -> dict[str, Any]:
+        """What identifies the grid's results (written beside them; a resumed sweep must match it)."""
+        return {"name": self.name, "base": to_mapping(self.base), "axes": {k: list(v) for k, v in self.axes.items()}}
+
+
+def apply_point(base: RunConfig, point: Mapping[str, float]) -> RunConfig:
+    """The run config of one grid point."""
+    cfg = base
+    for name, v in point.items():
+        if name == "overlap":
+            gen = cfg.generator
+            cfg = replace(cfg, generator=replace(gen, overlap=float(v), unsolved=min(gen.unsolved, 1.0 - float(v))))
+        elif name == "group_size":
+            cfg = replace(cfg, group_size=int(v))
+        elif name == "sgt_weight":
+            cfg = replace(cfg, sgt=replace(cfg.sgt, weight=float(v)))
+        elif name in ("thl_sigma", "lr"):
+            cfg = replace(cfg, **{name: float(v)})
+        else:
+            raise ConfigError(f"unknown sweep axis {name!r}; known: {list(SWEEP_AXES)}")
+    return cfg
+
+
+def grid_from_mapping(data: Any, *, where: str = "sweep grid") -> SweepGrid:
+    """A :class:`SweepGrid` from a parsed YAML mapping (module docstring); errors name the key."""
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{where}: expected a mapping with keys {list(GRID_KEYS)}, got {type(data).__name__}")
+    unknown = sorted(set(data) - set(GRID_KEYS))
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {unknown}; known keys: {list(GRID_KEYS)}")
+    if "base" not in data or not isinstance(data["base"], str):
+        raise ConfigError(f"{where}: 'base' must name a run preset, e.g. base: paper")
+    base = get_preset(data["base"])
+    overrides = data.get("overrides") or {}
+    if not isinstance(overrides, Mapping):
+        raise ConfigError(f"{where}: 'overrides' must be a mapping of RunConfig keys")
+    base = config_from_mapping(overrides, base, where=f"{where}: overrides")
+    axes_in = data.get("axes")
+    if not isinstance(axes_in, Mapping) or not axes_in:
+        raise ConfigError(f"{where}: 'axes' must be a non-empty mapping of axis -> list of numbers; known axes: "
+                          f"{list(SWEEP_AXES)}")
+    axes: dict[str, tuple[float, ...]] = {}
+    for axis, values in axes_in.items():
+        if axis not in SWEEP_AXES:
+            raise ConfigError(f"{where}: unknown axis {axis!r}; known axes: {list(SWEEP_AXES)}")
+        if not isinstance(values, list | tuple) or not values:
+            raise ConfigError(f"{where}: axis {axis} must be a non-empty list of numbers, got {values!r}")
+        bad = [v for v in values if isinstance(v, bool) or not isinstance(v, numbers.Real)]
+        if bad:
+            raise ConfigError(f"{where}: axis {axis} has non-numeric value(s) {bad}")
+        if len(set(values)) != len(values):
+            raise ConfigError(f"{where}: axis {axis} lists a value twice: {list(values)}")
+        axes[str(axis)] = tuple(values)
+    grid = SweepGrid(base, axes, name=where)
+    for point in grid.points():
+        try:
+            apply_point(base, point)
+        except ConfigError as err:
+            raise ConfigError(f"{where}: point {point} is invalid: {err}") from err
+    return grid
+
+
+def named_grids() -> list[str]:
+    return sorted(p.stem for p in GRIDS_DIR.glob("*.yaml"))
+
+
+def load_grid(name_or_path: str | Path) -> SweepGrid:
+    """A named grid (``paper``, ``paper-full``, ``smoke``) or a YAML file."""
+    p = Path(name_or_path)
+    if p.suffix in (".yaml", ".yml"):
+        if not p.is_file():
+            raise ConfigError(f"sweep grid file {p} does not exist")
+        grid = grid_from_mapping(load_yaml(p), where=f"sweep grid {p}")
+        return replace(grid, name=str(p))
+    path = GRIDS_DIR / f"{name_or_path}.yaml"
+    if not path.is_file():
+        raise ConfigError(f"unknown sweep grid {str(name_or_path)!r}; named grids: {named_grids()}, or give a "
+                          "YAML file (base + axes)")
+    return replace(grid_from_mapping(load_yaml(path), where=f"sweep grid {name_or_path}"), name=str(name_or_path))

@@ -1,0 +1,87 @@
+"""The Ray runtime of ``bandit_sim sweep``: grid points as Ray tasks (``--runtime ray [--ray-address ADDR]``).
+
+Ray is an optional dependency of the simulator (the ``sweep`` extra: ``pip install 'mutual-rl[sweep]'``).
+Without ``--ray-address`` a local cluster is started on this machine (and shut down at the end); with
+one, the sweep joins that cluster and leaves it running. Each point is one task asking ``cpus_per_point``
+CPUs (default 1: a point runs unsharded, one torch thread) with the ``SPREAD`` scheduling strategy, so a
+cluster of several nodes runs points on all of them. A task returns the point's result and the id of the
+node it ran on (kept in the point's file as ``node``). Retries are the sweep's own (a failing point is
+tried once more, :mod:`bandit_sim.sweep`), not Ray's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from bandit_sim.config import RunConfig
+from bandit_sim.sweep import PointFn, describe_error, run_point
+from shared_interfaces.config_io import ConfigError
+
+
+def _import_ray():
+    try:
+        import ray
+    except ImportError as err:
+        raise ConfigError("--runtime ray needs Ray: install the sweep extra (pip install 'mutual-rl[sweep]') or use "
+                          "--runtime sequential") from err
+    return ray
+
+
+def _run_on_node(point_fn: PointFn, base: RunConfig, point: dict) -> dict[str, Any]:
+    import ray
+
+    return {**point_fn(base, point, 1), "node": ray.get_runtime_context().get_node_id()}
+
+
+@dataclass
+class RayRuntime:
+    """Points as Ray tasks; ``owns_cluster`` when this runtime started the local cluster (and stops it)."""
+
+    point_fn: PointFn = run_point
+    cpus_per_point: float = 1.0
+    owns_cluster: bool = False
+    pending: dict = field(default_factory=dict)
+
+    @classmethod
+    def start(cls, *, address: str | None = None, point_fn: PointFn = run_point, cpus_per_point: float = 1.0,
+              num_cpus: int | None = None) -> RayRuntime:
+        ray = _import_ray()
+        owns = False
+        if not ray.is_initialized():
+            try:
+                ray.init(address=address or "local", num_cpus=num_cpus if address is None else None,
+                         include_dashboard=False, log_to_driver=False, configure_logging=False)
+            except ConnectionError as err:
+                raise ConfigError(f"--ray-address {address}: cannot connect to a Ray cluster there ({err}); start one "
+                                  "with `ray start --head` or leave --ray-address out for a local cluster") from err
+            owns = address is None
+        return cls(point_fn=point_fn, cpus_per_point=cpus_per_point, owns_cluster=owns)
+
+    def submit(self, tag: Any, base: RunConfig, point: dict) -> None:
+        ray = _import_ray()
+        task = ray.remote(num_cpus=self.cpus_per_point, max_retries=0, scheduling_strategy="SPREAD")(_run_on_node)
+        self.pending[task.remote(self.point_fn, base, point)] = tag
+
+    def results(self) -> Iterator[tuple[Any, dict | None, str | None]]:
+        ray = _import_ray()
+        while self.pending:
+            ready, _ = ray.wait(list(self.pending), num_returns=1)
+            ref = ready[0]
+            tag = self.pending.pop(ref)
+            try:
+                yield tag, ray.get(ref), None
+            except ray.exceptions.RayTaskError as err:
+                cause = err.cause if isinstance(getattr(err, "cause", None), BaseException) else err
+                yield tag, None, describe_error(cause)
+            except ray.exceptions.RayError as err:  # a worker died, a node was lost
+                yield tag, None, describe_error(err)
+
+    def close(self) -> None:
+        ray = _import_ray()
+        for ref in list(self.pending):
+            ray.cancel(ref, force=True)
+        self.pending.clear()
+        if self.owns_cluster and ray.is_initialized():
+            ray.shutdown()

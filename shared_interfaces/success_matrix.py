@@ -1,0 +1,266 @@
+"""The success matrix: what an LLM run measured at its start, the interface between the two backends.
+
+``mrl_llm`` writes one per run (``DIR/success_matrix.json``; ``python -m mrl_llm success-matrix --run DIR``
+extracts it from an existing run directory); ``bandit_sim`` reads it (``python -m bandit_sim predict``)
+to calibrate a scenario. Neither backend imports the other: both go through this module.
+
+**Format** (JSON, ``format: "mrl-success-matrix"``, ``version: 1``; ``P`` policies, ``C`` prompts)::
+
+    {"format": "mrl-success-matrix", "version": 1,
+     "policies": [P names],                  # distinct
+     "prompts": [C ids],                     # distinct
+     "families": [C labels] | null,          # the prompt's family (task type), when the data has one
+     "samples": [[int] * C] * P,             # step-0 sampled responses per (policy, prompt), >= 1
+     "successes": [[int] * C] * P,           # verified successes among them, 0 <= s <= samples
+     "greedy_correct": [[bool|null] * C] * P,  # the greedy answer's correctness; null: not recorded
+     "run": {...} | null,                    # the run's settings (below)
+     "curve": {"steps": [T ints], "accuracy": [[float|null] * T] * P} | null,
+     "outcomes": {REGIME: {"final_accuracy": [P floats], "mean_accuracy": float|null,
+                           "rescue_rate": float|null, "rescue_set": int|null, "seeds": int}} | null}
+
+* The step-0 success rate of policy ``i`` on prompt ``x`` is ``successes / samples`` (``k`` samples per
+  prompt, pooled over the distinct step-0 evaluations a writer had).
+* ``run`` holds the training settings a simulator needs to mirror the run, under the trainer's
+  ``config.json`` names: ``steps``, ``prompts_per_step``, ``group_size`` (the policies' largest G),
+  ``seed``, ``eval_k``, ``regime`` (the regime section: name, ``sgt``, ``prp``, ``advantage``), ``loss``
+  (``clip_low``, ``clip_high``, ``kl_coef``, ...). Unknown keys there are kept (they are the trainer's).
+* ``curve`` is the run's learning curve: per policy the **sample accuracy** (successes / samples over
+  the prompts) at each evaluation step, step 0 first. A short GRPO probe's curve is what ``predict
+  --probe-run`` fits the simulator's learning rate on.
+* ``outcomes`` are observed results per regime: ``final_accuracy`` per policy (sample accuracy at the
+  last evaluation), ``mean_accuracy`` (over the evaluations after step 0 and the policies),
+  ``rescue_rate`` (share of the rescue set — prompts a policy never solved at step 0 while a peer did,
+  pooled over policies — solved at the last evaluation), ``rescue_set`` its size, ``seeds`` the number
+  of runs pooled. A run writes its own regime's; a fixture may hold several.
+
+:func:`read_success_matrix` validates everything and raises :class:`SuccessMatrixError` (a
+:class:`~shared_interfaces.config_io.ConfigError`) naming the file, the key and the fix.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from shared_interfaces.config_io import ConfigError
+
+FORMAT = "mrl-success-matrix"
+VERSION = 1
+KEYS = ("format", "version", "policies", "prompts", "families", "samples", "successes", "greedy_correct", "run",
+        "curve", "outcomes")
+OUTCOME_KEYS = ("final_accuracy", "mean_accuracy", "rescue_rate", "rescue_set", "seeds")
+
+
+class SuccessMatrixError(ConfigError):
+    """A success-matrix file or value is malformed; the message names the key and the fix."""
+
+
+@dataclass(frozen=True)
+class SuccessMatrix:
+    """A validated success matrix (module docstring); arrays are ``[P, C]``, ``greedy_correct`` float with NaN
+    where not recorded."""
+
+    policies: tuple[str, ...]
+    prompts: tuple[str, ...]
+    samples: np.ndarray
+    successes: np.ndarray
+    greedy_correct: np.ndarray
+    families: tuple[str, ...] | None = None
+    run: dict[str, Any] | None = None
+    curve_steps: np.ndarray | None = None
+    curve_accuracy: np.ndarray | None = None
+    outcomes: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        validate(self.to_dict(), where="success matrix")
+
+    @property
+    def rates(self) -> np.ndarray:
+        """``[P, C]`` step-0 success rates ``successes / samples``."""
+        return self.successes / self.samples
+
+    @property
+    def greedy_known(self) -> np.ndarray:
+        """``[P, C]`` bool: greedy correct (an unrecorded greedy answer counts as wrong)."""
+        return np.nan_to_num(self.greedy_correct, nan=0.0) > 0
+
+    def to_dict(self) -> dict[str, Any]:
+        g = [[None if math.isnan(v) else bool(v) for v in row] for row in np.asarray(self.greedy_correct, dtype=float)]
+        curve = None
+        if self.curve_steps is not None:
+            acc = np.asarray(self.curve_accuracy, dtype=float)
+            curve = {"steps": [int(s) for s in self.curve_steps],
+                     "accuracy": [[None if math.isnan(v) else float(v) for v in row] for row in acc]}
+        return {"format": FORMAT, "version": VERSION, "policies": list(self.policies), "prompts": list(self.prompts),
+                "families": list(self.families) if self.families is not None else None,
+                "samples": np.asarray(self.samples).astype(int).tolist(),
+                "successes": np.asarray(self.successes).astype(int).tolist(), "greedy_correct": g,
+                "run": self.run, "curve": curve, "outcomes": self.outcomes or None}
+
+
+def _fail(where: str, msg: str) -> SuccessMatrixError:
+    return SuccessMatrixError(f"{where}: {msg}")
+
+
+def _names(data: dict, key: str, where: str) -> list[str]:
+    v = data.get(key)
+    if not isinstance(v, list) or not v or not all(isinstance(x, str) and x for x in v):
+        raise _fail(where, f"'{key}' must be a non-empty list of non-empty strings")
+    dup = sorted({x for x in v if v.count(x) > 1})
+    if dup:
+        raise _fail(where, f"'{key}' lists {dup[:3]} more than once; names must be distinct")
+    return v
+
+
+def _matrix(data: dict, key: str, shape: tuple[int, int], where: str, *, allow_null: bool = False,
+            kind: str = "int") -> np.ndarray:
+    v = data.get(key)
+    P, C = shape
+    if not isinstance(v, list) or len(v) != P or not all(isinstance(r, list) and len(r) == C for r in v):
+        raise _fail(where, f"'{key}' must be a [P, C] = [{P}, {C}] list of lists (one row per policy, one entry per "
+                           "prompt)")
+    out = np.full(shape, np.nan)
+    for i, row in enumerate(v):
+        for c, x in enumerate(row):
+            if x is None and allow_null:
+                continue
+            ok = isinstance(x, bool) if kind == "bool" else (isinstance(x, int) and not isinstance(x, bool))
+            if not ok:
+                want = "true, false or null" if kind == "bool" else "an integer"
+                raise _fail(where, f"'{key}'[{i}][{c}] must be {want}, got {x!r}")
+            out[i, c] = float(x)
+    return out
+
+
+def validate(data: Any, *, where: str = "success matrix") -> dict[str, Any]:
+    """Check a parsed success matrix (module docstring); returns it. Errors name the key and the fix."""
+    if not isinstance(data, dict):
+        raise _fail(where, f"expected a JSON object, got {type(data).__name__}")
+    if data.get("format") != FORMAT:
+        raise _fail(where, f"'format' must be {FORMAT!r}, got {data.get('format')!r}; is this a success matrix?")
+    if data.get("version") != VERSION:
+        raise _fail(where, f"version {data.get('version')!r} is not supported (this code reads version {VERSION})")
+    unknown = sorted(set(data) - set(KEYS))
+    if unknown:
+        raise _fail(where, f"unknown key(s) {unknown}; known keys: {list(KEYS)}")
+    pols, prompts = _names(data, "policies", where), _names(data, "prompts", where)
+    shape = (len(pols), len(prompts))
+    fam = data.get("families")
+    if fam is not None and (not isinstance(fam, list) or len(fam) != len(prompts) or not all(isinstance(f, str) for f in fam)):
+        raise _fail(where, f"'families' must be null or a list of {len(prompts)} strings (one per prompt)")
+    n = _matrix(data, "samples", shape, where)
+    s = _matrix(data, "successes", shape, where)
+    _matrix(data, "greedy_correct", shape, where, allow_null=True, kind="bool")
+    if (n < 1).any():
+        i, c = np.argwhere(n < 1)[0]
+        raise _fail(where, f"samples[{i}][{c}] (policy {pols[i]}, prompt {prompts[c]}) is {int(n[i, c])}; every "
+                           "(policy, prompt) needs at least one step-0 sample (run the evaluation with k >= 1)")
+    if ((s < 0) | (s > n)).any():
+        i, c = np.argwhere((s < 0) | (s > n))[0]
+        raise _fail(where, f"successes[{i}][{c}] = {int(s[i, c])} is outside [0, samples = {int(n[i, c])}]")
+    run = data.get("run")
+    if run is not None:
+        _check_run(run, where)
+    curve = data.get("curve")
+    if curve is not None:
+        _check_curve(curve, len(pols), where)
+    outcomes = data.get("outcomes")
+    if outcomes is not None:
+        validate_outcomes(outcomes, len(pols), where=where)
+    return data
+
+
+def _check_run(run: Any, where: str) -> None:
+    if not isinstance(run, dict):
+        raise _fail(where, "'run' must be null or an object of the run's settings")
+    for key in ("steps", "prompts_per_step", "group_size"):
+        v = run.get(key)
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise _fail(where, f"run.{key} must be a positive integer, got {v!r}")
+    if not isinstance(run.get("regime"), dict) or not isinstance(run["regime"].get("name"), str):
+        raise _fail(where, "run.regime must be the run's regime section (an object with a 'name')")
+
+
+def _check_curve(curve: Any, P: int, where: str) -> None:
+    if not isinstance(curve, dict) or set(curve) != {"steps", "accuracy"}:
+        raise _fail(where, "'curve' must be null or an object with exactly 'steps' and 'accuracy'")
+    steps = curve["steps"]
+    if not isinstance(steps, list) or not steps or not all(isinstance(t, int) and not isinstance(t, bool) for t in steps):
+        raise _fail(where, "curve.steps must be a non-empty list of integers")
+    if steps != sorted(set(steps)) or steps[0] != 0:
+        raise _fail(where, f"curve.steps must be increasing and start at 0, got {steps[:5]}")
+    acc = curve["accuracy"]
+    if not isinstance(acc, list) or len(acc) != P or not all(isinstance(r, list) and len(r) == len(steps) for r in acc):
+        raise _fail(where, f"curve.accuracy must be [P, T] = [{P}, {len(steps)}] (one row per policy)")
+    for i, row in enumerate(acc):
+        for t, x in enumerate(row):
+            if x is not None and (isinstance(x, bool) or not isinstance(x, int | float) or not 0.0 <= x <= 1.0):
+                raise _fail(where, f"curve.accuracy[{i}][{t}] must be a number in [0, 1] or null, got {x!r}")
+
+
+def validate_outcomes(outcomes: Any, P: int, *, where: str = "outcomes") -> None:
+    """Check an ``outcomes`` object (module docstring) for ``P`` policies."""
+    if not isinstance(outcomes, dict):
+        raise _fail(where, "'outcomes' must be null or an object {regime: {final_accuracy, ...}}")
+    for reg, o in outcomes.items():
+        w = f"outcomes.{reg}"
+        if not isinstance(o, dict):
+            raise _fail(where, f"{w} must be an object with keys {list(OUTCOME_KEYS)}")
+        unknown = sorted(set(o) - set(OUTCOME_KEYS))
+        if unknown:
+            raise _fail(where, f"{w}: unknown key(s) {unknown}; known: {list(OUTCOME_KEYS)}")
+        fa = o.get("final_accuracy")
+        if not isinstance(fa, list) or len(fa) != P or not all(isinstance(x, int | float) and 0 <= x <= 1 for x in fa):
+            raise _fail(where, f"{w}.final_accuracy must be {P} numbers in [0, 1] (one per policy)")
+        for key in ("mean_accuracy", "rescue_rate"):
+            x = o.get(key)
+            if x is not None and (isinstance(x, bool) or not isinstance(x, int | float) or not 0 <= x <= 1):
+                raise _fail(where, f"{w}.{key} must be null or a number in [0, 1], got {x!r}")
+        seeds = o.get("seeds", 1)
+        if not isinstance(seeds, int) or seeds < 1:
+            raise _fail(where, f"{w}.seeds must be a positive integer, got {seeds!r}")
+
+
+def from_dict(data: Any, *, where: str = "success matrix") -> SuccessMatrix:
+    validate(data, where=where)
+    curve = data.get("curve")
+    g = np.array([[np.nan if x is None else float(x) for x in row] for row in data["greedy_correct"]])
+    return SuccessMatrix(
+        policies=tuple(data["policies"]), prompts=tuple(data["prompts"]),
+        samples=np.array(data["samples"], dtype=np.int64), successes=np.array(data["successes"], dtype=np.int64),
+        greedy_correct=g, families=tuple(data["families"]) if data.get("families") is not None else None,
+        run=data.get("run"),
+        curve_steps=np.array(curve["steps"], dtype=np.int64) if curve else None,
+        curve_accuracy=np.array([[np.nan if x is None else x for x in r] for r in curve["accuracy"]], dtype=float)
+        if curve else None,
+        outcomes=dict(data.get("outcomes") or {}),
+    )
+
+
+def read_success_matrix(path: str | Path) -> SuccessMatrix:
+    """Read and validate a success-matrix file; errors name the file."""
+    p = Path(path)
+    if not p.is_file():
+        raise SuccessMatrixError(f"success matrix {p} does not exist; write one with `python -m mrl_llm success-matrix "
+                                 "--run RUN_DIR`")
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise SuccessMatrixError(f"success matrix {p} is not valid JSON: {err}") from err
+    return from_dict(data, where=f"success matrix {p}")
+
+
+def write_success_matrix(path: str | Path, matrix: SuccessMatrix) -> Path:
+    """Write ``matrix`` as JSON (atomically: a temporary file renamed over ``path``)."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(matrix.to_dict(), allow_nan=False) + "\n", encoding="utf-8")
+    os.replace(tmp, p)
+    return p

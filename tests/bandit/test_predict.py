@@ -1,0 +1,105 @@
+"""``bandit_sim predict`` (:mod:`bandit_sim.predict`) on the committed demo fixture (``tests/fixtures/demo``):
+the fixture rebuilds the cross-check's scenarios; the prediction's ordering is compared with the demo's
+observed LLM ordering as a rank correlation (reported, not asserted equal)."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bandit_sim.calibrate import CalibrationConfig, Counts, calibrate
+from bandit_sim.cli import main
+from bandit_sim.predict import PredictOptions, observed_agreement, predict
+from bandit_sim.scenario import load_scenario
+from shared_interfaces.success_matrix import SuccessMatrixError, read_success_matrix, write_success_matrix
+
+REPO = Path(__file__).resolve().parents[2]
+FIXTURE = REPO / "tests" / "fixtures" / "demo"
+CROSSCHECK = REPO / "experiments" / "crosscheck" / "demo"
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_fixture_calibrates_to_the_crosschecks_scenarios(seed):
+    m = read_success_matrix(FIXTURE / f"seed{seed}.json")
+    run = m.run
+    cal = calibrate(Counts(m.samples, m.successes, m.greedy_known), m.prompts, m.policies, CalibrationConfig(),
+                    steps=run["steps"], batch_prompts=run["prompts_per_step"], group_size=run["group_size"])
+    ref = load_scenario(CROSSCHECK / f"scenario_seed{seed}.npz")
+    np.testing.assert_allclose(cal.scenario.init_logits, ref.init_logits, rtol=0, atol=1e-9)
+    cc = json.loads((CROSSCHECK / "crosscheck.json").read_text())["calibration"][str(seed)]["policies"]
+    assert [int(cal.rescue[i].sum()) for i in range(2)] == [cc[p]["rescue_set"] for p in m.policies]
+
+
+def test_predict_on_the_fixture_against_the_observed_ordering(capsys):
+    m = read_success_matrix(FIXTURE / "seed0.json")
+    res = predict(m, None, PredictOptions(seeds=4))
+    assert res["free_settings"]["source"].startswith("preset paper (no --probe-run")
+    assert set(res["regimes"]) == {"grpo", "xgrpo", "prp_snapshot", "prp_thl", "sgt"}
+    assert res["rescue_set_sizes"] == {"qwen-add": 33, "llama-sub": 26}
+    for v in res["regimes"].values():
+        assert 0 <= v["final"]["mean"] <= 1 and v["final"]["ci95"] >= 0 and 0 <= v["rescue_rate"]["mean"] <= 1
+    assert res["use"] == res["ordering"]["final"][0]
+    observed = json.loads((FIXTURE / "observed.json").read_text())["outcomes"]
+    agree = observed_agreement(res["regimes"], observed)
+    for key in ("final", "rescue_rate"):
+        rho = agree[key]["spearman"]
+        assert -1.0 <= rho <= 1.0
+        print(f"predict (preset lr) vs the demo's 5-seed LLM ordering by {key}: Spearman {rho:.2f}")
+    # the seed's own outcomes (final accuracy per seed; no per-seed rescue) are compared in the output
+    assert res["observed"]["rescue_rate"]["observed_ordering"] == []
+    assert -1.0 <= res["observed"]["final"]["spearman"] <= 1.0
+
+
+@pytest.mark.slow
+def test_predict_with_the_probe_fit(tmp_path):
+    """The seed's GRPO curve as the probe: the fit picks the lr, as the cross-check does."""
+    m = read_success_matrix(FIXTURE / "seed0.json")
+    res = predict(m, m, PredictOptions(seeds=8))
+    assert res["free_settings"]["source"] == "fitted on the probe's GRPO curve"
+    assert res["free_settings"]["rmse"] < res["free_settings"]["flat_baseline_rmse"]
+    observed = json.loads((FIXTURE / "observed.json").read_text())["outcomes"]
+    rho = observed_agreement(res["regimes"], observed)["rescue_rate"]["spearman"]
+    assert not math.isnan(rho)
+    print(f"predict (probe fit {res['free_settings']}) vs observed rescue ordering: Spearman {rho:.2f}")
+
+
+def test_cli_predict(tmp_path, capsys):
+    out = tmp_path / "p.json"
+    assert main(["predict", "--success-matrix", str(FIXTURE / "seed1.json"), "--seeds", "3", "--regimes",
+                 "grpo,sgt", "--objective", "rescue", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "preset paper (no --probe-run: not fitted)" in text and "use: " in text
+    assert "rescue-set sizes" in text and "predicted ordering by rescue rate" in text
+    res = json.loads(out.read_text())
+    assert res["objective"] == "rescue" and res["use"] == res["ordering"]["rescue_rate"][0]
+
+
+def test_predict_errors(tmp_path, capsys):
+    m = read_success_matrix(FIXTURE / "seed0.json")
+    norun = write_success_matrix(tmp_path / "norun.json", replace(m, run=None))
+    assert main(["predict", "--success-matrix", str(norun), "--seeds", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "give --steps, --prompts-per-step, --group-size" in err
+    other = write_success_matrix(tmp_path / "other.json", replace(m, policies=("x", "y")))
+    with pytest.raises(SuccessMatrixError, match="the probe must train the same policies"):
+        predict(m, read_success_matrix(other), PredictOptions(seeds=2))
+    nocurve = replace(m, curve_steps=None, curve_accuracy=None)
+    with pytest.raises(SuccessMatrixError, match="--probe-run has no learning curve"):
+        predict(m, nocurve, PredictOptions(seeds=2))
+    sgt_probe = replace(m, run={**m.run, "regime": {**m.run["regime"], "name": "sgt"}})
+    with pytest.raises(SuccessMatrixError, match="the fit needs a GRPO probe"):
+        predict(m, sgt_probe, PredictOptions(seeds=2))
+    (tmp_path / "bad.json").write_text(json.dumps({"format": "mrl-success-matrix", "version": 1}))
+    assert main(["predict", "--success-matrix", str(tmp_path / "bad.json")]) == 2
+    assert "'policies' must be a non-empty list" in capsys.readouterr().err
+    assert main(["predict", "--success-matrix", str(tmp_path / "none.json")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert main(["predict", "--success-matrix", str(FIXTURE / "seed0.json"), "--regimes", "magic"]) == 2
+    assert "magic" in capsys.readouterr().err
+    assert main(["predict", "--success-matrix", str(FIXTURE / "seed0.json"), "--seeds", "1"]) == 2
+    assert "--seeds must be >= 2" in capsys.readouterr().err

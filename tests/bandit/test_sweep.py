@@ -1,0 +1,157 @@
+"""``bandit_sim sweep`` (:mod:`bandit_sim.sweep`): one file per point, resume, failing points, the CLI.
+The Ray runtime's tests are in ``test_sweep_ray.py`` (slow)."""
+
+from __future__ import annotations
+
+import csv
+import functools
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from bandit_sim.cli import main
+from bandit_sim.sweep import point_key, run_sweep
+from bandit_sim.sweep_config import load_grid
+from tests.bandit.sweep_helpers import fail_first_try, fail_on_overlap
+
+GRID = """base: smoke
+overrides: {steps: %d, seeds: 2, record_every: 10}
+axes: {overlap: [0.2, 0.5, 0.8], thl_sigma: [0.0, 1.0]}
+"""
+
+
+def grid_file(tmp_path, steps=20):
+    f = tmp_path / "grid.yaml"
+    f.write_text(GRID % steps)
+    return f
+
+
+def read_csv(path):
+    with open(path) as fh:
+        return list(csv.DictReader(fh))
+
+
+def test_one_file_per_point_in_grid_order(tmp_path):
+    grid = load_grid(grid_file(tmp_path))
+    res = run_sweep(grid, tmp_path / "s", progress=False)
+    keys = [point_key(p) for p in grid.points()]
+    assert sorted(f.stem for f in (tmp_path / "s" / "points").glob("*.json")) == sorted(keys)
+    assert not list((tmp_path / "s").rglob("*.tmp"))
+    assert res.failures == [] and res.ran == 6 and len(res.rows) == 6 * 5 * 2
+    # rows come in grid order, whatever order the points finished in
+    assert [(r["overlap"], r["thl_sigma"]) for r in res.rows[::10]] == [tuple(p.values()) for p in grid.points()]
+    one = json.loads((tmp_path / "s" / "points" / f"{keys[0]}.json").read_text())
+    assert one["point"] == grid.points()[0] and one["attempts"] == 1 and len(one["rows"]) == 10
+    summary = json.loads((tmp_path / "s" / "sweep.json").read_text())
+    assert summary["finished"] == 6 and summary["rows"] == res.rows
+
+
+def test_resume_skips_finished_points_and_equals_a_full_run(tmp_path):
+    grid = load_grid(grid_file(tmp_path))
+    full = run_sweep(grid, tmp_path / "full", progress=False)
+    part = tmp_path / "part"
+    run_sweep(grid, part, progress=False)
+    for k in [point_key(p) for p in grid.points()][2:]:
+        (part / "points" / f"{k}.json").unlink()
+    again = run_sweep(grid, part, resume=True, progress=False)
+    assert again.ran == 4
+    assert read_csv(part / "sweep.csv") == read_csv(tmp_path / "full" / "sweep.csv") and again.rows == full.rows
+
+
+@pytest.mark.slow
+def test_resume_after_a_kill_equals_an_uninterrupted_sweep(tmp_path):
+    """A real SIGKILL in the middle of a sweep process; --resume finishes it with the same table (1-4 min on a
+    busy 2-core machine)."""
+    gf = grid_file(tmp_path, steps=200)
+    out = tmp_path / "killed"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "bandit_sim", "sweep", "--grid", str(gf), "--quiet"]
+    proc = subprocess.Popen(cmd + ["--out", str(out)], env=env, stderr=subprocess.PIPE, stdout=subprocess.PIPE)
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None:
+        if len(list((out / "points").glob("*.json"))) >= 2:
+            break
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    n_done = len(list((out / "points").glob("*.json")))
+    assert 0 < n_done < 6, f"the kill should land mid-sweep, {n_done} of 6 points were done"
+    assert not (out / "sweep.csv").exists()
+    resumed = subprocess.run(cmd[:-1] + ["--resume", str(out)], env=env, capture_output=True, text=True,
+                             timeout=600)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"({6 - n_done} run now" in resumed.stdout
+    whole = run_sweep(load_grid(gf), tmp_path / "whole", progress=False)
+    assert read_csv(out / "sweep.csv") == read_csv(tmp_path / "whole" / "sweep.csv")
+    assert json.loads((out / "sweep.json").read_text())["rows"] == whole.rows
+
+
+def test_failing_point_is_retried_once_then_listed(tmp_path):
+    grid = load_grid(grid_file(tmp_path))
+    res = run_sweep(grid, tmp_path / "s", progress=False, point_fn=fail_on_overlap)
+    assert [f["point"] for f in res.failures] == [{"overlap": 0.8, "thl_sigma": 0.0}, {"overlap": 0.8, "thl_sigma": 1.0}]
+    for f in res.failures:
+        assert f["attempts"] == 2
+        assert f["error"].startswith("RuntimeError: injected failure at overlap 0.8 (at sweep_helpers.py:")
+    assert len(res.rows) == 4 * 10
+    summary = json.loads((tmp_path / "s" / "sweep.json").read_text())
+    assert summary["finished"] == 4 and len(summary["failures"]) == 2
+    assert len(list((tmp_path / "s" / "failed").glob("*.json"))) == 2
+    # a resume retries the failed points; once they succeed their failure files go
+    again = run_sweep(grid, tmp_path / "s", resume=True, progress=False)
+    assert again.ran == 2 and again.failures == [] and not list((tmp_path / "s" / "failed").glob("*.json"))
+
+
+def test_a_point_failing_once_succeeds_on_the_retry(tmp_path):
+    grid = load_grid(grid_file(tmp_path))
+    (tmp_path / "markers").mkdir()
+    fn = functools.partial(fail_first_try, marker_dir=str(tmp_path / "markers"))
+    res = run_sweep(grid, tmp_path / "s", progress=False, point_fn=fn)
+    assert res.failures == [] and len(res.rows) == 60
+    files = [json.loads(f.read_text()) for f in (tmp_path / "s" / "points").glob("*.json")]
+    assert {f["attempts"] for f in files} == {2}
+
+
+def test_cli_sweep_errors(tmp_path, capsys):
+    gf = grid_file(tmp_path)
+    assert main(["sweep", "--grid", str(gf)]) == 2
+    assert "exactly one of --out DIR" in capsys.readouterr().err
+    assert main(["sweep", "--grid", str(gf), "--out", str(tmp_path / "a"), "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["sweep", "--grid", str(gf), "--out", str(tmp_path / "a"), "--quiet"]) == 2
+    assert f"continue it with --resume {tmp_path / 'a'}" in capsys.readouterr().err
+    assert main(["sweep", "--grid", "smoke", "--resume", str(tmp_path / "a"), "--quiet"]) == 2
+    assert "made by another grid" in capsys.readouterr().err
+    assert main(["sweep", "--resume", str(tmp_path), "--quiet"]) == 2
+    assert "no grid.json there" in capsys.readouterr().err
+    assert main(["sweep", "--grid", "smoke", "--out", str(tmp_path / "b"), "--ray-address", "x:1"]) == 2
+    assert "--ray-address needs --runtime ray" in capsys.readouterr().err
+    (tmp_path / "bad.yaml").write_text("base: smoke\naxes: {temperature: [1]}\n")
+    assert main(["sweep", "--grid", str(tmp_path / "bad.yaml"), "--out", str(tmp_path / "c")]) == 2
+    assert "unknown axis 'temperature'" in capsys.readouterr().err
+
+
+def test_cli_resume_reads_the_recorded_grid(tmp_path, capsys):
+    gf = grid_file(tmp_path)
+    assert main(["sweep", "--grid", str(gf), "--out", str(tmp_path / "a"), "--quiet"]) == 0
+    first = read_csv(tmp_path / "a" / "sweep.csv")
+    (tmp_path / "a" / "points" / "overlap=0.5,thl_sigma=1.json").unlink()
+    capsys.readouterr()
+    assert main(["sweep", "--resume", str(tmp_path / "a"), "--quiet"]) == 0
+    assert "6/6 points (1 run now" in capsys.readouterr().out
+    assert read_csv(tmp_path / "a" / "sweep.csv") == first
+
+
+@pytest.mark.parametrize("content", ["{not json", ""])
+def test_corrupt_point_file_names_itself(tmp_path, capsys, content):
+    gf = grid_file(tmp_path)
+    assert main(["sweep", "--grid", str(gf), "--out", str(tmp_path / "a"), "--quiet"]) == 0
+    (tmp_path / "a" / "points" / "overlap=0.2,thl_sigma=0.json").write_text(content)
+    capsys.readouterr()
+    assert main(["sweep", "--resume", str(tmp_path / "a"), "--quiet"]) == 2
+    assert "overlap=0.2,thl_sigma=0.json is not valid JSON" in capsys.readouterr().err

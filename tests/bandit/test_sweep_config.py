@@ -1,0 +1,68 @@
+"""Sweep grids as YAML (:mod:`bandit_sim.sweep_config`): the named grids and malformed files."""
+
+from __future__ import annotations
+
+import pytest
+
+from bandit_sim.presets import get_preset
+from bandit_sim.sweep_config import apply_point, grid_from_mapping, load_grid, named_grids
+from shared_interfaces.config_io import ConfigError
+
+
+def test_named_grids_load():
+    assert {"paper", "paper-full", "smoke"} <= set(named_grids())
+    paper, full = load_grid("paper"), load_grid("paper-full")
+    assert len(paper.points()) == 108 and len(full.points()) == 108
+    assert paper.axes == full.axes
+    # paper-full's points have the paper preset's full size; paper is the smaller problem
+    assert full.base == get_preset("paper")
+    assert (paper.base.generator.n_contexts, paper.base.seeds, paper.base.steps) == (128, 16, 400)
+    assert load_grid("smoke").points() == [{"overlap": 0.2, "thl_sigma": 0.0}, {"overlap": 0.2, "thl_sigma": 1.0},
+                                           {"overlap": 0.8, "thl_sigma": 0.0}, {"overlap": 0.8, "thl_sigma": 1.0}]
+
+
+def test_grid_file(tmp_path):
+    f = tmp_path / "g.yaml"
+    f.write_text("base: smoke\noverrides: {steps: 7, sgt: {weight: 0.3}}\naxes: {lr: [1.0, 2.0], group_size: [2]}\n")
+    grid = load_grid(f)
+    assert grid.base.steps == 7 and grid.base.sgt.weight == 0.3
+    assert grid.points() == [{"lr": 1.0, "group_size": 2}, {"lr": 2.0, "group_size": 2}]
+    cfg = apply_point(grid.base, grid.points()[1])
+    assert (cfg.lr, cfg.group_size) == (2.0, 2)
+
+
+def test_overlap_caps_unsolved():
+    base = get_preset("smoke")
+    cfg = apply_point(base, {"overlap": 0.95})
+    assert cfg.generator.overlap == 0.95 and cfg.generator.unsolved == pytest.approx(0.05)
+
+
+@pytest.mark.parametrize(("data", "needle"), [
+    ({}, "'base' must name a run preset"),
+    ([1, 2], "expected a mapping"),
+    ({"base": "smoke", "axes": {"lr": [1.0]}, "extra": 1}, "unknown key(s) ['extra']"),
+    ({"base": "nope", "axes": {"lr": [1.0]}}, "unknown preset 'nope'"),
+    ({"base": "smoke", "axes": {"temperature": [1.0]}}, "unknown axis 'temperature'"),
+    ({"base": "smoke", "axes": {}}, "'axes' must be a non-empty mapping"),
+    ({"base": "smoke", "axes": {"lr": []}}, "axis lr must be a non-empty list"),
+    ({"base": "smoke", "axes": {"lr": "fast"}}, "axis lr must be a non-empty list"),
+    ({"base": "smoke", "axes": {"lr": [1.0, "x"]}}, "non-numeric value(s) ['x']"),
+    ({"base": "smoke", "axes": {"lr": [1.0, 1.0]}}, "lists a value twice"),
+    ({"base": "smoke", "overrides": {"stepz": 3}, "axes": {"lr": [1.0]}}, "unknown key(s) ['stepz']"),
+    ({"base": "smoke", "overrides": [1], "axes": {"lr": [1.0]}}, "'overrides' must be a mapping"),
+    ({"base": "smoke", "axes": {"lr": [1.0, -2.0]}}, "lr must be > 0"),
+])
+def test_malformed_grids_name_the_problem(data, needle):
+    with pytest.raises(ConfigError) as err:
+        grid_from_mapping(data)
+    assert needle in str(err.value)
+
+
+def test_missing_and_unknown_grid_files(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_grid(tmp_path / "none.yaml")
+    with pytest.raises(ConfigError, match="unknown sweep grid 'huge'"):
+        load_grid("huge")
+    (tmp_path / "empty.yaml").write_text("")
+    with pytest.raises(ConfigError, match="'base' must name a run preset"):
+        load_grid(tmp_path / "empty.yaml")

@@ -1,0 +1,60 @@
+"""``mrl_llm``'s success matrix of a run directory (:mod:`mrl_llm.success_matrix`) and its command."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from mrl_llm.cli import main
+from mrl_llm.success_matrix import matrix_from_run, write_run_matrix
+from shared_interfaces.success_matrix import SuccessMatrixError, read_success_matrix
+from tests.crosscheck.helpers import start_counts, two_family_prompts, write_run
+
+
+def _run(tmp_path, regime="sgt"):
+    prompts = two_family_prompts(4)
+    s0, g0 = start_counts(4, 4)
+    s1 = np.minimum(s0 + 1, 4) * (s0 > 0)
+    s1[0, 4] = 1  # alpha solves one of its rescue prompts (sub:0) at the end
+    return write_run(tmp_path / regime, regime, {0: (s0, g0), 5: (s1, s1 > 2), 10: (s1, s1 > 2)}, prompts)
+
+
+def test_matrix_of_a_run(tmp_path):
+    d = _run(tmp_path)
+    m = matrix_from_run(d)
+    s0, g0 = start_counts(4, 4)
+    order = np.argsort(two_family_prompts(4))
+    assert m.policies == ("alpha", "beta") and list(m.prompts) == sorted(two_family_prompts(4))
+    assert m.samples.tolist() == np.full((2, 8), 4).tolist()
+    assert m.successes.tolist() == s0[:, order].tolist() and m.greedy_known.tolist() == g0[:, order].tolist()
+    assert m.families == tuple(p.split(":")[0] for p in m.prompts)
+    assert m.run["steps"] == 10 and m.run["group_size"] == 4 and m.run["regime"]["name"] == "sgt"
+    assert m.curve_steps.tolist() == [0, 5, 10]
+    assert m.curve_accuracy[0, 0] == pytest.approx(s0[0].sum() / 32)
+    o = m.outcomes["sgt"]
+    # every prompt of the other family is in each policy's rescue set: 4 + 4; alpha solved one of them
+    assert o["rescue_set"] == 8 and o["rescue_rate"] == pytest.approx(1 / 8) and o["seeds"] == 1
+
+
+def test_written_at_run_end_and_by_the_command(tmp_path, capsys):
+    d = _run(tmp_path)
+    assert write_run_matrix(d) == d / "success_matrix.json"
+    assert read_success_matrix(d / "success_matrix.json").to_dict() == matrix_from_run(d).to_dict()
+    assert main(["success-matrix", "--run", str(d), "--out", str(tmp_path / "m.json")]) == 0
+    assert "success matrix:" in capsys.readouterr().out
+    assert json.loads((tmp_path / "m.json").read_text())["format"] == "mrl-success-matrix"
+
+
+def test_run_without_evaluation(tmp_path, capsys):
+    d = tmp_path / "noeval"
+    d.mkdir()
+    (d / "config.json").write_text("{}")
+    assert write_run_matrix(d) is None  # a run with eval disabled writes none, and does not fail
+    assert main(["success-matrix", "--run", str(d)]) == 2
+    assert "is not a run directory with an evaluation" in capsys.readouterr().err
+    (d / "eval.jsonl").write_text("")
+    with pytest.raises(SuccessMatrixError, match="has no step-0 evaluation"):
+        matrix_from_run(d)
+    assert main(["success-matrix", "--run", str(tmp_path / "missing")]) == 2
