@@ -30,6 +30,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from mrl_llm.demo.progress import progress_line
 from mrl_llm.demo.results import aggregate, paired_markdown, paired_vs, plot, run_result, table_markdown
 from mrl_llm.demo.setup import DemoConfig, DemoPolicy, rl_pool, run_config
 
@@ -137,8 +138,10 @@ class _Inline:
         pass
 
 
-def run_demo(cfg: DemoConfig, out: str | Path, *, jobs: int = 5, say: Callable[[str], None] = print) -> dict[str, Any]:
-    """Run the demo into ``out`` (module docstring) and return ``results.json``'s content."""
+def run_demo(cfg: DemoConfig, out: str | Path, *, jobs: int = 5, say: Callable[[str], None] = print,
+             progress_every: float = 30.0) -> dict[str, Any]:
+    """Run the demo into ``out`` (module docstring) and return ``results.json``'s content. While runs are in
+    flight, one progress line (steps logged per run, :mod:`mrl_llm.demo.progress`) every ``progress_every`` s."""
     from mrl_llm.demo.tokenizers import save_demo_tokenizers
 
     out = Path(out)
@@ -159,7 +162,10 @@ def run_demo(cfg: DemoConfig, out: str | Path, *, jobs: int = 5, say: Callable[[
                 f = ex.submit(sft_job, cfg, p, s, str(tok_dirs[p.tokenizer]), str(sft_dirs[s][p.name]))
                 pending[f] = ("sft", s, p.name)
         while pending:
-            finished, _ = wait(list(pending), return_when=FIRST_COMPLETED)
+            finished, _ = wait(list(pending), timeout=progress_every, return_when=FIRST_COMPLETED)
+            if not finished:
+                runs = {f"seed{s}/{name}": out / f"seed{s}" / name for kind, s, name in pending.values() if kind == "run"}
+                say(progress_line(runs, cfg.steps, time.perf_counter() - t0))
             for f in finished:
                 kind, s, name = pending.pop(f)
                 res = f.result()
