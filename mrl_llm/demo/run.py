@@ -139,16 +139,21 @@ class _Inline:
 
 
 def run_demo(cfg: DemoConfig, out: str | Path, *, jobs: int = 5, say: Callable[[str], None] = print,
-             progress_every: float = 30.0) -> dict[str, Any]:
+             progress_every: float = 30.0, run_fn: Callable[..., dict[str, Any]] | None = None,
+             finish_fn: Callable[..., dict[str, Any]] | None = None) -> dict[str, Any]:
     """Run the demo into ``out`` (module docstring) and return ``results.json``'s content. While runs are in
-    flight, one progress line (steps logged per run, :mod:`mrl_llm.demo.progress`) every ``progress_every`` s."""
+    flight, one progress line (steps logged per run, :mod:`mrl_llm.demo.progress`) every ``progress_every`` s.
+    ``run_fn`` / ``finish_fn`` replace :func:`run_job` / :func:`finish` (the study's, :mod:`mrl_llm.demo.study`:
+    same driver, SFTs and reuse rules; ``run_fn`` must be a top-level function, it runs in worker processes)."""
+    run_fn = run_fn or run_job
+    finish_fn = finish_fn or finish
     from mrl_llm.demo.tokenizers import save_demo_tokenizers
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     load0 = os.getloadavg()
-    tok_dirs = save_demo_tokenizers(out / "tokenizers", cfg.task())
+    tok_dirs = save_demo_tokenizers(out / "tokenizers", cfg.task(), kinds=tuple(dict.fromkeys(p.tokenizer for p in cfg.policies)))
     say(f"tokenizers: {', '.join(str(d) for d in tok_dirs.values())} ({time.perf_counter() - t0:.1f} s)")
     ex: Any = _Inline() if jobs == 0 else _pool(jobs)
     sft_dirs = {s: {p.name: out / f"seed{s}" / "sft" / p.name for p in cfg.policies} for s in cfg.seed_list}
@@ -179,13 +184,13 @@ def run_demo(cfg: DemoConfig, out: str | Path, *, jobs: int = 5, say: Callable[[
                     if sft_left[s] == 0:
                         dirs = {n: str(d) for n, d in sft_dirs[s].items()}
                         for reg in _longest_first(cfg.regimes):
-                            g = ex.submit(run_job, cfg, reg, s, dirs, str(out / f"seed{s}" / reg))
+                            g = ex.submit(run_fn, cfg, reg, s, dirs, str(out / f"seed{s}" / reg))
                             pending[g] = ("run", s, reg)
                 else:
                     say(f"[seed {s}] {name}: done" + (" (reused)" if res.get("reused") else f" in {res['wall_s']:.0f} s"))
     finally:
         ex.shutdown()
-    return finish(cfg, out, wall_s=time.perf_counter() - t0, load=(load0, os.getloadavg()), sft=sft_reports, say=say,
+    return finish_fn(cfg, out, wall_s=time.perf_counter() - t0, load=(load0, os.getloadavg()), sft=sft_reports, say=say,
                   reused=reused)
 
 

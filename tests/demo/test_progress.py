@@ -59,7 +59,7 @@ def test_run_demo_says_progress_while_runs_are_in_flight(tmp_path, monkeypatch):
             time.sleep(0.15)
         return {"wall_s": 0.45}
 
-    monkeypatch.setattr(demo_toks, "save_demo_tokenizers", lambda d, task: {"bytebpe": d, "spbpe": d})
+    monkeypatch.setattr(demo_toks, "save_demo_tokenizers", lambda d, task, kinds=(): {"bytebpe": d, "spbpe": d})
     monkeypatch.setattr(demo_run, "sft_job", fake_sft)
     monkeypatch.setattr(demo_run, "run_job", fake_run)
     monkeypatch.setattr(demo_run, "_pool", lambda jobs: ThreadPoolExecutor(max_workers=jobs))
