@@ -133,6 +133,8 @@ def _study(args: argparse.Namespace) -> int:
         from shared_interfaces.regimes.config import parse_regime
 
         over["regimes"] = tuple(parse_regime(r.strip()).name for r in args.regimes.split(",") if r.strip())
+    if args.sft_steps is not None:  # one number for every policy
+        over["sft_steps_per_policy"] = ()
     run_study(StudyConfig(**over), args.out, jobs=args.jobs)
     return 0
 
@@ -198,7 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--pool-per-family", type=int, help="RL prompt pool size per family")
     st.add_argument("--eval-every", type=int)
     st.add_argument("--eval-k", type=int)
-    st.add_argument("--sft-steps", type=int)
+    st.add_argument("--sft-steps", type=int, help="SFT steps of every policy (default: per policy)")
     st.add_argument("--regimes", help="comma-separated regimes (default: grpo,xgrpo,prp_snapshot,prp_thl,sgt)")
     st.add_argument("--jobs", type=int, default=5, help="worker processes (0: all in this process)")
     return ap

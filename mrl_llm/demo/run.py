@@ -64,7 +64,7 @@ def _fresh(d: Path, done: Path) -> None:
 
 def sft_settings(cfg: DemoConfig, pol: DemoPolicy, seed: int) -> dict[str, Any]:
     """What determines a policy's SFT (recorded with it; a run records those of its start too)."""
-    return {"policy": asdict(pol), "sft": asdict(cfg.sft_config(seed)), "max_new_tokens": cfg.max_new_tokens,
+    return {"policy": asdict(pol), "sft": asdict(cfg.sft_config(seed, pol)), "max_new_tokens": cfg.max_new_tokens,
             "families": [f if isinstance(f, str) else asdict(f) for f in cfg.families], "eval_max": cfg.sft_eval_max}
 
 
@@ -84,7 +84,7 @@ def sft_job(cfg: DemoConfig, pol: DemoPolicy, seed: int, tok_dir: str, out_dir: 
     _fresh(d, done)
     _quiet()
     rep = sft_policy(name=pol.name, arch=pol.arch, tokenizer=load_tokenizer_dir(tok_dir), task=cfg.task(),
-                     families=[pol.family], out_dir=d, size=pol.size, sft=cfg.sft_config(seed),
+                     families=[pol.family], out_dir=d, size=pol.size, sft=cfg.sft_config(seed, pol),
                      template=TemplateConfig(**TEMPLATE), max_new_tokens=cfg.max_new_tokens,
                      eval_max=cfg.sft_eval_max)
     done.write_text(json.dumps({"settings": settings, "report": rep}, indent=1))

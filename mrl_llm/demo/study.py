@@ -27,7 +27,7 @@ from typing import Any
 
 from mrl_llm.demo.run import _fresh, _quiet, _same, run_demo, sft_settings
 from mrl_llm.demo.setup import DemoConfig, DemoPolicy, rl_pool, run_config
-from mrl_llm.demo.sft import ArchSize
+from mrl_llm.demo.sft import ArchSize, SFTConfig
 from mrl_llm.rewards.arithmetic import Family
 
 #: The study's third family: multiplication by 0..4 (answers 0..76) -- a small rule-like table.
@@ -59,6 +59,8 @@ class StudyConfig(DemoConfig):
     eval_k: int = 4
     families: tuple[str | Family, ...] = ("add", "sub", MUL_SMALL)
     policies: tuple[DemoPolicy, ...] = STUDY_POLICIES
+    #: SFT steps per policy name (others: ``sft_steps``): the families differ in how fast they are learnt
+    sft_steps_per_policy: tuple[tuple[str, int], ...] = (("qwen-add", 400), ("llama-sub", 200), ("gpt2-mul", 150))
 
     def __post_init__(self) -> None:
         if self.seeds < 1 or self.steps < 1 or self.sft_steps < 1:
@@ -70,6 +72,12 @@ class StudyConfig(DemoConfig):
             raise ValueError(f"study: SFT families {missing} are not in the task families {self.task().family_names}")
         if self.optimizer not in ("adamw", "adam", "sgd"):
             raise ValueError(f"study: optimizer {self.optimizer!r} must be adamw, adam or sgd")
+
+
+    def sft_config(self, seed: int, policy: DemoPolicy | None = None) -> SFTConfig:
+        """The SFT of ``policy`` in a seed: ``sft_steps_per_policy``'s steps for it, else ``sft_steps``."""
+        steps = dict(self.sft_steps_per_policy).get(policy.name, self.sft_steps) if policy else self.sft_steps
+        return SFTConfig(steps=steps, batch=self.sft_batch, lr=self.sft_lr, seed=seed)
 
 
 def study_run_config(cfg: StudyConfig, regime: str, seed: int, policy_dirs: dict[str, str | Path]) -> dict[str, Any]:

@@ -50,6 +50,26 @@ def test_gpt2_arch_is_built_without_dropout():
         arch_config("mamba", ArchSize())
 
 
+def test_sft_steps_per_policy():
+    cfg = StudyConfig(sft_steps=7, sft_steps_per_policy=(("qwen-add", 11),))
+    assert cfg.sft_config(3, STUDY_POLICIES[0]).steps == 11 and cfg.sft_config(3, STUDY_POLICIES[1]).steps == 7
+    assert cfg.sft_config(3).steps == 7 and cfg.sft_config(3, STUDY_POLICIES[0]).seed == 3
+
+
+def test_cli_parses_study_options(monkeypatch, tmp_path):
+    import mrl_llm.demo.study as study_mod
+    from mrl_llm.cli import main
+
+    seen = {}
+    monkeypatch.setattr(study_mod, "run_study", lambda cfg, out, jobs: seen.update(cfg=cfg, out=out, jobs=jobs))
+    assert main(["study", "--out", str(tmp_path), "--seeds", "3", "--lr", "1e-4", "--sft-steps", "50",
+                 "--regimes", "grpo,sgt", "--jobs", "2"]) == 0
+    cfg = seen["cfg"]
+    assert (cfg.seeds, cfg.lr, cfg.regimes, seen["jobs"]) == (3, 1e-4, ("grpo", "sgt"), 2)
+    assert all(cfg.sft_config(0, p).steps == 50 for p in STUDY_POLICIES)
+    assert main(["study", "--out", str(tmp_path), "--regimes", "nonsense"]) == 2
+
+
 def test_study_policies_are_heterogeneous():
     assert len({p.arch for p in STUDY_POLICIES}) == len({p.tokenizer for p in STUDY_POLICIES}) == 3
     assert len({p.family for p in STUDY_POLICIES}) == 3
@@ -147,7 +167,8 @@ def test_study_end_to_end_tiny(tmp_path):
 
     pols = tuple(replace(p, size=ArchSize(hidden=32, layers=1, heads=2, kv_heads=1)) for p in STUDY_POLICIES)
     cfg = StudyConfig(families=TINY, policies=pols, steps=2, prompts_per_step=3, group_size=2, pool_per_family=2,
-                      eval_every=1, eval_k=1, sft_steps=20, sft_batch=16, regimes=("grpo", "sgt"))
+                      eval_every=1, eval_k=1, sft_steps=20, sft_steps_per_policy=(), sft_batch=16,
+                      regimes=("grpo", "sgt"))
     lines: list[str] = []
     doc = run_study(cfg, tmp_path, jobs=0, say=lines.append)
     assert (tmp_path / "tokenizers" / "char" / "tokenizer.json").is_file()
