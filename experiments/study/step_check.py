@@ -78,7 +78,7 @@ def main() -> None:
     params = dict(model.named_parameters())
     print(f"PG gradient norm {total:.3f}; largest tensors (grad norm / parameter norm):")
     for n, x in sorted(g.items(), key=lambda kv: -float(kv[1].norm()))[:5]:
-        print(f"  {n:45s} {float(x.norm()):.3f} / {float(params[n].norm()):.3f}")
+        print(f"  {n:45s} {float(x.norm()):.3f} / {float(params[n].detach().norm()):.3f}")
     n_params = sum(p.numel() for p in model.parameters())
     print(f"Adam's first-step norm (lr * sqrt(#params = {n_params})): "
           + ", ".join(f"lr {lr:g}: {lr * math.sqrt(n_params):.3f}" for lr in (1e-5, 3e-5, 1e-4, 3e-4)))

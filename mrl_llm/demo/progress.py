@@ -9,7 +9,7 @@ non-train row is skipped, so a run can be polled while it writes.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 
@@ -29,9 +29,13 @@ def steps_done(run_dir: str | Path) -> int:
     return len(steps)
 
 
-def progress_line(runs: Mapping[str, str | Path], total_steps: int, elapsed_s: float) -> str:
-    """One line: ``progress after 95 s: seed0/grpo 40/100, seed0/sgt 38/100`` for ``{label: run_dir}``."""
-    if not runs:
-        return f"progress after {elapsed_s:.0f} s: no run in flight"
+def progress_line(runs: Mapping[str, str | Path], total_steps: int, elapsed_s: float, *,
+                  sfts: Sequence[str] = ()) -> str:
+    """One line: ``progress after 95 s: seed0/grpo 40/100, seed0/sgt 38/100`` for ``{label: run_dir}``, with
+    the SFTs still running named first (``SFT running: seed1/qwen-add; ...``)."""
     parts = [f"{label} {min(steps_done(d), total_steps)}/{total_steps}" for label, d in runs.items()]
-    return f"progress after {elapsed_s:.0f} s: " + ", ".join(parts)
+    head = f"progress after {elapsed_s:.0f} s: "
+    sft = f"SFT running: {', '.join(sfts)}" if sfts else ""
+    if not parts:
+        return head + (sft or "nothing in flight")
+    return head + (sft + "; " if sft else "") + ", ".join(parts)

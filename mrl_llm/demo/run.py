@@ -170,7 +170,8 @@ def run_demo(cfg: DemoConfig, out: str | Path, *, jobs: int = 5, say: Callable[[
             finished, _ = wait(list(pending), timeout=progress_every, return_when=FIRST_COMPLETED)
             if not finished:
                 runs = {f"seed{s}/{name}": out / f"seed{s}" / name for kind, s, name in pending.values() if kind == "run"}
-                say(progress_line(runs, cfg.steps, time.perf_counter() - t0))
+                sfts = [f"seed{s}/{name}" for kind, s, name in pending.values() if kind == "sft"]
+                say(progress_line(runs, cfg.steps, time.perf_counter() - t0, sfts=sfts))
             for f in finished:
                 kind, s, name = pending.pop(f)
                 res = f.result()

@@ -49,7 +49,7 @@ class StudyConfig(DemoConfig):
     steps: int = 100
     prompts_per_step: int = 16
     group_size: int = 8
-    lr: float = 3e-4
+    lr: float = 1e-4
     optimizer: str = "adamw"
     beta2: float = 0.999
     sft_steps: int = 150

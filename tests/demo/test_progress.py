@@ -40,7 +40,10 @@ def test_progress_line(tmp_path):
     _rows(tmp_path / "r" / "metrics.jsonl", [{"kind": "train", "step": s} for s in range(3)])
     line = progress_line({"seed0/grpo": tmp_path / "r", "seed0/sgt": tmp_path / "none"}, 10, 12.4)
     assert line == "progress after 12 s: seed0/grpo 3/10, seed0/sgt 0/10"
-    assert "no run in flight" in progress_line({}, 10, 1.0)
+    assert progress_line({}, 10, 1.0) == "progress after 1 s: nothing in flight"
+    assert progress_line({}, 10, 1.0, sfts=["seed0/a"]) == "progress after 1 s: SFT running: seed0/a"
+    assert progress_line({"seed0/grpo": tmp_path / "r"}, 10, 1.0, sfts=["seed1/a"]) == (
+        "progress after 1 s: SFT running: seed1/a; seed0/grpo 3/10")
 
 
 def test_run_demo_says_progress_while_runs_are_in_flight(tmp_path, monkeypatch):
