@@ -146,7 +146,7 @@ def claims(res: dict, regimes: Sequence[str], seeds: Sequence[int], policies: Se
                      f"SGT - GRPO at step {early}: {fmt(e)}.")
         ent, kl = pv("sgt", "grpo", "entropy"), pv("sgt", "grpo", "kl")
         lines.append(f"SGT entropy comparable or higher than GRPO: {'agrees' if ent[0] + (ent[1] or 0) >= 0 else 'disagrees'}"
-                     f" -- paired entropy SGT - GRPO (last {last} steps' window) {fmt(ent, 4)}.")
+                     f" -- paired entropy SGT - GRPO (train rows of the last window before step {last}) {fmt(ent, 4)}.")
         lines.append(f"SGT KL low: KL to start SGT - GRPO {fmt(kl, 4)}"
                      + "".join(f"; SGT - {r} {fmt(pv('sgt', r, 'kl'), 4)}" for r in regimes if r.startswith("prp"))
                      + f" -- {'agrees' if all(pv('sgt', r, 'kl')[0] <= 0 for r in regimes if r.startswith('prp')) else 'disagrees'}"
@@ -268,7 +268,8 @@ def write_report(cfg: Any, out: Path, *, wall_s: float, load: tuple, sft: dict, 
     md = [f"# mutual-RL study\n\n{cfg.seeds} seed(s) {seeds}, {len(pols)} policies "
           f"({', '.join(f'{p.name}: {p.arch}/{p.tokenizer}/{p.family}' for p in cfg.policies)}), {cfg.steps} RL steps x "
           f"{cfg.prompts_per_step} prompts x G={cfg.group_size}, {cfg.optimizer} lr {cfg.lr} (beta2 {cfg.beta2}), "
-          f"SFT {cfg.sft_steps} steps, pool {cfg.pool_per_family}/family, SGT λ {cfg.sgt_weight}; this invocation: "
+          f"SFT steps {', '.join(f'{p.name} {cfg.sft_config(0, p).steps}' for p in cfg.policies)}, "
+          f"pool {cfg.pool_per_family}/family, SGT λ {cfg.sgt_weight}; this invocation: "
           f"wall {wall_s:.0f} s on {os.cpu_count()} CPU(s), load average {load[0][0]:.2f} -> {load[1][0]:.2f}; "
           f"{reused} SFT/run step(s) reused.\n",
           "## SFT start (greedy accuracy train / held-out per family)\n",
