@@ -13,6 +13,8 @@
 * ``demo [--out DIR] [--seeds N] [--steps N] ...`` — the CPU demo (:mod:`mrl_llm.demo.run`).
 * ``success-matrix --run DIR [--out FILE]`` — a run's success matrix (:mod:`mrl_llm.success_matrix`), the
   input of ``python -m bandit_sim predict``; every run also writes ``DIR/success_matrix.json`` at its end.
+* ``study [--out DIR] [--seeds N] ...`` — the CPU study: three heterogeneous policies, five regimes, every
+  checkpoint scored (:mod:`mrl_llm.demo.study`).
 * ``plan --config FILE [--cluster FILE]`` — the MWRA placement plan (:mod:`mrl_llm.distributed.plan_cli`).
 * ``data prepare --config FILE --source FILE_OR_HUB_ID [--split train] [--out FILE]`` — write the
   config's ``data.path`` from a local file or a Hugging Face dataset, checked with the config's field
@@ -159,6 +161,22 @@ def _data(args: argparse.Namespace) -> int:
     return 0
 
 
+def _study(args: argparse.Namespace) -> int:
+    from mrl_llm.demo.study import StudyConfig, run_study
+
+    over = {k: getattr(args, k) for k in ("seeds", "first_seed", "steps", "prompts_per_step", "group_size", "lr",
+                                          "optimizer", "sgt_weight", "kl_coef", "pool_per_family", "eval_every",
+                                          "eval_k", "sft_steps") if getattr(args, k) is not None}
+    if args.regimes:
+        from shared_interfaces.regimes.config import parse_regime
+
+        over["regimes"] = tuple(parse_regime(r.strip()).name for r in args.regimes.split(",") if r.strip())
+    if args.sft_steps is not None:  # one number for every policy
+        over["sft_steps_per_policy"] = ()
+    run_study(StudyConfig(**over), args.out, jobs=args.jobs)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="mrl_llm", description="Mutual RL for heterogeneous LLM policies.")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -219,6 +237,23 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--sft-steps", type=int)
     d.add_argument("--regimes", help="comma-separated regimes (default: grpo,xgrpo,prp_snapshot,prp_thl,sgt)")
     d.add_argument("--jobs", type=int, default=5, help="worker processes (0: all in this process)")
+    st = sub.add_parser("study", help="the CPU study: three heterogeneous tiny policies, five regimes, every checkpoint")
+    st.add_argument("--out", default="runs/study", help="study directory (default runs/study); rerun to resume")
+    st.add_argument("--seeds", type=int, help="seeds (default 1); means with paired 95%% t-intervals")
+    st.add_argument("--first-seed", type=int)
+    st.add_argument("--steps", type=int, help="RL steps per regime")
+    st.add_argument("--prompts-per-step", type=int)
+    st.add_argument("--group-size", type=int)
+    st.add_argument("--lr", type=float, help="RL learning rate")
+    st.add_argument("--optimizer", choices=["adamw", "adam", "sgd"])
+    st.add_argument("--sgt-weight", type=float, help="SGT lambda")
+    st.add_argument("--kl-coef", type=float)
+    st.add_argument("--pool-per-family", type=int, help="RL prompt pool size per family")
+    st.add_argument("--eval-every", type=int)
+    st.add_argument("--eval-k", type=int)
+    st.add_argument("--sft-steps", type=int, help="SFT steps of every policy (default: per policy)")
+    st.add_argument("--regimes", help="comma-separated regimes (default: grpo,xgrpo,prp_snapshot,prp_thl,sgt)")
+    st.add_argument("--jobs", type=int, default=5, help="worker processes (0: all in this process)")
     return ap
 
 
@@ -232,7 +267,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
         return {"train": _train, "eval": _eval, "report": _report, "demo": _demo, "data": _data,
-                "success-matrix": _success_matrix}[args.cmd](args)
+                "success-matrix": _success_matrix, "study": _study}[args.cmd](args)
     except USER_ERRORS as err:
         print(f"mrl_llm {args.cmd}: {one_line(err)}", file=sys.stderr)
         return 2

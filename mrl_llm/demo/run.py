@@ -30,6 +30,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from mrl_llm.demo.progress import progress_line
 from mrl_llm.demo.results import aggregate, paired_markdown, paired_vs, plot, run_result, table_markdown
 from mrl_llm.demo.setup import DemoConfig, DemoPolicy, rl_pool, run_config
 
@@ -63,7 +64,7 @@ def _fresh(d: Path, done: Path) -> None:
 
 def sft_settings(cfg: DemoConfig, pol: DemoPolicy, seed: int) -> dict[str, Any]:
     """What determines a policy's SFT (recorded with it; a run records those of its start too)."""
-    return {"policy": asdict(pol), "sft": asdict(cfg.sft_config(seed)), "max_new_tokens": cfg.max_new_tokens,
+    return {"policy": asdict(pol), "sft": asdict(cfg.sft_config(seed, pol)), "max_new_tokens": cfg.max_new_tokens,
             "families": [f if isinstance(f, str) else asdict(f) for f in cfg.families], "eval_max": cfg.sft_eval_max}
 
 
@@ -83,7 +84,7 @@ def sft_job(cfg: DemoConfig, pol: DemoPolicy, seed: int, tok_dir: str, out_dir: 
     _fresh(d, done)
     _quiet()
     rep = sft_policy(name=pol.name, arch=pol.arch, tokenizer=load_tokenizer_dir(tok_dir), task=cfg.task(),
-                     families=[pol.family], out_dir=d, size=pol.size, sft=cfg.sft_config(seed),
+                     families=[pol.family], out_dir=d, size=pol.size, sft=cfg.sft_config(seed, pol),
                      template=TemplateConfig(**TEMPLATE), max_new_tokens=cfg.max_new_tokens,
                      eval_max=cfg.sft_eval_max)
     done.write_text(json.dumps({"settings": settings, "report": rep}, indent=1))
@@ -137,15 +138,22 @@ class _Inline:
         pass
 
 
-def run_demo(cfg: DemoConfig, out: str | Path, *, jobs: int = 5, say: Callable[[str], None] = print) -> dict[str, Any]:
-    """Run the demo into ``out`` (module docstring) and return ``results.json``'s content."""
+def run_demo(cfg: DemoConfig, out: str | Path, *, jobs: int = 5, say: Callable[[str], None] = print,
+             progress_every: float = 30.0, run_fn: Callable[..., dict[str, Any]] | None = None,
+             finish_fn: Callable[..., dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Run the demo into ``out`` (module docstring) and return ``results.json``'s content. While runs are in
+    flight, one progress line (steps logged per run, :mod:`mrl_llm.demo.progress`) every ``progress_every`` s.
+    ``run_fn`` / ``finish_fn`` replace :func:`run_job` / :func:`finish` (the study's, :mod:`mrl_llm.demo.study`:
+    same driver, SFTs and reuse rules; ``run_fn`` must be a top-level function, it runs in worker processes)."""
+    run_fn = run_fn or run_job
+    finish_fn = finish_fn or finish
     from mrl_llm.demo.tokenizers import save_demo_tokenizers
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     load0 = os.getloadavg()
-    tok_dirs = save_demo_tokenizers(out / "tokenizers", cfg.task())
+    tok_dirs = save_demo_tokenizers(out / "tokenizers", cfg.task(), kinds=tuple(dict.fromkeys(p.tokenizer for p in cfg.policies)))
     say(f"tokenizers: {', '.join(str(d) for d in tok_dirs.values())} ({time.perf_counter() - t0:.1f} s)")
     ex: Any = _Inline() if jobs == 0 else _pool(jobs)
     sft_dirs = {s: {p.name: out / f"seed{s}" / "sft" / p.name for p in cfg.policies} for s in cfg.seed_list}
@@ -159,7 +167,11 @@ def run_demo(cfg: DemoConfig, out: str | Path, *, jobs: int = 5, say: Callable[[
                 f = ex.submit(sft_job, cfg, p, s, str(tok_dirs[p.tokenizer]), str(sft_dirs[s][p.name]))
                 pending[f] = ("sft", s, p.name)
         while pending:
-            finished, _ = wait(list(pending), return_when=FIRST_COMPLETED)
+            finished, _ = wait(list(pending), timeout=progress_every, return_when=FIRST_COMPLETED)
+            if not finished:
+                runs = {f"seed{s}/{name}": out / f"seed{s}" / name for kind, s, name in pending.values() if kind == "run"}
+                sfts = [f"seed{s}/{name}" for kind, s, name in pending.values() if kind == "sft"]
+                say(progress_line(runs, cfg.steps, time.perf_counter() - t0, sfts=sfts))
             for f in finished:
                 kind, s, name = pending.pop(f)
                 res = f.result()
@@ -173,13 +185,13 @@ def run_demo(cfg: DemoConfig, out: str | Path, *, jobs: int = 5, say: Callable[[
                     if sft_left[s] == 0:
                         dirs = {n: str(d) for n, d in sft_dirs[s].items()}
                         for reg in _longest_first(cfg.regimes):
-                            g = ex.submit(run_job, cfg, reg, s, dirs, str(out / f"seed{s}" / reg))
+                            g = ex.submit(run_fn, cfg, reg, s, dirs, str(out / f"seed{s}" / reg))
                             pending[g] = ("run", s, reg)
                 else:
                     say(f"[seed {s}] {name}: done" + (" (reused)" if res.get("reused") else f" in {res['wall_s']:.0f} s"))
     finally:
         ex.shutdown()
-    return finish(cfg, out, wall_s=time.perf_counter() - t0, load=(load0, os.getloadavg()), sft=sft_reports, say=say,
+    return finish_fn(cfg, out, wall_s=time.perf_counter() - t0, load=(load0, os.getloadavg()), sft=sft_reports, say=say,
                   reused=reused)
 
 

@@ -88,7 +88,8 @@ class DemoConfig:
     def seed_list(self) -> list[int]:
         return list(range(self.first_seed, self.first_seed + self.seeds))
 
-    def sft_config(self, seed: int) -> SFTConfig:
+    def sft_config(self, seed: int, policy: DemoPolicy | None = None) -> SFTConfig:
+        """The SFT of a seed (the same for every policy here; the study's differs per policy)."""
         return SFTConfig(steps=self.sft_steps, batch=self.sft_batch, lr=self.sft_lr, seed=seed)
 
     def task(self) -> ArithmeticTask:

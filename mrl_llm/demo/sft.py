@@ -33,7 +33,7 @@ from mrl_llm.rollout import HFEngine, SamplingConfig
 from mrl_llm.templates import PromptTemplate, TemplateConfig
 from shared_interfaces.config_io import to_mapping
 
-ARCHS = ("qwen2", "llama")
+ARCHS = ("qwen2", "llama", "gpt2")
 
 
 @dataclass(frozen=True)
@@ -61,11 +61,16 @@ class SFTConfig:
 
 
 def arch_config(arch: str, size: ArchSize) -> dict[str, Any]:
-    """The ``model_config`` of a Qwen2-style (``qwen2``: biased QKV, GQA, RMSNorm, SwiGLU) or Llama-style
-    (``llama``) causal LM with tied input/output embeddings; :func:`mrl_llm.models.build_model` adds the
-    tokenizer's vocabulary size and special-token ids."""
+    """The ``model_config`` of a Qwen2-style (``qwen2``: biased QKV, GQA, RMSNorm, SwiGLU, rotary), a
+    Llama-style (``llama``) or a GPT-2-style (``gpt2``: learned absolute positions, LayerNorm, GELU MLP,
+    fused biased QKV, dropout off; no GQA, ``kv_heads`` is ignored) causal LM with tied input/output embeddings;
+    :func:`mrl_llm.models.build_model` adds the tokenizer's vocabulary size and special-token ids."""
     if arch not in ARCHS:
         raise ValueError(f"unknown demo architecture {arch!r}; choose one of {list(ARCHS)}")
+    if arch == "gpt2":
+        return {"model_type": "gpt2", "n_embd": size.hidden, "n_inner": size.mlp_mult * size.hidden,
+                "n_layer": size.layers, "n_head": size.heads, "n_positions": size.max_positions,
+                "tie_word_embeddings": True, "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}
     cfg = {"model_type": arch, "hidden_size": size.hidden, "intermediate_size": size.mlp_mult * size.hidden,
            "num_hidden_layers": size.layers, "num_attention_heads": size.heads, "num_key_value_heads": size.kv_heads,
            "max_position_embeddings": size.max_positions, "tie_word_embeddings": True}

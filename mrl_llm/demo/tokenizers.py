@@ -13,6 +13,13 @@ responses of the synthetic arithmetic task (``What is 12+7?`` / ``\\boxed{19}``)
   separate texts), the Llama decoder (Replace / ByteFallback / Fuse / Strip) and a post-processor
   that puts ``<s>`` in front; ``</s>`` EOS, ``<unk>``, ``<pad>``.
 
+A third kind, for the study (:mod:`mrl_llm.demo.study`; the demo does not build it):
+
+* ``char`` — character-level (ByT5 / CANINE style, over characters rather than bytes): one token per
+  character of the task's alphabet (plus ``\n``), a ``WordLevel`` model over single characters, no
+  merges at all, ``<bos>`` prepended, ``<eos>``, ``<unk>``, ``<pad>``; numbers are spelled digit by
+  digit and ``\boxed{`` takes seven tokens.
+
 So the same prompt is tokenised differently (whole numbers vs digits, ``Ġ`` vs ``▁``, BOS or not)
 and THL has real work to do. Both are deterministic functions of the task text (the trainers run
 single-threaded over a fixed-order corpus; a test pins it). :func:`save_demo_tokenizers` writes each
@@ -29,6 +36,8 @@ from pathlib import Path
 from mrl_llm.rewards import ArithmeticTask, reference_response
 
 KINDS = ("bytebpe", "spbpe")
+#: Every kind :func:`build_tokenizer` knows (the demo builds :data:`KINDS`; the study adds ``char``).
+ALL_KINDS = (*KINDS, "char")
 
 
 def task_texts(task: ArithmeticTask) -> list[str]:
@@ -94,14 +103,34 @@ def sentencepiece_bpe(texts: Sequence[str], vocab_size: int = 96):
                                    pad_token="<pad>", clean_up_tokenization_spaces=False)
 
 
+def char_level(texts: Sequence[str]):
+    """The ``char`` tokenizer (module docstring) as a ``PreTrainedTokenizerFast``: its vocabulary is the
+    special tokens then the sorted characters of ``texts`` and ``\n``."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<pad>", "<bos>", "<eos>", "<unk>"]
+    chars = sorted(set("".join(texts)) | {"\n"})
+    vocab = {t: i for i, t in enumerate(specials + chars)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    tok.post_processor = processors.TemplateProcessing(single="<bos> $A", pair="<bos> $A <bos> $B",
+                                                       special_tokens=[("<bos>", vocab["<bos>"])])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", unk_token="<unk>",
+                                   pad_token="<pad>", clean_up_tokenization_spaces=False)
+
+
 def build_tokenizer(kind: str, task: ArithmeticTask):
-    """The ``kind`` tokenizer (one of :data:`KINDS`) trained on ``task``'s text."""
+    """The ``kind`` tokenizer (one of :data:`ALL_KINDS`) trained on ``task``'s text."""
     texts = task_texts(task)
     if kind == "bytebpe":
         return byte_level_bpe(texts)
     if kind == "spbpe":
         return sentencepiece_bpe(texts)
-    raise ValueError(f"unknown demo tokenizer kind {kind!r}; choose one of {list(KINDS)}")
+    if kind == "char":
+        return char_level(texts)
+    raise ValueError(f"unknown demo tokenizer kind {kind!r}; choose one of {list(ALL_KINDS)}")
 
 
 def save_demo_tokenizers(out_dir: str | Path, task: ArithmeticTask,

@@ -1,0 +1,134 @@
+"""``python -m mrl_llm study``: three heterogeneous tiny policies, the five regimes, every checkpoint scored.
+
+The demo's machinery (:mod:`mrl_llm.demo.run`: tokenizers, SFT jobs, the process pool, reuse of finished
+steps, progress lines) with the study's own settings (:class:`StudyConfig`) and its own run job and
+report:
+
+* three policies (:data:`STUDY_POLICIES`), three architectures (Qwen2-, Llama- and GPT-2-style), three
+  tokenizer kinds (byte-level BPE, SentencePiece-style BPE, character-level), three skill families
+  (``add``, ``sub``, ``mul_small``), each SFT'd only on its own family, briefly enough that it keeps room
+  to improve;
+* GRPO settings measured to improve these policies (``experiments/study/README.md``: why the demo's do not);
+* every run is evaluated (greedy + ``eval_k`` samples) at step 0, every ``eval_every`` steps and at the
+  end on the RL pool AND the held-out prompts of every family, so own-family held-out, peer-exclusive and
+  overall accuracy exist at every checkpoint (:mod:`mrl_llm.demo.study_report`).
+
+Layout of ``DIR`` as the demo's, plus ``study.md`` / ``study.json`` / ``study.png``. Resumable: run the same
+command again (or with more ``--seeds``) and finished SFTs and runs are reused.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mrl_llm.demo.run import _fresh, _quiet, _same, run_demo, sft_settings
+from mrl_llm.demo.setup import DemoConfig, DemoPolicy, rl_pool, run_config
+from mrl_llm.demo.sft import ArchSize, SFTConfig
+from mrl_llm.rewards.arithmetic import Family
+
+#: The study's third family: multiplication by 0..4 (answers 0..76) -- a small rule-like table.
+MUL_SMALL = Family("mul_small", "*", (0, 4), (0, 19))
+
+STUDY_POLICIES = (
+    DemoPolicy("qwen-add", "qwen2", "bytebpe", "add", ArchSize(hidden=96, layers=2, heads=4, kv_heads=2)),
+    DemoPolicy("llama-sub", "llama", "spbpe", "sub", ArchSize(hidden=80, layers=3, heads=4, kv_heads=4)),
+    DemoPolicy("gpt2-mul", "gpt2", "char", "mul_small", ArchSize(hidden=96, layers=2, heads=4, kv_heads=4)),
+)
+
+
+@dataclass(frozen=True)
+class StudyConfig(DemoConfig):
+    """The study's knobs: :class:`~mrl_llm.demo.setup.DemoConfig`'s (with the study's defaults) plus the
+    optimizer's. ``pool_per_family`` training prompts per family form the RL pool; evaluation covers the
+    pool and every held-out prompt of each family."""
+
+    steps: int = 100
+    prompts_per_step: int = 16
+    group_size: int = 8
+    lr: float = 1e-4
+    optimizer: str = "adamw"
+    beta2: float = 0.999
+    sft_steps: int = 150
+    max_new_tokens: int = 14
+    pool_per_family: int = 64
+    eval_every: int = 20
+    eval_k: int = 4
+    families: tuple[str | Family, ...] = ("add", "sub", MUL_SMALL)
+    policies: tuple[DemoPolicy, ...] = STUDY_POLICIES
+    #: SFT steps per policy name (others: ``sft_steps``): the families differ in how fast they are learnt
+    sft_steps_per_policy: tuple[tuple[str, int], ...] = (("qwen-add", 400), ("llama-sub", 200), ("gpt2-mul", 150))
+
+    def __post_init__(self) -> None:
+        if self.seeds < 1 or self.steps < 1 or self.sft_steps < 1:
+            raise ValueError("study: --seeds, --steps and --sft-steps must be >= 1")
+        if len(self.policies) < 2 or len({p.family for p in self.policies}) != len(self.policies):
+            raise ValueError("study: at least two policies, each with its own SFT family")
+        missing = sorted({p.family for p in self.policies} - set(self.task().family_names))
+        if missing:
+            raise ValueError(f"study: SFT families {missing} are not in the task families {self.task().family_names}")
+        if self.optimizer not in ("adamw", "adam", "sgd"):
+            raise ValueError(f"study: optimizer {self.optimizer!r} must be adamw, adam or sgd")
+
+
+    def sft_config(self, seed: int, policy: DemoPolicy | None = None) -> SFTConfig:
+        """The SFT of ``policy`` in a seed: ``sft_steps_per_policy``'s steps for it, else ``sft_steps``."""
+        steps = dict(self.sft_steps_per_policy).get(policy.name, self.sft_steps) if policy else self.sft_steps
+        return SFTConfig(steps=steps, batch=self.sft_batch, lr=self.sft_lr, seed=seed)
+
+
+def study_run_config(cfg: StudyConfig, regime: str, seed: int, policy_dirs: dict[str, str | Path]) -> dict[str, Any]:
+    """The demo's run config (:func:`~mrl_llm.demo.setup.run_config`) with the study's optimizer."""
+    mapping = run_config(cfg, regime, seed, policy_dirs)
+    mapping["name"] = f"study-seed{seed}"
+    for p in mapping["policies"]:
+        p["train"]["optimizer"] = cfg.optimizer
+        if cfg.optimizer != "sgd":
+            p["train"]["betas"] = [0.9, cfg.beta2]
+    return mapping
+
+
+def eval_set(cfg: StudyConfig, seed: int) -> list:
+    """The RL pool of the seed, then every held-out prompt of each family."""
+    task = cfg.task()
+    return rl_pool(task, cfg.pool_per_family, seed) + task.problems("eval")
+
+
+def study_run_job(cfg: StudyConfig, regime: str, seed: int, policy_dirs: dict[str, str], out_dir: str) -> dict[str, Any]:
+    """Train one regime of one seed into ``out_dir``, evaluated on :func:`eval_set` at every checkpoint;
+    reused when ``done.json`` records the same settings."""
+    from mrl_llm.config import config_from_mapping
+    from mrl_llm.trainer import train
+
+    d = Path(out_dir)
+    done = d / "done.json"
+    mapping = study_run_config(cfg, regime, seed, policy_dirs)
+    settings = {"run": mapping, "sft": [sft_settings(cfg, p, seed) for p in cfg.policies], "eval": "pool+heldout"}
+    if _same(done, settings):
+        return {"regime": regime, "seed": seed, "reused": True}
+    _fresh(d, done)
+    _quiet()
+    t0 = time.perf_counter()
+    train(config_from_mapping(mapping), d, problems=rl_pool(cfg.task(), cfg.pool_per_family, seed),
+          eval_problems=eval_set(cfg, seed))
+    wall = time.perf_counter() - t0
+    done.write_text(json.dumps({"settings": settings, "wall_s": wall}, indent=1))
+    return {"regime": regime, "seed": seed, "wall_s": wall}
+
+
+def study_finish(cfg: StudyConfig, out: Path, *, wall_s: float, load: tuple, sft: dict, say: Any,
+                 reused: int = 0) -> dict[str, Any]:
+    """Read every run back and write ``study.json``, ``study.md`` and ``study.png``."""
+    from mrl_llm.demo.study_report import write_report
+
+    return write_report(cfg, out, wall_s=wall_s, load=load, sft=sft, say=say, reused=reused)
+
+
+def run_study(cfg: StudyConfig, out: str | Path, *, jobs: int = 5, say: Any = print,
+              progress_every: float = 30.0) -> dict[str, Any]:
+    """Run the study into ``out`` (module docstring); returns ``study.json``'s content."""
+    return run_demo(cfg, out, jobs=jobs, say=say, progress_every=progress_every, run_fn=study_run_job,
+                    finish_fn=study_finish)

@@ -1,0 +1,187 @@
+"""The study: its third tokenizer and architecture, its config checks, its report's numbers, and the whole
+command end to end at a tiny size."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from mrl_llm.demo.sft import ArchSize, arch_config, encode_example
+from mrl_llm.demo.study import MUL_SMALL, STUDY_POLICIES, StudyConfig
+from mrl_llm.demo.study_report import acceptance, claims, collect, run_curves, write_report
+from mrl_llm.demo.tokenizers import build_tokenizer
+from mrl_llm.rewards import ArithmeticTask
+from mrl_llm.rewards.arithmetic import Family
+
+TASK = ArithmeticTask(families=("add", "sub", MUL_SMALL))
+
+
+def test_char_tokenizer_is_character_level_deterministic_and_round_trips():
+    tok = build_tokenizer("char", TASK)
+    assert build_tokenizer("char", TASK).backend_tokenizer.to_str() == tok.backend_tokenizer.to_str()
+    text = "What is 12*7?\n\\boxed{84}"
+    ids = tok(text).input_ids
+    assert tok.convert_ids_to_tokens(ids)[:3] == ["<bos>", "W", "h"] and len(ids) == len(text) + 1
+    assert tok.decode(ids, skip_special_tokens=True) == text
+    assert None not in (tok.bos_token_id, tok.eos_token_id, tok.pad_token_id) and tok.pad_token_id != tok.eos_token_id
+    # a character outside the task's alphabet is <unk>, not dropped
+    assert tok.convert_ids_to_tokens(tok("é").input_ids) == ["<bos>", "<unk>"]
+    others = [build_tokenizer(k, TASK).get_vocab() for k in ("bytebpe", "spbpe")]
+    assert all(tok.get_vocab() != v for v in others)
+
+
+def test_char_tokenizer_encodes_sft_examples_without_straddling():
+    from mrl_llm.templates import PromptTemplate, TemplateConfig
+
+    tok = build_tokenizer("char", TASK)
+    tpl = PromptTemplate(TemplateConfig(text="{question}\n"), tok)
+    p = TASK.problems("train", ["mul_small"])[5]
+    ids, cut = encode_example(tok, tpl, p)
+    assert tok.decode(ids[cut:], skip_special_tokens=True) == f"\\boxed{{{p.gold}}}"
+
+
+def test_gpt2_arch_is_built_without_dropout():
+    cfg = arch_config("gpt2", ArchSize(hidden=64, layers=1, heads=4))
+    assert cfg["model_type"] == "gpt2" and cfg["n_embd"] == 64 and cfg["tie_word_embeddings"]
+    assert cfg["resid_pdrop"] == cfg["embd_pdrop"] == cfg["attn_pdrop"] == 0.0
+    with pytest.raises(ValueError, match="unknown demo architecture"):
+        arch_config("mamba", ArchSize())
+
+
+def test_sft_steps_per_policy():
+    cfg = StudyConfig(sft_steps=7, sft_steps_per_policy=(("qwen-add", 11),))
+    assert cfg.sft_config(3, STUDY_POLICIES[0]).steps == 11 and cfg.sft_config(3, STUDY_POLICIES[1]).steps == 7
+    assert cfg.sft_config(3).steps == 7 and cfg.sft_config(3, STUDY_POLICIES[0]).seed == 3
+
+
+def test_cli_parses_study_options(monkeypatch, tmp_path):
+    import mrl_llm.demo.study as study_mod
+    from mrl_llm.cli import main
+
+    seen = {}
+    monkeypatch.setattr(study_mod, "run_study", lambda cfg, out, jobs: seen.update(cfg=cfg, out=out, jobs=jobs))
+    assert main(["study", "--out", str(tmp_path), "--seeds", "3", "--lr", "1e-4", "--sft-steps", "50",
+                 "--regimes", "grpo,sgt", "--jobs", "2"]) == 0
+    cfg = seen["cfg"]
+    assert (cfg.seeds, cfg.lr, cfg.regimes, seen["jobs"]) == (3, 1e-4, ("grpo", "sgt"), 2)
+    assert all(cfg.sft_config(0, p).steps == 50 for p in STUDY_POLICIES)
+    assert main(["study", "--out", str(tmp_path), "--regimes", "nonsense"]) == 2
+
+
+def test_study_policies_are_heterogeneous():
+    assert len({p.arch for p in STUDY_POLICIES}) == len({p.tokenizer for p in STUDY_POLICIES}) == 3
+    assert len({p.family for p in STUDY_POLICIES}) == 3
+
+
+@pytest.mark.parametrize(("kw", "msg"), [
+    ({"seeds": 0}, ">= 1"),
+    ({"policies": STUDY_POLICIES[:1]}, "at least two"),
+    ({"policies": (STUDY_POLICIES[0], replace(STUDY_POLICIES[1], family="add"))}, "own SFT family"),
+    ({"families": ("add", "sub")}, "not in the task families"),
+    ({"optimizer": "lion"}, "optimizer"),
+])
+def test_study_config_rejects_malformed_settings(kw, msg):
+    with pytest.raises(ValueError, match=msg):
+        StudyConfig(**kw)
+
+
+# -- the report, on hand-written run directories --------------------------------------------------
+def _eval_row(step, policy, pid, greedy, successes=0, samples=2):
+    return {"step": step, "policy": policy, "prompt_id": pid, "family": pid.split(":")[0], "skipped": False,
+            "greedy_correct": greedy, "samples": samples, "successes": successes}
+
+
+def _write_run(d, rows, train):
+    d.mkdir(parents=True)
+    (d / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in train) + '{"kind": "tra')
+
+
+def test_run_curves_by_hand(tmp_path):
+    held = {"add:1+1", "sub:2-1"}
+    rows = [  # policy a (own family add): at step 0 solves add:1+1 (held out), add:0+0 (pool, by sampling)
+        _eval_row(0, "a", "add:1+1", 1), _eval_row(0, "a", "add:0+0", 0, successes=1), _eval_row(0, "a", "sub:2-1", 0),
+        _eval_row(0, "b", "add:1+1", 0), _eval_row(0, "b", "add:0+0", 0), _eval_row(0, "b", "sub:2-1", 1),
+        _eval_row(2, "a", "add:1+1", 0), _eval_row(2, "a", "add:0+0", 1, successes=2), _eval_row(2, "a", "sub:2-1", 1),
+        _eval_row(2, "b", "add:1+1", 1), _eval_row(2, "b", "add:0+0", 0), _eval_row(2, "b", "sub:2-1", 1),
+    ]
+    train = [{"kind": "train", "step": s, "policy": "a", "entropy": 0.1 * (s + 1), "kl_to_ref": 0.01 * s}
+             for s in range(3)]
+    _write_run(tmp_path / "r", rows, train)
+    c = run_curves(tmp_path / "r", {"a": "add", "b": "sub"}, held, window=2)
+    a, b = c["a"], c["b"]
+    assert a["own"] == {0: 1.0, 2: 0.0} and b["own"] == {0: 1.0, 2: 1.0}
+    assert a["excl"] == {0: 0.0, 2: 1.0}  # a's peer-exclusive set: sub:2-1 (b solved it, a did not)
+    assert b["excl"] == {0: 0.0, 2: 0.5}  # b's: add:1+1 (greedy by a) and add:0+0 (a sample of a)
+    assert a["overall"][2] == pytest.approx(2 / 3)
+    assert a["reward"] == {0: 0.5, 2: 1.0}  # own-family pool prompts only (add:0+0), sampled
+    assert a["entropy"][0] == pytest.approx(0.1) and a["entropy"][2] == pytest.approx(0.15)  # steps 0, 1
+    assert a["kl"][2] == pytest.approx(0.005) and b["entropy"][2] is None
+
+
+def test_report_empty_and_missing_runs(tmp_path):
+    assert collect(tmp_path, ("grpo",), [0], {"a": "add"}, set(), 1) == {}
+    cfg = StudyConfig(regimes=("grpo",))
+    with pytest.raises(FileNotFoundError, match="no finished study run"):
+        write_report(cfg, tmp_path, wall_s=0.0, load=((0, 0, 0), (0, 0, 0)), sft={}, say=lambda s: None)
+
+
+def _curves(own, excl, overall, reward, entropy=0.2, kl=0.1):
+    return {"p": {"own": own, "excl": excl, "overall": overall, "reward": reward,
+                  "entropy": {0: entropy, 10: entropy}, "kl": {0: 0.0, 10: kl}}}
+
+
+def test_acceptance_and_claims_lines():
+    seeds = [0, 1, 2]
+    res = {}
+    for s in seeds:
+        d = 0.01 * s
+        res[("grpo", s)] = _curves({0: 0.5, 10: 0.7 + d}, {0: 0.0, 10: 0.1 + d}, {0: 0.3, 10: 0.4 + d},
+                                   {0: 0.5, 10: 0.6 + d})
+        res[("sgt", s)] = _curves({0: 0.5, 10: 0.68 + d}, {0: 0.0, 10: 0.4 + d}, {0: 0.3, 10: 0.5 + d},
+                                  {0: 0.5, 10: 0.6 + d}, entropy=0.25, kl=0.05)
+        res[("prp_thl", s)] = _curves({0: 0.5, 10: 0.5 + d}, {0: 0.0, 10: 0.2 + d}, {0: 0.3, 10: 0.35 + d},
+                                      {0: 0.5, 10: 0.5}, entropy=0.15, kl=0.3)
+    acc = acceptance(res, seeds, ["p"], [0, 10])
+    assert acc[0].startswith("GRPO improves every policy") and "PASS" in acc[0]
+    assert "PASS" in acc[1] and "0.300" in acc[1]  # SGT - GRPO peer-exclusive: 0.3 in every seed
+    cl = claims(res, ("grpo", "prp_thl", "sgt"), seeds, ["p"], [0, 10])
+    assert any(x.startswith("SGT best average accuracy: agrees") for x in cl)
+    assert any(x.startswith("PRP (prp_thl) lower entropy, larger KL, lower average accuracy than SGT: agrees")
+               for x in cl)
+    # a GRPO that gets worse fails the first check
+    bad = {k: (_curves({0: 0.5, 10: 0.4}, {0: 0, 10: 0}, {0: 0.3, 10: 0.3}, {0: 0.5, 10: 0.4}) if k[0] == "grpo" else v)
+           for k, v in res.items()}
+    assert "FAIL" in acceptance(bad, seeds, ["p"], [0, 10])[0]
+
+
+# -- end to end, tiny ----------------------------------------------------------------------------
+TINY = (Family("add", "+", (0, 4), (0, 4)), Family("sub", "-", (0, 4), (0, 4), b_le_a=True),
+        Family("mul_small", "*", (0, 2), (0, 4)))
+
+
+def test_study_end_to_end_tiny(tmp_path):
+    from mrl_llm.demo.study import run_study
+
+    pols = tuple(replace(p, size=ArchSize(hidden=32, layers=1, heads=2, kv_heads=1)) for p in STUDY_POLICIES)
+    cfg = StudyConfig(families=TINY, policies=pols, steps=2, prompts_per_step=3, group_size=2, pool_per_family=2,
+                      eval_every=1, eval_k=1, sft_steps=20, sft_steps_per_policy=(), sft_batch=16,
+                      regimes=("grpo", "sgt"))
+    lines: list[str] = []
+    doc = run_study(cfg, tmp_path, jobs=0, say=lines.append)
+    assert (tmp_path / "tokenizers" / "char" / "tokenizer.json").is_file()
+    assert doc["steps"] == [0, 1, 2]
+    assert set(doc["runs"]) == {"grpo/seed0", "sgt/seed0"}
+    md = (tmp_path / "study.md").read_text()
+    assert "## Acceptance" in md and "GRPO improves every policy" in md and "SGT vs GRPO" in md
+    assert (tmp_path / "study.png").read_bytes()[:4] == b"\x89PNG"
+    # every checkpoint scored the held-out prompts of every family
+    ev = [json.loads(x) for x in (tmp_path / "seed0" / "grpo" / "eval.jsonl").read_text().splitlines()]
+    held = {p.prompt_id for p in cfg.task().problems("eval")}
+    assert {r["step"] for r in ev} == {0, 1, 2} and held <= {r["prompt_id"] for r in ev}
+    # resumable: the same command reuses every SFT and run
+    lines.clear()
+    run_study(cfg, tmp_path, jobs=0, say=lines.append)
+    assert sum("(reused)" in x for x in lines) == 3 + 2
