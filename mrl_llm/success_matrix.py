@@ -12,6 +12,7 @@ peer-exclusive prompts, :func:`mrl_llm.evaluate.peer_exclusive_sets`, solved at 
 from __future__ import annotations
 
 import json
+import logging
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,8 @@ import numpy as np
 
 from mrl_llm.evaluate import peer_exclusive_sets, read_eval_rows, solved
 from shared_interfaces.success_matrix import SuccessMatrix, SuccessMatrixError, write_success_matrix
+
+log = logging.getLogger(__name__)
 
 FILE_NAME = "success_matrix.json"
 
@@ -94,10 +97,18 @@ def _outcome(rows: list[dict], pols: list[str], steps: np.ndarray, acc: np.ndarr
 
 
 def write_run_matrix(run_dir: str | Path, out: str | Path | None = None) -> Path | None:
-    """Write ``run_dir``'s success matrix (to ``out``, default ``run_dir/success_matrix.json``); ``None``, and
-    nothing written, when the run has no step-0 evaluation (eval disabled)."""
+    """Write ``run_dir``'s success matrix (to ``out``, default ``run_dir/success_matrix.json``). At a run's end
+    (``out`` None) a run whose start cannot make one (eval disabled, or greedy-only with ``eval.k: 0``) writes
+    none, says why in the log and returns ``None``: the run itself succeeded. With ``out`` the error is raised."""
     d = Path(run_dir)
+    if out is not None:
+        return write_success_matrix(out, matrix_from_run(d))
     rows = read_eval_rows(d / "eval.jsonl")
-    if not any(r["step"] == 0 and not r["skipped"] for r in rows) and out is None:
+    if not any(r["step"] == 0 and not r["skipped"] for r in rows):
         return None
-    return write_success_matrix(out or d / FILE_NAME, matrix_from_run(d))
+    try:
+        matrix = matrix_from_run(d)
+    except SuccessMatrixError as e:
+        log.warning("no %s written for %s: %s", FILE_NAME, d, e)
+        return None
+    return write_success_matrix(d / FILE_NAME, matrix)

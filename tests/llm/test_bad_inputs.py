@@ -123,7 +123,7 @@ def test_cheap_model_config_checks_at_config_load(tmp_path, capsys, change, expe
         (model_cfg(vocab_size=10), ["policy 'a'", "model_config.vocab_size", "10", "tokenizer"]),
         (model_cfg(hiden_size=64), ["policy 'a'", "model_config", "'hiden_size'", "llama"]),
         (model_cfg(model_type="no-such-arch"), ["policy 'a'", "model_config.model_type", "no-such-arch"]),
-        (pol(tokenizer_dir="nowhere/tok"), ["policy 'a'", "nowhere/tok", "not found"]),
+        (pol(tokenizer_dir="nowhere/local/tok"), ["policy 'a'", "nowhere/local/tok", "not found"]),  # owner/name is a hub id
         (lambda d: d["policies"][0].update(model_config=None, model_dir="nowhere/model", tokenizer_dir=None),
          ["policy 'a'", "nowhere/model", "not found"]),
         (lambda d: d["policies"][0].update(model_config=None, model_dir="nowhere/model"),

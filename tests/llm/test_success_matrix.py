@@ -58,3 +58,17 @@ def test_run_without_evaluation(tmp_path, capsys):
     with pytest.raises(SuccessMatrixError, match="has no step-0 evaluation"):
         matrix_from_run(d)
     assert main(["success-matrix", "--run", str(tmp_path / "missing")]) == 2
+
+
+def test_a_greedy_only_start_writes_no_matrix_at_run_end_and_the_command_says_why(tmp_path, caplog):
+    d = _run(tmp_path)
+    rows = [json.loads(line) for line in (d / "eval.jsonl").read_text().splitlines()]
+    for r in rows:  # eval.k: 0 -- greedy only, no sampled successes to estimate a start from
+        r["samples"], r["successes"] = 0, 0
+    (d / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(SuccessMatrixError):
+        matrix_from_run(d)
+    assert write_run_matrix(d) is None and not (d / "success_matrix.json").exists()
+    assert "no success_matrix.json written" in caplog.text
+    with pytest.raises(SuccessMatrixError):
+        write_run_matrix(d, tmp_path / "m.json")
