@@ -21,9 +21,11 @@ Measured (2 cores shared with other jobs, so the times are long and noisy; the r
 ``--rows 16 --max-response 1536 --micro-batch 1`` (responses 16-1536 tokens, median 155): rows path peak
 5402 MiB, 27 real tok/s; budget 4096 + chunk 256 peak 995 MiB, 36 real tok/s (padded/real 1.57) —
 **0.18x peak memory at 1.37x tokens/s**, same loss to 6 digits. With ``--rows 8 --max-response 512
---micro-batch 2``: 0.22x at 1.29x. Responses of 2048 tokens are not the default because today's path
-alone then needs more than 6 GiB (five fp32 ``[positions, 151646]`` tensors alive at once, 1.2 GB each
-for one 2k row): that is the memory this module removes.
+--micro-batch 2``: 0.22x at 1.29x. ``--rows 16 --max-response 2048 --micro-batch 1`` (the issue's 2k
+responses; idle machine, 2 threads): rows path peak 7188 MiB, 112 real tok/s; budget 4096 + chunk 256 peak
+876 MiB, 143 real tok/s — **0.12x peak memory at 1.28x tokens/s**, same loss. 2048 is not the default
+because today's path alone then needs about 7 GiB (five fp32 ``[positions, 151646]`` tensors alive at once,
+1.2 GB each for one 2k row): that is the memory this module removes.
 
     PYTHONPATH=. python experiments/bench/update_memory.py [--rows 16] [--max-response 1536] [--micro-batch 1]
         [--budget 4096] [--chunk 256] [--repeats 1] [--json OUT]
