@@ -23,12 +23,19 @@ the rest, and the result says so (``nan_skipped``); the caller counts consecutiv
 
 :func:`micro_batch_loss` is one micro-batch's forward and loss; :class:`Diagnostics` accumulates the
 step's diagnostics apart from it; :func:`run_update` is the loop and its one abort path.
+
+``share`` (a :class:`mrl_llm.parallel.share.RankShare`, k ranks of one policy): the hook of a worker group,
+kept apart in the loop (``if share is not None``). Each mini-batch's rows become this rank's token-balanced
+share, its ``LossNorm`` the all-reduced global counts, its micro-batch count the ranks' largest (fillers
+with loss x 0), a non-finite loss anywhere aborts everywhere, and the logged loss terms are summed over
+ranks. Diagnostics other than the loss terms are this rank's rows'. Without ``share``: the one-process update.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -39,6 +46,9 @@ from mrl_llm.micro_batches import micro_batch_groups, token_budget_groups
 from shared_interfaces.losses import LossNorm, LossOutput, kl_k3, peer_behaviour_coef, regime_loss
 from shared_interfaces.regimes.config import LossConfig
 from shared_interfaces.regimes.math import ratio_variance
+
+if TYPE_CHECKING:
+    from mrl_llm.parallel.share import RankShare
 
 
 @dataclass
@@ -186,6 +196,7 @@ def run_update(
     ref_model: torch.nn.Module | None = None,
     max_tokens: int | None = None,
     logprob_chunk: int | None = None,
+    share: RankShare | None = None,
 ) -> UpdateResult:
     """Apply the step's update (module docstring) and return its diagnostics."""
     res = UpdateResult()
@@ -196,28 +207,36 @@ def run_update(
     seq_lens = [len(p) + len(r) for p, r in zip(batch.prompts, batch.responses, strict=True)]
     snapshot: list[list[float]] | None = None  # log pi_old of every row, when the weights move within the step
     if len(mbs) > 1:
-        snapshot = response_logprobs(model, batch.prompts, batch.responses, pad_id=pad_id,
-                                     temperature=temperature, micro_batch=micro_batch, chunk_size=logprob_chunk,
-                                     groups=None if max_tokens is None else token_budget_groups(seq_lens, max_tokens))
+        with torch.no_grad():  # no graph (under FSDP a forward with grad and no backward breaks the next step)
+            snapshot = response_logprobs(model, batch.prompts, batch.responses, pad_id=pad_id,
+                                         temperature=temperature, micro_batch=micro_batch, chunk_size=logprob_chunk,
+                                         groups=None if max_tokens is None else token_budget_groups(seq_lens, max_tokens))
         res.old_seq_tokens = sum(seq_lens)
     diag = Diagnostics()
     params = [p for p in model.parameters() if p.requires_grad]
     model.train()
     for rows in mbs:
-        norm = batch.norm(rows)
+        local = rows if share is None else share.rows(rows, seq_lens)  # worker group: this rank's share
+        norm = batch.norm(rows) if share is None else share.norm(batch, local)  # global counts either way
+        groups = micro_batch_groups(local, seq_lens, micro_batch=micro_batch, max_tokens=max_tokens)
+        plan = [(g, True) for g in groups] if share is None else share.micro_batches(groups, filler=rows[:1])
         optimizer.zero_grad(set_to_none=True)
         losses = {"loss": 0.0, "pg_loss": 0.0, "sgt_loss": 0.0, "kl_loss": 0.0}
         grad_norm = None
-        for idx in micro_batch_groups(rows, seq_lens, micro_batch=micro_batch, max_tokens=max_tokens):
+        for idx, real in plan:
             out, mb = micro_batch_loss(model, batch, idx, snapshot, loss_cfg=loss_cfg, temperature=temperature,
-                                       pad_id=pad_id, norm=norm, ref_model=ref_model, res=res,
-                                       logprob_chunk=logprob_chunk)
-            if not torch.isfinite(out.loss).all():
+                                       pad_id=pad_id, norm=norm, ref_model=ref_model,
+                                       res=res if real else UpdateResult(), logprob_chunk=logprob_chunk)
+            finite = bool(torch.isfinite(out.loss).all())
+            if not (finite if share is None else share.all_finite(finite)):
                 break
-            out.loss.backward()
-            diag.micro_batch(mb, out, losses)
+            (out.loss if real else out.loss * 0.0).backward()
+            if real:
+                diag.micro_batch(mb, out, losses)
         else:
             grad_norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip is not None else math.inf)
+            if share is not None:
+                losses = share.sum(losses)
         if grad_norm is None or not torch.isfinite(grad_norm):  # the one abort path: no step for this and the rest
             optimizer.zero_grad(set_to_none=True)
             res.nan_skipped = True

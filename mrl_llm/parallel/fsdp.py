@@ -1,0 +1,99 @@
+"""FSDP2 sharding of a policy's models, keeping :mod:`mrl_llm.precision`'s semantics for every k.
+
+:func:`shard_model` applies ``torch.distributed.fsdp.fully_shard`` to each decoder layer and then to the root
+(the embeddings, final norm and LM head, tied or not, stay in the root's unit). The sharded parameters are
+the **fp32 masters** (the optimizer is built over them afterwards, so its moments are fp32 and sharded too).
+With ``dtype: bf16`` the units gather their parameters in bf16 for compute
+(``MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32)``: gradients are reduced in fp32 onto the
+fp32 shards), and the caller still runs forward/backward under :meth:`Precision.autocast`, so reductions and
+the log-softmax stay in fp32 as in one process. ``dtype: fp32``: no mixed-precision policy at all.
+
+Gradients are **summed** over ranks (divide factor 1): each rank's loss is its rows' share of a loss
+normalised by the whole mini-batch's counts (:mod:`mrl_llm.parallel.share`), so the sum is the one-process
+gradient. The reference model is sharded the same way and never gets an optimizer.
+
+The root unit, too, reshards after every forward (FSDP2 keeps the root's parameters gathered by default):
+measured here, a no-grad forward (the snapshot pass of a step with several mini-batches) followed by training
+forwards with the root left gathered gave gradients off by up to 0.06; resharded, they match to 1e-7.
+
+A group of one is not sharded: the models are returned unchanged (the one-process trainer).
+
+:func:`full_state_dict` gathers every parameter and buffer to a full CPU tensor on every rank (each rank must
+call it; HF names, so ``save_pretrained(state_dict=...)`` writes the HF layout); :func:`load_full_state_dict`
+copies a full state dict into the shards.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor, distribute_tensor
+
+from mrl_llm.parallel.group import WorkerGroup
+from mrl_llm.precision import Precision
+
+
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The decoder layers of an HF causal LM (``model.base_model.layers``), in order."""
+    base = getattr(model, "base_model", model)
+    layers = getattr(base, "layers", None)
+    if layers is None or len(layers) == 0:
+        raise ValueError(f"{type(model).__name__}: no decoder layers at base_model.layers; FSDP sharding needs a "
+                         "Hugging Face decoder-only model (llama, qwen2, mistral, ...)")
+    return list(layers)
+
+
+def mp_policy(precision: Precision) -> MixedPrecisionPolicy:
+    """The FSDP2 mixed-precision policy of ``precision``: compute-dtype parameters, fp32 gradient reduction;
+    nothing (all fp32) for ``dtype: fp32``."""
+    if not precision.mixed:
+        return MixedPrecisionPolicy()
+    return MixedPrecisionPolicy(param_dtype=precision.compute_dtype, reduce_dtype=torch.float32)
+
+
+def shard_model(model: torch.nn.Module, precision: Precision, group: WorkerGroup) -> torch.nn.Module:
+    """Shard ``model`` over ``group`` in place (module docstring) and return it; unchanged for a group of one."""
+    if not group.sharded:
+        return model
+    policy = mp_policy(precision)
+    for layer in decoder_layers(model):
+        fully_shard(layer, mp_policy=policy)
+    fully_shard(model, mp_policy=policy, reshard_after_forward=True)
+    for m in model.modules():
+        if isinstance(m, FSDPModule):
+            m.set_gradient_divide_factor(1.0)  # sum over ranks: each rank's loss is its share of the global one
+            m.set_force_sum_reduction_for_comms(True)  # a plain SUM (gloo has no PREMUL_SUM)
+    return model
+
+
+def is_sharded(model: torch.nn.Module) -> bool:
+    return isinstance(model, FSDPModule)
+
+
+def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter and buffer of ``model`` as a full CPU tensor (a collective when sharded: every rank calls it)."""
+    out = {}
+    for name, v in model.state_dict().items():
+        if isinstance(v, DTensor):
+            v = v.full_tensor()
+        out[name] = v.detach().cpu().clone()
+    return out
+
+
+def load_full_state_dict(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Copy the full tensors ``state`` (HF names, e.g. a checkpoint's ``model/``) into ``model``'s parameters and
+    buffers, each rank its shard; the same keys as ``model.state_dict()`` or a ``KeyError`` naming the difference."""
+    own = model.state_dict()
+    missing, extra = sorted(set(own) - set(state)), sorted(set(state) - set(own))
+    if missing or extra:
+        raise KeyError(f"weights do not match the model: missing {missing[:5]}, unexpected {extra[:5]}")
+    with torch.no_grad():
+        for name, v in own.items():
+            full = state[name]
+            if tuple(full.shape) != tuple(v.shape):
+                raise KeyError(f"weight {name!r} has shape {tuple(full.shape)}, the model's is {tuple(v.shape)}")
+            if isinstance(v, DTensor):
+                local = distribute_tensor(full.to(v.dtype), v.device_mesh, v.placements, src_data_rank=None)
+                v.to_local().copy_(local.to_local())
+            else:
+                v.copy_(full.to(v.dtype))

@@ -1,0 +1,129 @@
+"""A worker group: the k ranks of one policy, one ``torch.distributed`` process group.
+
+Rank 0 picks the rendezvous (:func:`rendezvous`: this host's address and a free TCP port); whoever starts the
+ranks (the Ray driver, a test's spawn) hands the same :class:`GroupSpec` to every rank with its own ``rank``,
+and each calls :meth:`WorkerGroup.join`. The backend is ``gloo`` on CPU and ``nccl`` on CUDA
+(:func:`backend_for`). A group of one (``world_size == 1``) creates no process group: its collectives are the
+identity, so k = 1 runs the same code as k > 1.
+
+The collectives the trainer needs are small and explicit: :meth:`WorkerGroup.sum` (float vectors, fp64),
+:meth:`WorkerGroup.max_int` and :meth:`WorkerGroup.all_true`.
+"""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass, replace
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+BACKENDS = ("gloo", "nccl")
+
+
+def backend_for(device: torch.device | str) -> str:
+    """``nccl`` for a CUDA device, ``gloo`` otherwise."""
+    return "nccl" if torch.device(device).type == "cuda" else "gloo"
+
+
+def rendezvous(host: str | None = None) -> tuple[str, int]:
+    """``(address, port)`` for rank 0 to listen on: ``host`` (default: this machine's address, 127.0.0.1 when
+    it has none that resolves) and a TCP port free right now (the OS picks it)."""
+    if host is None:
+        try:
+            host = socket.gethostbyname(socket.gethostname())
+        except OSError:
+            host = "127.0.0.1"
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return host, int(s.getsockname()[1])
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    """One rank's place in its policy's group: ``rank`` of ``world_size``, rank 0's ``addr:port``, ``backend``."""
+
+    rank: int
+    world_size: int
+    addr: str = "127.0.0.1"
+    port: int = 0
+    backend: str = "gloo"
+    timeout_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.world_size, bool) or not isinstance(self.world_size, int) or self.world_size < 1:
+            raise ValueError(f"worker group: world_size must be an integer >= 1, got {self.world_size!r}")
+        if isinstance(self.rank, bool) or not isinstance(self.rank, int) or not 0 <= self.rank < self.world_size:
+            raise ValueError(f"worker group: rank must be an integer in [0, {self.world_size}), got {self.rank!r}")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"worker group: backend {self.backend!r} is not one of {list(BACKENDS)}")
+        if self.world_size > 1 and not (isinstance(self.port, int) and 0 < self.port < 65536):
+            raise ValueError(f"worker group: a group of {self.world_size} needs rank 0's port in 1..65535, "
+                             f"got {self.port!r}; take it from rendezvous() on rank 0")
+
+    def for_rank(self, rank: int) -> GroupSpec:
+        """The same group seen from ``rank``."""
+        return replace(self, rank=rank)
+
+
+class WorkerGroup:
+    """This process's membership of its policy's group (module docstring)."""
+
+    def __init__(self, spec: GroupSpec) -> None:
+        self.spec = spec
+
+    @property
+    def rank(self) -> int:
+        return self.spec.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.spec.world_size
+
+    @property
+    def sharded(self) -> bool:
+        return self.spec.world_size > 1
+
+    @classmethod
+    def join(cls, spec: GroupSpec) -> WorkerGroup:
+        """Join the group (blocks until all ``world_size`` ranks have joined); one process, one group."""
+        if spec.world_size > 1:
+            if dist.is_initialized():
+                raise RuntimeError("this process is already in a torch.distributed group; one rank per process")
+            dist.init_process_group(spec.backend, init_method=f"tcp://{spec.addr}:{spec.port}", rank=spec.rank,
+                                    world_size=spec.world_size, timeout=timedelta(seconds=spec.timeout_s))
+        return cls(spec)
+
+    def close(self) -> None:
+        """Leave the group (destroys the process group; nothing for a group of one)."""
+        if self.sharded and dist.is_initialized():
+            dist.destroy_process_group()
+
+    def _device(self) -> torch.device:
+        """Where collective buffers live: the current CUDA device for nccl, the CPU for gloo."""
+        return torch.device("cuda", torch.cuda.current_device()) if self.spec.backend == "nccl" else torch.device("cpu")
+
+    def sum(self, values: list[float]) -> list[float]:
+        """Element-wise sum of ``values`` over the ranks (fp64)."""
+        if not self.sharded or not values:
+            return [float(v) for v in values]
+        t = torch.tensor(values, dtype=torch.float64, device=self._device())
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        return t.cpu().tolist()
+
+    def max_int(self, value: int) -> int:
+        """The largest ``value`` over the ranks."""
+        if not self.sharded:
+            return int(value)
+        t = torch.tensor([int(value)], dtype=torch.int64, device=self._device())
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return int(t.item())
+
+    def all_true(self, flag: bool) -> bool:
+        """Whether ``flag`` holds on every rank."""
+        if not self.sharded:
+            return bool(flag)
+        t = torch.tensor([0 if flag else 1], dtype=torch.int64, device=self._device())
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        return int(t.item()) == 0

@@ -1,0 +1,69 @@
+"""Worker groups (:mod:`mrl_llm.parallel`): a policy's update on 2 FSDP2 ranks (gloo, two processes) equals
+the one-process update — gradients and weights to 1e-6 in fp32, with fillers (ranks with fewer micro-batches),
+several mini-batches (the snapshot pass), token-budget micro-batches, the reference model sharded too and
+grad-norm clipping over the shards; ``dtype: bf16`` keeps fp32 master weights and fp32 optimizer state."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mrl_llm.parallel.group import GroupSpec, WorkerGroup, backend_for, rendezvous
+from tests.llm.parallel_ranks import run_group, tiny_model, update_once
+
+VARIANTS = [
+    {},  # one mini-batch, micro-batches of 2 rows (9 rows: 3 micro-batches on one rank, 2 + a filler on the other)
+    {"steps": 2, "micro_batch": 2, "grad_accum": 2, "max_tokens": 40},  # 3 mini-batches a step, token budget
+    {"dtype": "bf16"},
+]
+
+
+@pytest.fixture(scope="module")
+def one_and_two(tmp_path_factory):
+    torch.set_num_threads(1)
+    one = [update_once(WorkerGroup(GroupSpec(rank=0, world_size=1)), **kw) for kw in VARIANTS]
+    two = run_group(2, tmp_path_factory.mktemp("fsdp") / "two.pt", VARIANTS)
+    return one, two
+
+
+def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys()
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+@pytest.mark.parametrize("v", [0, 1])
+def test_two_fsdp_ranks_update_like_one_process(one_and_two, v):
+    one, two = one_and_two[0][v], one_and_two[1][v]
+    assert len(one["grads"]) == len(two["grads"]) == (1 if v == 0 else 6)
+    for g1, g2 in zip(one["grads"], two["grads"], strict=True):
+        for a, b in zip(g1, g2, strict=True):
+            torch.testing.assert_close(b, a, atol=1e-6, rtol=0)
+    assert _max_diff(one["state"], two["state"]) < 1e-6
+    assert _max_diff(one["state"], tiny_model().state_dict()) > 1e-4  # the update moved the weights
+    for m1, m2 in zip(one["metrics"], two["metrics"], strict=True):  # the logged loss is the global one
+        assert m2["loss"] == pytest.approx(m1["loss"], abs=1e-6)
+        assert m2["grad_norm"] == pytest.approx(m1["grad_norm"], rel=1e-5)
+
+
+def test_bf16_on_two_ranks_keeps_fp32_masters_and_follows_one_process(one_and_two):
+    one, two = one_and_two[0][2], one_and_two[1][2]
+    assert two["dtypes"] == two["opt_dtypes"] == ["torch.float32"]
+    assert all(v.dtype == torch.float32 for v in two["state"].values())
+    assert two["metrics"][0]["loss"] == pytest.approx(one["metrics"][0]["loss"], abs=2e-2)  # bf16 compute
+    assert _max_diff(one["state"], two["state"]) < 1e-3 * 2  # at most ~lr per element apart
+
+
+def test_group_spec_malformed_and_group_of_one():
+    for kw, match in (({"rank": 0, "world_size": 0}, "world_size must be an integer >= 1"),
+                      ({"rank": 2, "world_size": 2, "port": 5}, r"rank must be an integer in \[0, 2\)"),
+                      ({"rank": 0, "world_size": 2}, "needs rank 0's port"),
+                      ({"rank": 0, "world_size": 1, "backend": "mpi"}, "backend 'mpi' is not one of")):
+        with pytest.raises(ValueError, match=match):
+            GroupSpec(**kw)
+    g = WorkerGroup.join(GroupSpec(rank=0, world_size=1))  # no process group: identity collectives
+    assert not g.sharded and not torch.distributed.is_initialized()
+    assert g.sum([1.5, 2.0]) == [1.5, 2.0] and g.sum([]) == [] and g.max_int(3) == 3 and not g.all_true(False)
+    g.close()
+    host, port = rendezvous("127.0.0.1")
+    assert host == "127.0.0.1" and 0 < port < 65536
+    assert backend_for("cpu") == "gloo" and backend_for("cuda:0") == "nccl"
