@@ -106,7 +106,13 @@ LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", 
 
 
 def chunkable(model: torch.nn.Module) -> bool:
-    """Whether ``model`` is backbone (``model.base_model``) + output head and nothing after the head."""
+    """Whether ``model`` is backbone (``model.base_model``) + output head and nothing after the head, and not
+    FSDP-sharded (the chunked path calls the backbone and the head apart, outside the root unit's hooks that
+    gather their shards; a sharded model takes the unchunked path)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    if isinstance(model, FSDPModule):
+        return False
     head, base = model.get_output_embeddings(), getattr(model, "base_model", model)
     cfg = getattr(model, "config", None)
     return (head is not None and base is not model

@@ -252,11 +252,13 @@ def count_params(model: torch.nn.Module) -> dict[str, int]:
     return {"total": total, "flops": total - (0 if tied else emb.numel())}
 
 
-def save_policy(model: torch.nn.Module, tokenizer, out_dir: str | Path, meta: Mapping[str, Any]) -> Path:
-    """Save an HF model directory (safetensors + tokenizer) with ``mrl_policy.json`` = ``meta``."""
+def save_policy(model: torch.nn.Module, tokenizer, out_dir: str | Path, meta: Mapping[str, Any], *,
+                state_dict: Mapping[str, torch.Tensor] | None = None) -> Path:
+    """Save an HF model directory (safetensors + tokenizer) with ``mrl_policy.json`` = ``meta``; ``state_dict``:
+    the weights to write instead of the model's own (a sharded model's gathered weights)."""
     d = Path(out_dir)
     d.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(str(d), safe_serialization=True)
+    model.save_pretrained(str(d), safe_serialization=True, state_dict=None if state_dict is None else dict(state_dict))
     tokenizer.save_pretrained(str(d))
     (d / POLICY_META).write_text(json.dumps(dict(meta), indent=1, sort_keys=True))
     return d

@@ -20,10 +20,17 @@ under the Ray driver. ``config`` is the plain mapping of :class:`WorkerConfig`.
   new weights in place after every ``train_step`` and checks the drift against the trainer
   (``policies[].drift``; metrics ``sync_s``, ``drift_mean_abs``). The model lives on ``device``.
 * ``evaluate``: the fixed eval protocol (greedy + ``k`` samples per prompt), see :mod:`mrl_llm.evaluate`.
+* a worker group (``WorkerConfig.group``, :mod:`mrl_llm.parallel`): this worker is one of k ranks of the
+  policy, each called with the same arguments. The trained model and the reference are sharded with FSDP2;
+  the update takes this rank's token-balanced share of the rows with the global counts (``share``); the
+  engine samples from a full copy (``rollout_model``) that gets the gathered weights after every update;
+  rank 0 writes exports and checkpoints (full fp32 weights, the optimizer state gathered: any k resumes
+  them). Without a group (k = 1) the same code runs on a group of one: nothing sharded, no copy.
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import logging
@@ -51,6 +58,10 @@ from mrl_llm.models import (
     save_policy,
     tokenizer_id,
 )
+from mrl_llm.parallel.checkpoint import gathered_optimizer_state, load_optimizer_state
+from mrl_llm.parallel.fsdp import full_state_dict, load_full_state_dict, shard_model
+from mrl_llm.parallel.group import GroupSpec, WorkerGroup
+from mrl_llm.parallel.share import RankShare
 from mrl_llm.peer_check import PeerCheck
 from mrl_llm.precision import Precision, lowp_copy
 from mrl_llm.rollout import HFEngine, SamplingConfig
@@ -95,6 +106,7 @@ class WorkerConfig:
     engine_args: dict[str, Any] = field(default_factory=dict)  # vllm.LLM settings (MWRA: vllm_memory)
     gpu_bundle: bool = False  # placed on a GPU by the MWRA plan: the device must resolve to cuda
     verifier_options: dict[str, dict[str, Any]] = field(default_factory=dict)  # by verifier name (data.*)
+    group: GroupSpec | None = None  # this rank's place in the policy's worker group (None: a group of one)
 
 
 def learner_loss(loss: LossConfig, policy: PolicyConfig) -> LossConfig:
@@ -125,15 +137,22 @@ class LLMPolicyWorker:
                               f"{self.device.type} (torch sees no GPU in this actor); check the actor's CUDA setup "
                               "or set runtime.placement: cpu")
         self.precision = Precision(pol.dtype)  # fp32 master weights, compute in pol.dtype
+        self.group = WorkerGroup.join(config.group if config.group is not None else GroupSpec(rank=0, world_size=1))
         self.model = build_model(pol, self.tokenizer, seed=init_seed, dtype="fp32").to(self.device)
+        self.params = count_params(self.model)
         self.ref_model = None
         if config.loss.kl_coef > 0 or config.track_ref_kl:
             self.ref_model = lowp_copy(self.model, self.precision.compute_dtype)
+        # k > 1: the engine samples from a full copy; the trained model and the reference are sharded
+        self.rollout_model = copy.deepcopy(self.model) if self.group.sharded else self.model
+        shard_model(self.model, self.precision, self.group)
+        if self.ref_model is not None:
+            shard_model(self.ref_model, self.precision, self.group)
+        self.share = RankShare(self.group)
         self.optimizer = self._make_optimizer()
         self.engine = self._make_engine()
         self.pad_id = int(self.tokenizer.pad_token_id)
         self.max_len = int(getattr(self.model.config, "max_position_embeddings", 0) or 10**9)
-        self.params = count_params(self.model)
         self.version = 0
         self.nan_streak = 0
         self.counters: dict[str, float] = {"samples": 0, "gen_tokens": 0, "prompt_tokens": 0, "train_tokens": 0,
@@ -163,7 +182,7 @@ class LLMPolicyWorker:
     def _make_engine(self) -> Any:
         pol = self.policy
         if pol.engine == "hf":
-            return HFEngine(self.model, self.tokenizer, max_batch_size=pol.sampling.max_batch_size)
+            return HFEngine(self.rollout_model, self.tokenizer, max_batch_size=pol.sampling.max_batch_size)
         try:
             from mrl_llm.rollout import make_engine  # the vLLM engine, when this install has it
         except ImportError as err:
@@ -191,7 +210,7 @@ class LLMPolicyWorker:
             return make_engine("vllm", model_dir=pol.model_dir, **options)
         # a model_config policy (or one with its own tokenizer_dir): its initial weights and tokenizer are
         # saved to a directory the engine starts from (and removes when closed)
-        return make_engine("vllm", model=self.model, tokenizer=self.tokenizer, **options)
+        return make_engine("vllm", model=self.rollout_model, tokenizer=self.tokenizer, **options)
 
     # -- verifiers ---------------------------------------------------------------------------
     def verifier(self, name: str) -> Any:
@@ -228,6 +247,15 @@ class LLMPolicyWorker:
             rewards.close_verifier(v)
         self.verifiers.clear()
         self.engine.close()
+        self.group.close()
+
+    def sync_engine(self) -> None:
+        """The engine gets the current weights (the vllm engine runs its drift check); k > 1: gathered from the
+        shards into the full rollout copy first (a collective: every rank calls it)."""
+        if self.rollout_model is not self.model:
+            load_full_state_dict(self.rollout_model, full_state_dict(self.model))
+        with self.precision.autocast(self.device):
+            self.engine.sync_weights(self.rollout_model)
 
     # -- prompts -----------------------------------------------------------------------------
     def render(self, problem: Any) -> tuple[str, list[int]]:
@@ -376,11 +404,10 @@ class LLMPolicyWorker:
                              temperature=self.policy.sampling.temperature, micro_batch=t.micro_batch,
                              grad_accum=t.grad_accum, grad_clip=t.grad_clip, pad_id=self.pad_id,
                              ref_model=self.ref_model, max_tokens=t.max_tokens_per_micro_batch,
-                             logprob_chunk=t.logprob_chunk)
+                             logprob_chunk=t.logprob_chunk, share=self.share)
         t2 = time.perf_counter()
         self.version += 1
-        with self.precision.autocast(self.device):
-            self.engine.sync_weights(self.model)  # the vllm engine runs its drift check here
+        self.sync_engine()
         t3 = time.perf_counter()
         nf = self.params["flops"]
         flops = 6.0 * nf * res.seq_tokens + 2.0 * nf * (res.ref_seq_tokens + res.old_seq_tokens)
@@ -451,19 +478,25 @@ class LLMPolicyWorker:
     # -- checkpoints ---------------------------------------------------------------------------
     def export(self, out_dir: str | Path, *, master: bool = False) -> Path:
         """Save the policy as an HF model directory (model + tokenizer + ``mrl_policy.json``), in the
-        policy's dtype; ``master=True`` (checkpoints) writes the fp32 master weights."""
-        model = self.model
+        policy's dtype; ``master=True`` (checkpoints) writes the fp32 master weights. Rank 0 writes (the full
+        rollout copy holds the current weights); the other ranks of a group write nothing."""
+        if self.group.rank != 0:
+            return Path(out_dir)
+        model = self.rollout_model
         if self.precision.mixed and not master:
-            model = lowp_copy(self.model, self.precision.compute_dtype)
+            model = lowp_copy(self.rollout_model, self.precision.compute_dtype)
         meta = {"name": self.name, "template": to_mapping(self.policy.template), "dtype": self.policy.dtype,
-                "weights_dtype": "fp32" if model is self.model else self.policy.dtype,
+                "weights_dtype": "fp32" if model is self.rollout_model else self.policy.dtype,
                 "sampling": to_mapping(self.policy.sampling), "version": self.version, "tokenizer_id": self.tok_id}
         return save_policy(model, self.tokenizer, out_dir, meta)
 
     def save_checkpoint(self, path: str) -> None:
         d = Path(path)
         self.export(d / "model", master=True)
-        torch.save(self.optimizer.state_dict(), d / "optimizer.pt")
+        optim = gathered_optimizer_state(self.optimizer) if self.group.sharded else self.optimizer.state_dict()
+        if self.group.rank != 0:  # the gather above is a collective; rank 0 writes
+            return
+        torch.save(optim, d / "optimizer.pt")
         np_state = np.random.get_state()
         torch.save({"torch": torch.get_rng_state(), "python": random.getstate(),
                     "numpy": [np_state[0], np_state[1].tolist(), *np_state[2:]]}, d / "rng.pt")
@@ -481,10 +514,10 @@ class LLMPolicyWorker:
         if meta["tokenizer_id"] != self.tok_id:
             raise ValueError(f"checkpoint {d} was written with tokenizer {meta['tokenizer_id']!r}, this policy "
                              f"uses {self.tok_id!r}; resume with the same config")
-        loaded = AutoModelForCausalLM.from_pretrained(str(d / "model"), dtype=next(self.model.parameters()).dtype)
-        self.model.load_state_dict(loaded.state_dict())
+        loaded = AutoModelForCausalLM.from_pretrained(str(d / "model"), dtype=torch.float32)
+        load_full_state_dict(self.model, loaded.state_dict())  # k > 1: each rank its shard
         del loaded
-        self.optimizer.load_state_dict(torch.load(d / "optimizer.pt", weights_only=True))
+        load_optimizer_state(self.optimizer, torch.load(d / "optimizer.pt", weights_only=True))
         rng = torch.load(d / "rng.pt", weights_only=True)
         torch.set_rng_state(rng["torch"])
         random.setstate(rng["python"])
@@ -492,12 +525,11 @@ class LLMPolicyWorker:
         self.version = int(meta["version"])
         self.nan_streak = int(meta["nan_streak"])
         self.counters = {k: float(v) for k, v in meta["counters"].items()}
-        with self.precision.autocast(self.device):
-            self.engine.sync_weights(self.model)
+        self.sync_engine()
 
     def state(self) -> dict[str, Any]:
         h = hashlib.sha256()
-        for name, p in sorted(self.model.state_dict().items()):
+        for name, p in sorted(self.rollout_model.state_dict().items()):
             h.update(name.encode())
             h.update(p.detach().float().cpu().numpy().tobytes())
         return {"version": self.version, "weights_sha256": h.hexdigest(), "counters": dict(self.counters)}

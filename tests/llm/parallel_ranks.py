@@ -121,3 +121,73 @@ def run_group(k: int, out: Path, variants: list[dict[str, Any]]) -> list[dict[st
     spec = GroupSpec(rank=0, world_size=k, addr=addr, port=port, backend="gloo", timeout_s=120)
     mp.spawn(rank_main, args=(spec, str(out), variants), nprocs=k, join=True)
     return torch.load(out, weights_only=False)
+
+
+def register_parity() -> None:
+    """Register :class:`tests.llm.test_precision.ParityVerifier` (about half of a random model's samples
+    succeed: reward variance from step 0) as verifier ``parity`` in this process."""
+    from mrl_llm.rewards import VERIFIERS
+    from tests.llm.test_precision import ParityVerifier
+
+    VERIFIERS.setdefault("parity", lambda **_: ParityVerifier())
+
+
+def policy_worker(group: GroupSpec | None) -> Any:
+    """A tiny llama policy on the byte tokenizer (verifier ``parity``) as rank ``group`` of its worker group."""
+    from mrl_llm.config import PolicyConfig, SamplingSection, TrainSection
+    from mrl_llm.worker import LLMPolicyWorker, WorkerConfig
+    from tests.llm.helpers import tiny
+
+    pol = PolicyConfig(name="A", model_config=tiny("llama"), tokenizer_dir="utf8-bytes", group_size=4, device="cpu",
+                       sampling=SamplingSection(max_new_tokens=8),
+                       train=TrainSection(lr=1e-3, eps=1e-6, micro_batch=3, grad_clip=1.0, weight_decay=0.01))
+    return LLMPolicyWorker("A", WorkerConfig(policy=pol, loss=LossConfig(kl_coef=0.05), group=group), seed=0)
+
+
+def policy_step(w: Any, step: int) -> None:
+    """One step of :func:`policy_worker`: generate on 4 prompts, GRPO plans, train."""
+    from mrl_llm.distributed.actors import learner_plans
+    from shared_interfaces.exchange import InMemoryExchange
+    from shared_interfaces.regimes import parse_regime
+    from tests.llm.helpers import problems
+
+    probs = problems(4, verifier="parity", prefix=f"s{step}p")
+    ex = InMemoryExchange()
+    ex.publish(w.generate(probs, step))
+    plans, _ = learner_plans(ex, "A", parse_regime("grpo"), [p.prompt_id for p in probs], step, present=["A"])
+    w.train_step(plans)
+
+
+def policy_rank_main(rank: int, spec: GroupSpec, out: str, ckpt: str) -> None:
+    """One rank of a 2-step policy run: step 0, checkpoint to ``ckpt`` (+ manifest), step 1; rank 0 saves
+    the weights after each step and the worker states to ``out``."""
+    from mrl_llm.runstate import write_manifest
+
+    torch.set_num_threads(1)
+    register_parity()
+    w = policy_worker(spec.for_rank(rank))
+    try:
+        policy_step(w, 0)
+        after0 = {k: v.clone() for k, v in w.rollout_model.state_dict().items()}
+        Path(ckpt).mkdir(parents=True, exist_ok=True)
+        w.save_checkpoint(ckpt)
+        if rank == 0:
+            write_manifest(ckpt)
+        policy_step(w, 1)
+        if rank == 0:
+            torch.save({"after0": after0, "after1": w.rollout_model.state_dict(), "state": w.state(),
+                        "sharded": w.group.sharded}, Path(out))
+    finally:
+        w.close()
+
+
+def run_policy_group(k: int, out: Path, ckpt: Path) -> dict[str, Any]:
+    """Rank 0's result of :func:`policy_rank_main` on a spawned group of ``k`` gloo ranks."""
+    import torch.multiprocessing as mp
+
+    from mrl_llm.parallel.group import rendezvous
+
+    addr, port = rendezvous("127.0.0.1")
+    spec = GroupSpec(rank=0, world_size=k, addr=addr, port=port, backend="gloo", timeout_s=120)
+    mp.spawn(policy_rank_main, args=(spec, str(out), str(ckpt)), nprocs=k, join=True)
+    return torch.load(out, weights_only=False)

@@ -1,0 +1,74 @@
+"""A policy worker on a group of 2 FSDP2 ranks (:class:`~mrl_llm.worker.LLMPolicyWorker` with
+``WorkerConfig.group``): its steps equal one process's, and its checkpoint (full fp32 weights in the HF
+layout, the optimizer state gathered, every file in the sha256 manifest) resumes on k = 1 exactly."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from mrl_llm.runstate import verify_manifest
+from tests.llm.parallel_ranks import policy_step, policy_worker, register_parity, run_policy_group
+
+
+def _max_diff(a, b) -> float:
+    assert a.keys() == b.keys()
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    d = tmp_path_factory.mktemp("group")
+    return run_policy_group(2, d / "out.pt", d / "ckpt"), d / "ckpt"
+
+
+def test_two_rank_policy_steps_equal_one_process_and_its_checkpoint_resumes_on_one(two_ranks):
+    torch.set_num_threads(1)
+    register_parity()
+    res, ckpt = two_ranks
+    assert res["sharded"]
+    one = policy_worker(None)
+    start = {k: v.clone() for k, v in one.model.state_dict().items()}
+    policy_step(one, 0)
+    one0 = {k: v.clone() for k, v in one.model.state_dict().items()}
+    policy_step(one, 1)
+    assert _max_diff(start, one0) > 1e-4  # the step moved the weights
+    assert _max_diff(res["after0"], one0) < 1e-6
+    assert _max_diff(res["after1"], one.model.state_dict()) < 1e-6
+    assert res["state"]["version"] == 2
+
+    verify_manifest(ckpt)  # every file the 2 ranks wrote is in the manifest and matches it
+    files = json.loads((ckpt / "manifest.json").read_text())["files"]
+    assert {"model/model.safetensors", "model/config.json", "optimizer.pt", "rng.pt", "worker.json"} <= set(files)
+    from safetensors.torch import load_file
+
+    saved = load_file(ckpt / "model" / "model.safetensors")  # HF layout, full fp32 tensors
+    assert {v.dtype for v in saved.values()} == {torch.float32}
+    assert {k: tuple(v.shape) for k, v in saved.items()} == {k: tuple(v.shape) for k, v in one0.items()}
+
+    resumed = policy_worker(None)  # k = 1 resumes the k = 2 checkpoint
+    resumed.load_checkpoint(str(ckpt))
+    assert _max_diff(resumed.model.state_dict(), one0) < 1e-6
+    assert resumed.version == 1
+    policy_step(resumed, 1)
+    assert _max_diff(resumed.model.state_dict(), one.model.state_dict()) < 1e-6
+    for w in (one, resumed):
+        w.close()
+
+
+def test_a_checkpoint_of_another_model_is_refused_naming_the_parameter(two_ranks):
+    from mrl_llm.parallel.checkpoint import load_optimizer_state
+
+    _, ckpt = two_ranks
+    full = torch.load(ckpt / "optimizer.pt", weights_only=True)
+    opt = torch.optim.AdamW(torch.nn.Linear(3, 2).parameters())
+    groups = opt.state_dict()["param_groups"]
+    with pytest.raises(ValueError, match=r"optimizer state 'exp_avg' of parameter 0 has shape \(258, 64\), the "
+                                         r"parameter \(2, 3\); the checkpoint is of another model"):
+        load_optimizer_state(opt, {"state": {0: full["state"][0]}, "param_groups": groups})
+    with pytest.raises(ValueError, match="optimizer state for parameter 5, but the model has 2"):
+        load_optimizer_state(opt, {"state": {5: {"step": torch.tensor(1.0)}}, "param_groups": groups})
+    load_optimizer_state(opt, {"state": {}, "param_groups": groups})  # empty: a fresh optimizer, fine
+    assert opt.state_dict()["state"] == {}
