@@ -219,6 +219,7 @@ class PolicyConfig:
     engine_args: dict[str, Any] = field(default_factory=dict)  # vllm.LLM kwargs; win over the MWRA plan's
     join_step: int = 0
     leave_step: int | None = None
+    ranks: int = 1  # worker-group size on Ray: k actors (FSDP2 ranks), one per planned bundle (mrl_llm.parallel)
 
     def __post_init__(self) -> None:
         if not POLICY_NAME.fullmatch(self.name):
@@ -237,6 +238,9 @@ class PolicyConfig:
             object.__setattr__(self, "drift", replace(self.drift, on_exceed="warn" if self.dtype == "bf16" else "stop"))
         if self.group_size < 1:
             raise ConfigError(f"policy {self.name!r}: group_size must be >= 1, got {self.group_size}")
+        if isinstance(self.ranks, bool) or not isinstance(self.ranks, int) or self.ranks < 1:
+            raise ConfigError(f"policy {self.name!r}: ranks must be an integer >= 1 (the policy's worker-group size), "
+                              f"got {self.ranks!r}")
         if self.max_prompt_len < 1:
             raise ConfigError(f"policy {self.name!r}: max_prompt_len must be >= 1")
         budget, longest = self.train.max_tokens_per_micro_batch, self.max_prompt_len + self.sampling.max_new_tokens

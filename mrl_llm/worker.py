@@ -283,6 +283,13 @@ class LLMPolicyWorker:
             self._prompts.popitem(last=False)
         return text, ids
 
+    def prepare(self, problems: Sequence[Any]) -> None:
+        """What :meth:`generate` keeps of a step's problems besides its samples: the rendered prompts and the
+        problems for re-checking peers' claims (a rank of a worker group that does not sample)."""
+        for p in problems:
+            self.render(p)
+        self.peer_check.remember(problems)
+
     def _prompt_ids(self, prompt_id: str) -> list[int]:
         hit = self._prompts.get(prompt_id)
         if hit is None:
@@ -406,6 +413,9 @@ class LLMPolicyWorker:
                              ref_model=self.ref_model, max_tokens=t.max_tokens_per_micro_batch,
                              logprob_chunk=t.logprob_chunk, share=self.share)
         t2 = time.perf_counter()
+        if self.group.sharded:  # the policy's token counts, not this rank's share
+            res.tokens, res.seq_tokens, res.ref_seq_tokens = (int(x) for x in self.group.sum(
+                [res.tokens, res.seq_tokens, res.ref_seq_tokens]))
         self.version += 1
         self.sync_engine()
         t3 = time.perf_counter()

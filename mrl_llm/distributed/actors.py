@@ -73,6 +73,7 @@ class PolicyActorSpec:
     threads: int = 1
     fault: FaultInjection | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
+    ranks: int = 1  # the policy's worker-group size (mrl_llm.distributed.rank_group); config["group"]: this rank
 
 
 def load_factory(path: str) -> Any:
@@ -137,7 +138,7 @@ def learner_plans(exchange: ExperienceExchange, learner: str, regime: RegimeSpec
     baselines = baselines or {}
     learners = sorted(present)
     if own is None:
-        groups = exchange.fetch_groups(list(prompt_ids), step)
+        groups = exchange.fetch_groups(list(prompt_ids), step, **({"expect": dict(expect)} if expect else {}))
     else:
         foreign = [r.record_id for r in own if r.policy_id != learner or r.step != step]
         if foreign:
@@ -189,6 +190,7 @@ class PolicyActor:
         torch.set_num_threads(max(1, spec.threads))
         limit_tokenizer_threads(spec.threads)
         self.spec = spec
+        self.rank = int((spec.config.get("group") or {}).get("rank", 0))  # rank 0 samples, publishes, writes
         self.exchange = exchange
         self.regime = parse_regime_config(dict(spec.regime))
         random.seed(spec.seed)
@@ -227,7 +229,13 @@ class PolicyActor:
 
     # -- the step ----------------------------------------------------------------------------
     def generate(self, problems: Sequence[Any], step: int) -> dict[str, Any]:
-        """Sample this step's records and publish them; returns what the driver tracks."""
+        """Sample this step's records and publish them; returns what the driver tracks. A rank > 0 of a worker
+        group samples nothing (rank 0 samples the whole step): it renders the prompts and keeps the problems
+        for the peer check (``worker.prepare``), so its plans equal rank 0's."""
+        if self.rank != 0:
+            self.worker.prepare(list(problems))
+            return {"policy": self.spec.name, "step": step, "version": int(self.worker.version), "records": 0,
+                    "timings": {}}
         recs = self.worker.generate(list(problems), step)
         self._maybe_crash("generate", step)
         bad = [r.record_id for r in recs if r.policy_id != self.spec.name or r.step != step]
@@ -287,6 +295,8 @@ class PolicyActor:
             del self._own[k]
         parts: dict[str, float] = {"publish_wait_s": publish_wait}
         expect_peers = {p: n for p, n in counts.items() if p in present and p != self.spec.name}
+        if self.rank != 0:  # no own records in hand: fetch them too, once rank 0's are in
+            expect_peers = {p: n for p, n in counts.items() if p in present}
         dropped: dict[str, int] = dict.fromkeys(PEER_CHECK_OUTCOMES, 0)
         plans, stale = learner_plans(self.exchange, self.spec.name, self.regime, prompt_ids, step, own=own, timings=parts,
                                      present=present, baselines=baselines, max_staleness=max_staleness,
@@ -308,7 +318,9 @@ class PolicyActor:
     def save(self, step: int) -> str:
         d = self.ckpt / f"step_{step}"
         d.mkdir(parents=True, exist_ok=True)
-        self.worker.save_checkpoint(str(d))
+        self.worker.save_checkpoint(str(d))  # a worker group: every rank gathers, rank 0 writes
+        if self.rank != 0:
+            return str(d)
         write_manifest(d)
         (d / "actor.json").write_text(json.dumps({"step": step, "version": int(self.worker.version)}))
         tmp = self.ckpt / "LATEST.tmp"

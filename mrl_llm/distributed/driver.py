@@ -28,7 +28,10 @@ Membership: :meth:`RayDriver.add_policy` / :meth:`RayDriver.remove_policy` betwe
 
 Placement: with a :class:`~mrl_llm.distributed.planner.PlacementPlan`, each policy gets a Ray placement
 group made of its planned bundles (``{"GPU": fraction, "CPU": c}`` per device; strategy PACK) and its
-actor is scheduled into bundle 0 with that bundle's CPUs and (fractional) GPUs (:func:`actor_options`;
+actor is scheduled into bundle 0 with that bundle's CPUs and (fractional) GPUs (:func:`actor_options`). A
+policy with ``spec.ranks = k > 1`` is a worker group: k actors, rank ``r`` in bundle ``r``, one
+``torch.distributed`` group, driven through one handle (:mod:`mrl_llm.distributed.rank_group`; no bundle
+idles; ``ranks`` must equal the plan's bundle count;
 the plan's thread count goes into the specs' ``threads``, see
 :func:`mrl_llm.distributed.ray_trainer.ray_specs`). Only planned policies can join. A placement group
 that cannot be reserved within ``placement_timeout_s`` is an error naming the policy and its bundles.
@@ -51,6 +54,7 @@ from typing import Any, Literal
 from mrl_llm.distributed.actors import PolicyActor, PolicyActorSpec, problem_id
 from mrl_llm.distributed.exchange_actor import RemoteExchange, start_exchange
 from mrl_llm.distributed.planner import PlacementPlan, PolicyPlacement
+from mrl_llm.distributed.rank_group import RankGroup, start_rank_group
 from shared_interfaces.exchange import InMemoryExchange
 
 
@@ -116,17 +120,15 @@ def reserve_placement_group(placement: PolicyPlacement, *, timeout_s: float = 12
     return pg
 
 
-def actor_options(placement: PolicyPlacement, pg: Any) -> dict[str, Any]:
-    """Ray actor options for the policy's colocated actor: bundle 0 of ``pg`` with its CPUs and GPUs.
-
-    A policy planned on several devices (whole GPUs for a large model, or split rollout/train pools)
-    reserves them all in ``pg``; its one actor runs on the first bundle (the worker is single-device)."""
+def actor_options(placement: PolicyPlacement, pg: Any, bundle: int = 0) -> dict[str, Any]:
+    """Ray actor options for the policy's actor of rank ``bundle``: that bundle of ``pg`` with its CPUs and GPUs
+    (a worker group has one rank per bundle, :mod:`mrl_llm.distributed.rank_group`)."""
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    b = placement.bundles[0]
+    b = placement.bundles[bundle]
     return {"num_cpus": float(b.get("CPU", 0.0)), "num_gpus": float(b.get("GPU", 0.0)),
             "scheduling_strategy": PlacementGroupSchedulingStrategy(
-                placement_group=pg, placement_group_bundle_index=0, placement_group_capture_child_tasks=True)}
+                placement_group=pg, placement_group_bundle_index=bundle, placement_group_capture_child_tasks=True)}
 
 
 class RayDriver:
@@ -199,14 +201,29 @@ class RayDriver:
         with open(self.out / "events.jsonl", "a", encoding="utf-8") as fh:
             fh.write(json.dumps(row) + "\n")
 
-    def _actor_options(self, name: str) -> dict[str, Any]:
+    def _actor_options(self, name: str, rank: int = 0) -> dict[str, Any]:
         opts: dict[str, Any] = dict(max_restarts=-1, max_task_retries=0, num_cpus=0)
         if self.placement is not None:
             if name not in self.placement_groups:
                 self.placement_groups[name] = reserve_placement_group(
                     self.placement.for_policy(name), timeout_s=self.placement_timeout_s)
-            opts.update(actor_options(self.placement.for_policy(name), self.placement_groups[name]))
+            opts.update(actor_options(self.placement.for_policy(name), self.placement_groups[name], rank))
         return opts
+
+    def _start_actor(self, name: str) -> Any:
+        """The policy's actor, or its worker group of ``spec.ranks`` actors (one per bundle) behind one handle."""
+        import ray
+
+        spec = self.specs[name]
+        if spec.ranks == 1:
+            return ray.remote(PolicyActor).options(**self._actor_options(name)).remote(
+                spec, RemoteExchange(self.exchange_handle, producer=name))
+        if self.placement is not None and len(self.placement.for_policy(name).bundles) != spec.ranks:
+            raise ValueError(f"policy {name!r} has {spec.ranks} ranks but its plan {len(self.placement.for_policy(name).bundles)} "
+                             "bundles; plan with policies[].ranks (one bundle per rank)")
+        gpu = self.placement is not None and self.placement.for_policy(name).num_gpus > 0
+        return start_rank_group(spec, lambda: RemoteExchange(self.exchange_handle, producer=name),
+                                lambda r: self._actor_options(name, r), gpu=gpu)
 
     def _stop(self, name: str) -> None:
         """Close the policy's worker (its engine's processes), kill its actor, free its placement group."""
@@ -217,22 +234,21 @@ class RayDriver:
             ray.get(actor.close.remote(), timeout=60)
         except Exception:  # a dead or hung actor is killed below anyway
             pass
-        ray.kill(actor)
+        if isinstance(actor, RankGroup):  # a worker group: its rank actors
+            actor.kill()
+        else:
+            ray.kill(actor)
         pg = self.placement_groups.pop(name, None)
         if pg is not None:
             ray.util.remove_placement_group(pg)
 
     def _sync_membership(self, step: int) -> list[str]:
         """Start joiners, stop leavers, bring restarted actors back; returns the live policies."""
-        import ray
-
         live = []
         for name in sorted(self.specs):
             active = self.membership[name].active(step)
             if active and name not in self.actors:
-                opts = self._actor_options(name)
-                self.actors[name] = ray.remote(PolicyActor).options(**opts).remote(
-                    self.specs[name], RemoteExchange(self.exchange_handle, producer=name))
+                self.actors[name] = self._start_actor(name)
                 st = wait_status(self.actors[name])
                 self.baselines[name] = step - st["version"]
                 self._event(event="join", step=step, policy=name, version=st["version"])

@@ -173,9 +173,10 @@ class PolicyFootprint:
     engine: Literal["hf", "vllm"] = "vllm"
     max_num_seqs: int = 256  # the engine's cap on sequences in flight
     tokenizer_id: str = ""
+    ranks: int = 1  # CPU mode: the policy's worker-group size (one CPU slot per rank)
 
     def __post_init__(self) -> None:
-        for f in ("rollouts_per_step", "max_response_len", "micro_batch", "max_num_seqs"):
+        for f in ("rollouts_per_step", "max_response_len", "micro_batch", "max_num_seqs", "ranks"):
             if getattr(self, f) < 1:
                 raise ValueError(f"policy {self.name!r}: {f} must be >= 1, got {getattr(self, f)}")
         if self.dtype not in DTYPE_BYTES:

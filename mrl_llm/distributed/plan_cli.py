@@ -124,6 +124,7 @@ def footprints_from_config(data: Mapping[str, Any], base: Path = Path(".")) -> l
             logprob_chunk=int(_get(pol, data, "logprob_chunk", default=DEFAULT_LOGPROB_CHUNK) or 0),
             max_tokens_per_micro_batch=int(_get(pol, data, "max_tokens_per_micro_batch", default=0) or 0),
             engine=str(_get(pol, data, "engine", default="hf")),  # type: ignore[arg-type]
+            ranks=int(_get(pol, {}, "ranks", default=1)),
         ))
     return out
 

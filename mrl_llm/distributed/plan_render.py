@@ -37,6 +37,8 @@ def render_plan(plan: PlacementPlan) -> str:
          "in flight/engine", "waves"],
         rows,
     )
+    lines += ["", "ranks (one Ray actor per bundle; a policy's ranks form one torch.distributed group):"]
+    lines += [f"  {line}" for p in plan.policies for line in p.rank_roles()]
     lines += ["", "per-device memory estimate (GiB; usable = capacity x usable_fraction):"]
     rows = []
     for load in plan.devices:

@@ -10,8 +10,10 @@ Layouts (``mode``):
 * ``split`` — separate pools: each policy gets at least 2 whole GPUs, half (rounded down) for its rollout
   engines and the rest for its trainer. Preferred for asynchronous training, where generation and
   training overlap; ``colocated`` is preferred for synchronous steps, where they alternate.
-* ``cpu`` — no GPUs: each policy goes to the node with most free RAM and gets whole CPUs (largest
-  remainder, at least one) or, with fewer CPUs than policies, a fractional share and one thread.
+* ``cpu`` — no GPUs: each policy gets ``ranks`` CPU slots (its worker group, ``policies[].ranks``), each on
+  the node with most free RAM, and its share of CPUs split over them (whole CPUs, largest remainder, at least
+  one each, or with fewer CPUs than slots a fractional share and one thread). A rank holds its shard of the
+  training state and a full rollout copy.
 
 Memory is estimated per device (:mod:`mrl_llm.distributed.memory`) and must fit in
 ``usable_fraction`` of it. Rollout concurrency (sequences in flight per engine) starts at
@@ -84,6 +86,15 @@ class PolicyPlacement:
     rollout_concurrency: int
     rollout_waves: int
     share: float
+    bundle_roles: tuple[str, ...] = ()  # per bundle: colocated | train | rollout | cpu (one Ray actor, one rank)
+    bundle_devices: tuple[str, ...] = ()  # per bundle: the device it is planned on
+
+    def rank_roles(self) -> list[str]:
+        """One line per bundle: the rank that runs there, its role, device and resources."""
+        what = {"colocated": "train + rollout", "cpu": "train + rollout (CPU)", "train": "train", "rollout": "rollout"}
+        return [f"{self.policy} rank {r}/{len(self.bundles)}: {what.get(role, role)} on {dev}, "
+                + ", ".join(f"{v:.2f} {k}" for k, v in sorted(b.items()))
+                for r, (role, dev, b) in enumerate(zip(self.bundle_roles, self.bundle_devices, self.bundles, strict=True))]
 
 
 @dataclass(frozen=True)
@@ -148,9 +159,10 @@ def _slot_memory(fp: PolicyFootprint, slot: _Slot, n_train: int, seqs: int, clus
         return training_bytes(fp, n_train) + over
     if slot.role == "rollout":
         return rollout_bytes(fp, seqs, own_weights=True) + over
-    # cpu: trainer and engine in one process in host RAM
+    # cpu: trainer (sharded over the policy's ranks) and engine in one process in host RAM; with ranks > 1 the
+    # engine samples from a full copy of the weights
     host = MemoryBreakdown(overhead=mm.host_process_gib * GiB)
-    return training_bytes(fp, 1) + rollout_bytes(fp, seqs, own_weights=fp.engine == "vllm") + host
+    return training_bytes(fp, n_train) + rollout_bytes(fp, seqs, own_weights=fp.engine == "vllm" or n_train > 1) + host
 
 
 def _evaluate(
@@ -255,9 +267,10 @@ def _cpu_slots(fps: Sequence[PolicyFootprint], cluster: ClusterSpec) -> list[_Sl
     rams, used = cluster.rams(), defaultdict(float)
     slots = []
     for i, fp in enumerate(fps):
-        d = max(rams, key=lambda r: (r.capacity_bytes - used[r.name], -r.node))
-        used[d.name] += _slot_memory(fp, _Slot(i, d, "cpu"), 1, 1, cluster).total
-        slots.append(_Slot(i, d, "cpu"))
+        for _ in range(fp.ranks):
+            d = max(rams, key=lambda r: (r.capacity_bytes - used[r.name], -r.node))
+            used[d.name] += _slot_memory(fp, _Slot(i, d, "cpu"), fp.ranks, 1, cluster).total
+            slots.append(_Slot(i, d, "cpu"))
     return slots
 
 
@@ -308,6 +321,8 @@ def _plan_mode(fps: Sequence[PolicyFootprint], cluster: ClusterSpec, mode: str) 
             rollout_concurrency=conc[i],
             rollout_waves=math.ceil(math.ceil(fp.rollouts_per_step / engines) / conc[i]),
             share=shares[i],
+            bundle_roles=tuple(slots[k].role for k in mine),
+            bundle_devices=tuple(slots[k].device.name for k in mine),
         ))
     return PlacementPlan(cluster, mode, tuple(placements), tuple(loads))  # type: ignore[arg-type]
 

@@ -10,7 +10,9 @@ run-directory files (``config.json``, ``metrics.jsonl``, ``eval.jsonl``, ``summa
 2. MWRA: the config's policies are planned on the cluster (``runtime.cluster`` YAML, else the Ray
    cluster's nodes; :func:`ray_cluster_spec`); the plan is written to ``plan.txt``, each policy gets a
    placement group of its bundles and its torch threads, and a ``vllm`` policy's engine gets the
-   plan's memory settings (:func:`mrl_llm.rollout.vllm_memory.vllm_memory`).
+   plan's memory settings (:func:`mrl_llm.rollout.vllm_memory.vllm_memory`). A policy planned on k
+   bundles (``policies[].ranks: k`` in CPU mode, or k GPUs) runs as k ranks, one actor per bundle, each
+   rank's role in ``plan.txt`` and the log (:mod:`mrl_llm.distributed.rank_group`).
 3. The driver runs the steps (sync, or async with ``max_staleness``); policies join and leave at
    their ``join_step`` / ``leave_step``. Evaluation runs on the actors before training, every
    ``eval.every`` steps and at the end (the driver drains its pipeline there). Each actor checkpoints
@@ -101,7 +103,8 @@ def plan_run(config: RunConfig, cluster: ClusterSpec) -> PlacementPlan:
 def ray_specs(config: RunConfig, plan: PlacementPlan, ckpt_root: Path,
               faults: Mapping[str, FaultInjection] | None = None) -> list[PolicyActorSpec]:
     """The policies' actor specs: the local trainer's, with the plan's threads (``threads``, when set,
-    may lower them), checkpoints every ``checkpoint_every`` steps, and a vllm engine's memory settings."""
+    may lower them), checkpoints every ``checkpoint_every`` steps, a vllm engine's memory settings, and one
+    rank per planned bundle (a worker group, :mod:`mrl_llm.distributed.rank_group`; each rank's role is logged)."""
     from mrl_llm.rollout.vllm_memory import vllm_memory
     from mrl_llm.trainer import actor_specs
 
@@ -109,9 +112,8 @@ def ray_specs(config: RunConfig, plan: PlacementPlan, ckpt_root: Path,
     out = []
     for s in actor_specs(config, ckpt_root):
         p = plan.for_policy(s.name)
-        if len(p.bundles) > 1:
-            log.warning("policy %s is planned on %d devices; its one actor uses the first (the worker is "
-                        "single-device), the others stay reserved", s.name, len(p.bundles))
+        for line in p.rank_roles():
+            log.info("plan: %s", line)
         cfg = dict(s.config)
         if p.num_gpus > 0:  # the worker must land on the GPU it was given (device auto resolves there)
             if config.policy(s.name).device == "cpu":
@@ -121,7 +123,8 @@ def ray_specs(config: RunConfig, plan: PlacementPlan, ckpt_root: Path,
         if config.policy(s.name).engine == "vllm":
             cfg["engine_args"] = vllm_memory(plan, fps[s.name]).engine_args()  # policies[].engine_args win
         out.append(replace(s, config=cfg, threads=min(config.threads or p.threads, p.threads),
-                           checkpoint_every=config.checkpoint_every, fault=(faults or {}).get(s.name)))
+                           checkpoint_every=config.checkpoint_every, fault=(faults or {}).get(s.name),
+                           ranks=len(p.bundles)))
     return out
 
 

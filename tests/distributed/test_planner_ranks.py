@@ -1,0 +1,63 @@
+"""Worker groups in the MWRA plan (``policies[].ranks``): CPU mode plans one CPU slot per rank, splits the
+policy's CPUs over them (fractional on 2 CPUs), shards the training estimate over the ranks, prints each
+rank's role; a malformed ``ranks`` is refused naming the policy."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+
+from mrl_llm.config import PolicyConfig
+from mrl_llm.distributed.cluster import ClusterSpec, NodeSpec
+from mrl_llm.distributed.memory import PolicyFootprint
+from mrl_llm.distributed.plan_cli import footprints_from_config
+from mrl_llm.distributed.planner import plan_placement
+from shared_interfaces.config_io import ConfigError
+
+from .specs import cpu_demo
+
+TWO_CPUS = ClusterSpec("two", (NodeSpec(gpus=0, gpu_memory_gib=0.0, cpus=2, ram_gib=16.0),))
+EIGHT_CPUS = ClusterSpec("eight", (NodeSpec(gpus=0, gpu_memory_gib=0.0, cpus=8, ram_gib=16.0),))
+
+
+def test_cpu_mode_plans_one_slot_per_rank():
+    fps = [replace(f, ranks=2) for f in cpu_demo()]
+    plan = plan_placement(fps, TWO_CPUS, mode="cpu")
+    for p in plan.policies:
+        assert len(p.bundles) == 2 and p.bundle_roles == ("cpu", "cpu") and p.threads == 1
+        assert all(0 < b["CPU"] < 1 for b in p.bundles)  # 4 ranks on 2 CPUs: fractions
+    assert math.isclose(sum(b["CPU"] for p in plan.policies for b in p.bundles), 2.0)
+    text = plan.render()
+    for p in plan.policies:
+        for r in range(2):
+            assert f"{p.policy} rank {r}/2: train + rollout (CPU) on node0/ram" in text
+    whole = plan_placement(fps, EIGHT_CPUS, mode="cpu")
+    assert all(b["CPU"] == int(b["CPU"]) >= 1 for p in whole.policies for b in p.bundles)
+    assert sum(b["CPU"] for p in whole.policies for b in p.bundles) == 8
+
+
+def test_ranks_shard_the_training_estimate_and_one_rank_is_the_old_plan():
+    one = plan_placement(cpu_demo(), TWO_CPUS, mode="cpu")
+    assert [len(p.bundles) for p in one.policies] == [1, 1]
+    assert [p.rank_roles() for p in one.policies][0][0].startswith("qwen-tiny rank 0/1: train + rollout (CPU)")
+    two = plan_placement([replace(f, ranks=2) for f in cpu_demo()], TWO_CPUS, mode="cpu")
+    per_rank = {(part.policy): part.memory for load in two.devices for part in load.parts}
+    whole = {(part.policy): part.memory for load in one.devices for part in load.parts}
+    for name in per_rank:
+        assert per_rank[name].optimizer == pytest.approx(whole[name].optimizer / 2)  # AdamW moments sharded
+
+
+def test_malformed_ranks_are_refused_naming_the_policy():
+    with pytest.raises(ConfigError, match=r"policy 'a': ranks must be an integer >= 1 .* got 0"):
+        PolicyConfig(name="a", model_config={"model_type": "llama"}, ranks=0)
+    with pytest.raises(ConfigError, match=r"policy 'a': ranks must be an integer >= 1 .* got True"):
+        PolicyConfig(name="a", model_config={"model_type": "llama"}, ranks=True)
+    with pytest.raises(ValueError, match="policy 'x': ranks must be >= 1, got 0"):
+        replace(cpu_demo()[0], name="x", ranks=0)
+    mc = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+          "num_attention_heads": 4, "vocab_size": 300}
+    fps = footprints_from_config({"policies": [{"name": "a", "model_config": mc, "ranks": 3}, {"name": "b", "model_config": mc}]})
+    assert [f.ranks for f in fps] == [3, 1]
+    assert isinstance(fps[0], PolicyFootprint)

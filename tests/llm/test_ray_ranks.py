@@ -1,0 +1,69 @@
+"""Worker groups on Ray (``policies[].ranks: 2``, :mod:`mrl_llm.distributed.rank_group`) on a real local Ray
+cluster of 2 CPUs: two tiny policies of 2 FSDP2 ranks each (4 actors, about 0.5 CPU each, gloo) train 2
+synchronous steps and equal the ranks-1 run of the same seed in records, regime decisions and final weights
+(float tolerance); the plan lists each rank's role and the run logs it."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from mrl_llm.contract import learner_tokenizer_dir
+from mrl_llm.trainer import train
+from tests.llm.helpers import local_ray
+from tests.llm.test_ray import PROBLEMS, config, policy
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+DECISIONS = ("reward_mean", "success_rate", "own_rows", "peer_rows", "sgt_rows", "sgt_activations", "version",
+             "train_tokens")
+
+
+@pytest.fixture(scope="module")
+def ray_llm():
+    with local_ray("mrl-tests-ranks", test_verifiers=True) as ray:
+        yield ray
+
+
+def _run(tmp_path, ranks: int):
+    pols = [{**policy("a", "llama", "utf8-bytes", 4), "ranks": ranks},
+            {**policy("b", "qwen2", learner_tokenizer_dir(), 16), "ranks": ranks}]
+    d = tmp_path / f"k{ranks}"
+    train(config(pols, eval={"enabled": False}), d, problems=PROBLEMS)
+    rows = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]
+    rows = {(r["step"], r["policy"]): r for r in rows if r.get("kind") == "train"}
+    records = sorted((json.loads(x) for x in (d / "exchange.jsonl").read_text().splitlines()),
+                     key=lambda r: r["record_id"])
+    weights = {n: load_file(d / "policies" / n / "model.safetensors") for n in "ab"}
+    return d, rows, records, weights
+
+
+def test_two_ranks_per_policy_equal_one_rank(ray_llm, tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="mrl_llm.ray_trainer")
+    _, rows1, recs1, w1 = _run(tmp_path, 1)
+    d2, rows2, recs2, w2 = _run(tmp_path, 2)
+    assert len(recs2) == len(recs1) > 0  # every record equal: ids, texts, tokens, rewards exactly, log-probs to 1e-5
+    for a, b in zip(recs1, recs2, strict=True):
+        assert {k: v for k, v in b.items() if k != "token_logprobs"} == {k: v for k, v in a.items() if k != "token_logprobs"}
+        assert b["token_logprobs"] == pytest.approx(a["token_logprobs"], abs=1e-5)
+    assert sorted(rows2) == sorted(rows1) == [(0, "a"), (0, "b"), (1, "a"), (1, "b")]
+    for key, r1 in rows1.items():
+        r2 = rows2[key]
+        assert {k: r2[k] for k in DECISIONS} == {k: r1[k] for k in DECISIONS}, key
+        assert r2["loss"] == pytest.approx(r1["loss"], abs=1e-5) and r2["grad_norm"] == pytest.approx(r1["grad_norm"], rel=1e-4)
+    assert all(r["peer_rows"] > 0 for r in rows2.values())  # the regime really shared experience
+    for n in "ab":
+        assert w2[n].keys() == w1[n].keys()
+        assert max(float((w2[n][k] - w1[n][k]).abs().max()) for k in w1[n]) < 1e-5, n
+        assert all(v.dtype == torch.bfloat16 or v.dtype == torch.float32 for v in w2[n].values())
+    plan = (d2 / "plan.txt").read_text()
+    for n in "ab":
+        for r in (0, 1):
+            line = re.compile(rf"{n} rank {r}/2: train \+ rollout \(CPU\) on node0/ram, 0\.\d\d CPU")
+            assert line.search(plan)
+            assert any(line.search(m) for m in caplog.messages)  # the run logs each rank's role
