@@ -115,6 +115,9 @@ class SamplingSection:
     top_p: float = 1.0
     max_new_tokens: int = 256
     max_batch_size: int = 64
+    # call: one seed per engine call (the samples depend on the call's prompts); sample: one seed per (prompt,
+    # sample index), so a record does not depend on how a worker group splits the step's prompts over its ranks
+    seeding: Literal["call", "sample"] = "call"
 
     def __post_init__(self) -> None:
         if not self.temperature > 0:

@@ -186,6 +186,10 @@ class Run:
         else:
             (self.out / "config.json").write_text(json.dumps(to_mapping(config), indent=1))
         self.exchange = DiskLogExchange(self.out / "exchange.jsonl", fsync=config.exchange_fsync)
+        for p in config.policies:
+            if p.ranks > 1:  # said, not silently dropped: a worker group needs Ray (mrl_llm.distributed.rank_group)
+                log.warning("policy %s: ranks %d applies to --runtime ray; the single-process runtime trains it as "
+                            "one rank (the same update)", p.name, p.ranks)
         self.actors = {s.name: PolicyActor(s, self.exchange) for s in actor_specs(config, self.ckpt)}
         self.log = MetricsLog(self.out, tensorboard=config.tensorboard)
         self.exclusive = peer_exclusive_sets(r for r in read_eval_rows(self.out / "eval.jsonl") if r["step"] == 0)

@@ -306,8 +306,13 @@ class LLMPolicyWorker:
 
     def generate(self, problems: Sequence[Any], step: int) -> list[ExperienceRecord]:
         pol = self.policy
+        row_seeds = None
+        if pol.sampling.seeding == "sample":  # a record is the same whichever rank samples it
+            row_seeds = tuple(derive_seed(self.seed, self.name, "rollout", step, p.prompt_id, g)
+                              for p in problems for g in range(pol.group_size))
         sp = SamplingConfig(temperature=pol.sampling.temperature, top_p=pol.sampling.top_p,
-                            max_new_tokens=pol.sampling.max_new_tokens, seed=derive_seed(self.seed, self.name, "rollout", step))
+                            max_new_tokens=pol.sampling.max_new_tokens, seed=derive_seed(self.seed, self.name, "rollout", step),
+                            row_seeds=row_seeds)
         rendered, out, gen_s = self._sample(problems, pol.group_size, sp)
         self.peer_check.remember(problems)  # the run's own copies, for re-checking peers' claims
         t0 = time.perf_counter()

@@ -190,7 +190,10 @@ class PolicyActor:
         torch.set_num_threads(max(1, spec.threads))
         limit_tokenizer_threads(spec.threads)
         self.spec = spec
-        self.rank = int((spec.config.get("group") or {}).get("rank", 0))  # rank 0 samples, publishes, writes
+        self.rank = int((spec.config.get("group") or {}).get("rank", 0))  # rank 0 writes checkpoints
+        # a worker group with per-sample seeds splits the step's prompts over its ranks; else rank 0 samples all
+        sampling = (spec.config.get("policy") or {}).get("sampling") or {}
+        self.split_rollouts = spec.ranks > 1 and sampling.get("seeding") == "sample"
         self.exchange = exchange
         self.regime = parse_regime_config(dict(spec.regime))
         random.seed(spec.seed)
@@ -229,13 +232,17 @@ class PolicyActor:
 
     # -- the step ----------------------------------------------------------------------------
     def generate(self, problems: Sequence[Any], step: int) -> dict[str, Any]:
-        """Sample this step's records and publish them; returns what the driver tracks. A rank > 0 of a worker
-        group samples nothing (rank 0 samples the whole step): it renders the prompts and keeps the problems
-        for the peer check (``worker.prepare``), so its plans equal rank 0's."""
-        if self.rank != 0:
+        """Sample this step's records and publish them; returns what the driver tracks. In a worker group every
+        rank renders all the step's prompts and keeps its problems for the peer check (``worker.prepare``), so
+        the ranks' plans are equal; rank ``r`` samples and publishes prompts ``r, r + k, ...`` with
+        ``sampling.seeding: sample`` (a record does not depend on the split), else rank 0 samples them all."""
+        if self.spec.ranks > 1:
             self.worker.prepare(list(problems))
-            return {"policy": self.spec.name, "step": step, "version": int(self.worker.version), "records": 0,
-                    "timings": {}}
+            if self.split_rollouts:
+                problems = list(problems)[self.rank::self.spec.ranks]
+            if not problems or (self.rank != 0 and not self.split_rollouts):
+                return {"policy": self.spec.name, "step": step, "version": int(self.worker.version), "records": 0,
+                        "timings": {}}
         recs = self.worker.generate(list(problems), step)
         self._maybe_crash("generate", step)
         bad = [r.record_id for r in recs if r.policy_id != self.spec.name or r.step != step]
@@ -295,7 +302,8 @@ class PolicyActor:
             del self._own[k]
         parts: dict[str, float] = {"publish_wait_s": publish_wait}
         expect_peers = {p: n for p, n in counts.items() if p in present and p != self.spec.name}
-        if self.rank != 0:  # no own records in hand: fetch them too, once rank 0's are in
+        if self.spec.ranks > 1:  # a worker group: the own records are the ranks' together; fetch them all
+            own = None
             expect_peers = {p: n for p, n in counts.items() if p in present}
         dropped: dict[str, int] = dict.fromkeys(PEER_CHECK_OUTCOMES, 0)
         plans, stale = learner_plans(self.exchange, self.spec.name, self.regime, prompt_ids, step, own=own, timings=parts,

@@ -6,9 +6,13 @@ node's address and a free port, :func:`mrl_llm.parallel.group.rendezvous`), then
 ``r`` with ``WorkerConfig.group = GroupSpec(r, k, addr, port, backend)`` (``nccl`` on a GPU bundle, ``gloo``
 otherwise); the ranks join one ``torch.distributed`` group while they build their workers.
 
+Rollouts: with ``sampling.seeding: sample`` each rank samples and publishes its share of the step's prompts
+(one seed per (prompt, sample index): the records do not depend on the split); else rank 0 samples them all.
+
 :class:`RankGroup` has the actor's methods: ``group.train.remote(...)`` sends the call to every rank in
 the same order (every training step, checkpoint save and weight sync is a collective) and returns one
-object ref that resolves, once every rank has answered, to rank 0's answer. Calls that need no collective
+object ref that resolves, once every rank has answered, to rank 0's answer (``generate``: the ranks'
+records and counts summed, :func:`_generated`). Calls that need no collective
 and whose answer is rank 0's alone (``evaluate``, ``export``, ``state``) go to rank 0 only.
 
 Not done yet: a rank that dies is not restarted (its actors have ``max_restarts=0``; the run stops with
@@ -33,6 +37,18 @@ def _rank0(*answers: Any) -> Any:
     return answers[0]
 
 
+def _generated(*answers: dict[str, Any]) -> dict[str, Any]:
+    """The ranks' ``generate`` answers as one: records and counts summed, seconds the slowest rank's."""
+    out = dict(answers[0])
+    out["records"] = sum(int(a["records"]) for a in answers)
+    timings: dict[str, float] = {}
+    for a in answers:
+        for k, v in (a.get("timings") or {}).items():
+            timings[k] = max(timings.get(k, 0.0), v) if k.endswith("_s") else timings.get(k, 0.0) + v
+    out["timings"] = timings
+    return out
+
+
 def _rendezvous() -> tuple[str, int]:
     from mrl_llm.parallel.group import rendezvous
 
@@ -50,7 +66,8 @@ class _Call:
         refs = [getattr(a, self.method).remote(*args, **kwargs) for a in targets]
         if len(refs) == 1:
             return refs[0]
-        return ray.remote(num_cpus=0)(_rank0).remote(*refs)
+        combine = _generated if self.method == "generate" else _rank0
+        return ray.remote(num_cpus=0)(combine).remote(*refs)
 
 
 class RankGroup:

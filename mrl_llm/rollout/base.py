@@ -46,6 +46,15 @@ class SamplingConfig:
     max_new_tokens: int = 64
     seed: int | None = None
     greedy: bool = False  # argmax instead of sampling (evaluation); log-probs are still recorded
+    # one seed per sequence (prompt-major, n per prompt) instead of one per call: a sample then does not depend
+    # on which other prompts share the call (a worker group splits a step's prompts over its ranks)
+    row_seeds: tuple[int, ...] | None = None
+
+    def check_rows(self, n_rows: int) -> None:
+        """A ``ValueError`` when ``row_seeds`` is given but not one seed per sequence."""
+        if self.row_seeds is not None and len(self.row_seeds) != n_rows:
+            raise ValueError(f"row_seeds: {len(self.row_seeds)} seeds for {n_rows} sequences; give one per "
+                             "(prompt, sample)")
 
     def __post_init__(self) -> None:
         if not self.temperature > 0:

@@ -206,9 +206,12 @@ class VLLMEngine(RolloutEngine):
             if not p:
                 raise ValueError(f"prompt {i} has no tokens; apply the template (and BOS) first")
         self._probe_prompts = prompts[:8]
+        sampling.check_rows(len(prompts) * n)
         params, requests = [], []
         for k in range(len(prompts) * n):
             seed = None if sampling.seed is None else request_seed(sampling.seed, k)
+            if sampling.row_seeds is not None:  # one seed per (prompt, sample), whatever else is in the call
+                seed = request_seed(sampling.row_seeds[k], 0)
             params.append(SamplingParams(
                 n=1, temperature=0.0 if sampling.greedy else sampling.temperature, top_p=1.0,
                 max_tokens=sampling.max_new_tokens, seed=seed, logprobs=0, stop_token_ids=self.eos_ids,

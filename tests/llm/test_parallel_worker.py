@@ -72,3 +72,20 @@ def test_a_checkpoint_of_another_model_is_refused_naming_the_parameter(two_ranks
         load_optimizer_state(opt, {"state": {5: {"step": torch.tensor(1.0)}}, "param_groups": groups})
     load_optimizer_state(opt, {"state": {}, "param_groups": groups})  # empty: a fresh optimizer, fine
     assert opt.state_dict()["state"] == {}
+
+
+def test_the_single_process_runtime_says_it_runs_ranks_as_one(tmp_path, caplog, monkeypatch):
+    import logging
+
+    from mrl_llm.trainer import train
+    from tests.llm.helpers import ShortAnswerVerifier, install_verifier
+    from tests.llm.test_ray import PROBLEMS, config, policy
+
+    install_verifier(monkeypatch, type("Short8", (ShortAnswerVerifier,), {"name": "short8"})(max_chars=8))
+    caplog.set_level(logging.WARNING, logger="mrl_llm.trainer")
+    cfg = config([{**policy("a", "llama", "utf8-bytes", 4), "ranks": 2}], steps=1, regime="grpo",
+                 runtime={"backend": "local"}, eval={"enabled": False})
+    train(cfg, tmp_path / "run", problems=PROBLEMS)
+    assert any("policy a: ranks 2 applies to --runtime ray; the single-process runtime trains it as one rank"
+               in m for m in caplog.messages)
+    assert (tmp_path / "run" / "policies" / "a" / "model.safetensors").is_file()

@@ -1,7 +1,8 @@
 """Worker groups on Ray (``policies[].ranks: 2``, :mod:`mrl_llm.distributed.rank_group`) on a real local Ray
 cluster of 2 CPUs: two tiny policies of 2 FSDP2 ranks each (4 actors, about 0.5 CPU each, gloo) train 2
 synchronous steps and equal the ranks-1 run of the same seed in records, regime decisions and final weights
-(float tolerance); the plan lists each rank's role and the run logs it."""
+(float tolerance) — with ``sampling.seeding: sample`` each rank samples and publishes half of the step's
+prompts, with ``call`` rank 0 samples them all; the plan lists each rank's role and the run logs it."""
 
 from __future__ import annotations
 
@@ -30,9 +31,11 @@ def ray_llm():
         yield ray
 
 
-def _run(tmp_path, ranks: int):
+def _run(tmp_path, ranks: int, seeding: str):
     pols = [{**policy("a", "llama", "utf8-bytes", 4), "ranks": ranks},
             {**policy("b", "qwen2", learner_tokenizer_dir(), 16), "ranks": ranks}]
+    for p in pols:
+        p["sampling"] = {**p["sampling"], "seeding": seeding}
     d = tmp_path / f"k{ranks}"
     train(config(pols, eval={"enabled": False}), d, problems=PROBLEMS)
     rows = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]
@@ -43,10 +46,11 @@ def _run(tmp_path, ranks: int):
     return d, rows, records, weights
 
 
-def test_two_ranks_per_policy_equal_one_rank(ray_llm, tmp_path, caplog):
+@pytest.mark.parametrize("seeding", ["sample", "call"])  # sample: the ranks split the rollouts; call: rank 0 samples
+def test_two_ranks_per_policy_equal_one_rank(ray_llm, tmp_path, caplog, seeding):
     caplog.set_level(logging.INFO, logger="mrl_llm.ray_trainer")
-    _, rows1, recs1, w1 = _run(tmp_path, 1)
-    d2, rows2, recs2, w2 = _run(tmp_path, 2)
+    _, rows1, recs1, w1 = _run(tmp_path, 1, seeding)
+    d2, rows2, recs2, w2 = _run(tmp_path, 2, seeding)
     assert len(recs2) == len(recs1) > 0  # every record equal: ids, texts, tokens, rewards exactly, log-probs to 1e-5
     for a, b in zip(recs1, recs2, strict=True):
         assert {k: v for k, v in b.items() if k != "token_logprobs"} == {k: v for k, v in a.items() if k != "token_logprobs"}

@@ -1,0 +1,85 @@
+"""Worker-group overhead under Ray: a step's wall time with every policy on k ranks vs on one rank.
+
+Runs the same config twice on one local Ray cluster through the trainer's Ray runtime (sync mode,
+evaluation off, ``sampling.seeding: sample`` for both, so the k-rank run splits each step's rollouts over
+its ranks): once with ``policies[].ranks: 1``, once with ``ranks: k``. It prints the driver's mean wall time
+per step (barrier to barrier, ``runtime.json``; the first ``--warmup`` steps left out) of each and their
+ratio. On a 2-core machine k ranks cannot run faster (the ranks share the cores): the ratio is the overhead
+of the group — collectives, the full rollout copy's weight gather, the ranks' duplicated planning and THL
+(target <= 1.15). The config is ``--config FILE`` or, with ``--demo DIR``, the CPU demo's run config for
+seed 0 (:func:`experiments.bench.step_overhead.demo_config`; SFT made in DIR or reused from it).
+
+    PYTHONPATH=. python experiments/bench/ranks_overhead.py --demo DIR [--ranks 2] [--steps 6]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def with_ranks(cfg, k: int):
+    """``cfg`` with every policy on ``k`` ranks and per-sample seeding."""
+    pols = tuple(replace(p, ranks=k, sampling=replace(p.sampling, seeding="sample")) for p in cfg.policies)
+    return replace(cfg, policies=pols)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    src = ap.add_mutually_exclusive_group()
+    src.add_argument("--config", default=str(REPO / "experiments" / "configs" / "tiny_cpu.yaml"))
+    src.add_argument("--demo", metavar="DIR", help="the CPU demo's config, seed 0 (SFT made or reused in DIR)")
+    ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--warmup", type=int, default=1, help="first steps left out of the means")
+    ap.add_argument("--num-cpus", type=int, default=None, help="local Ray cluster size (default: all cores)")
+    args = ap.parse_args(argv)
+    if args.steps <= args.warmup or args.ranks < 2:
+        raise SystemExit("--steps must exceed --warmup and --ranks be at least 2")
+
+    import ray
+
+    from experiments.bench.step_overhead import demo_config
+    from mrl_llm.config import load_config
+    from mrl_llm.distributed.ray_trainer import train_on_ray
+
+    problems = None
+    if args.demo:
+        cfg, problems = demo_config(Path(args.demo))
+        args.config = f"the CPU demo (seed 0, {args.demo})"
+    else:
+        cfg = load_config(args.config)
+    cfg = replace(cfg, steps=args.steps, tensorboard=False, progress=False, eval=replace(cfg.eval, enabled=False),
+                  runtime=replace(cfg.runtime, backend="ray", mode="sync", max_staleness=0))
+    ray.init(address="local", num_cpus=args.num_cpus, include_dashboard=False, log_to_driver=False)
+    per_step: dict[int, float] = {}
+    try:
+        with tempfile.TemporaryDirectory(prefix="mrl-ranks-overhead-") as tmp:
+            for k in (1, args.ranks):
+                out = Path(tmp) / f"k{k}"
+                t0 = time.perf_counter()
+                train_on_ray(with_ranks(cfg, k), out, problems=problems)
+                walls = json.loads((out / "runtime.json").read_text())["step_wall_s"]
+                per_step[k] = statistics.mean(v for s, v in walls.items() if int(s) >= args.warmup)
+                print(f"ranks {k}: mean step {per_step[k]:.3f} s over steps {args.warmup}..{args.steps - 1}; "
+                      f"whole run incl. start-up {time.perf_counter() - t0:.1f} s; "
+                      f"{(out / 'plan.txt').read_text().splitlines()[0]}")
+    finally:
+        ray.shutdown()
+    ratio = per_step[args.ranks] / per_step[1]
+    verdict = "meets" if ratio <= 1.15 else "MISSES"
+    print(f"\nconfig: {args.config}; step wall time with {args.ranks} ranks / 1 rank = "
+          f"{per_step[args.ranks]:.3f} / {per_step[1]:.3f} s = {ratio:.2f}x -> {verdict} the 1.15 target")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
