@@ -31,15 +31,23 @@ log = logging.getLogger("mrl_llm.rundir")
 
 #: Config keys that may differ between a run and its resumption.
 RESUMABLE_CHANGES = ("steps", "progress", "tensorboard", "threads", "eval")
+#: Keys of each ``policies[]`` entry that may change on resume: a checkpoint holds the full weights and the
+#: gathered optimizer state, so a run resumes on another number of ranks (:mod:`mrl_llm.parallel.checkpoint`).
+RESUMABLE_POLICY_CHANGES = ("ranks",)
+
+
+def _without_resumable(d: dict[str, Any]) -> dict[str, Any]:
+    d = {k: v for k, v in d.items() if k not in RESUMABLE_CHANGES}
+    if isinstance(d.get("policies"), list):
+        d["policies"] = [{k: v for k, v in p.items() if k not in RESUMABLE_POLICY_CHANGES} if isinstance(p, dict) else p
+                         for p in d["policies"]]
+    return d
 #: A file whose presence marks a run as resumable (single-process / Ray runtime).
 RESUMABLE_MARKERS = (Path("checkpoints") / RUN_STATE, Path("checkpoints") / "ray_state.json")
 
 
 def _comparable(cfg: RunConfig) -> dict[str, Any]:
-    d = to_mapping(cfg)
-    for k in RESUMABLE_CHANGES:
-        d.pop(k, None)
-    return json.loads(json.dumps(d))
+    return json.loads(json.dumps(_without_resumable(to_mapping(cfg))))
 
 
 def holds_run(out: Path) -> bool:
@@ -65,12 +73,12 @@ def check_run_dir(config: RunConfig, out: Path, resume: bool) -> None:
         if not isinstance(saved, dict):
             raise ConfigError(f"{out / 'config.json'}: not a run config (a JSON object); nothing to resume")
         mine = _comparable(config)
-        theirs = {k: v for k, v in saved.items() if k not in RESUMABLE_CHANGES}
+        theirs = _without_resumable(saved)
         diff = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
         if diff:
             raise ConfigError(f"--resume {out}: the config differs from the run's in {diff}; resume with "
                               f"the run's own config ({out / 'config.json'}); only {list(RESUMABLE_CHANGES)} "
-                              "may change")
+                              "and policies[].ranks may change")
         return
     if out.exists() and not out.is_dir():
         raise FileExistsError(f"--out {out} is a file, not a directory; choose a new --out directory")

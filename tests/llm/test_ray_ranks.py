@@ -2,7 +2,8 @@
 cluster of 2 CPUs: two tiny policies of 2 FSDP2 ranks each (4 actors, about 0.5 CPU each, gloo) train 2
 synchronous steps and equal the ranks-1 run of the same seed in records, regime decisions and final weights
 (float tolerance) — with ``sampling.seeding: sample`` each rank samples and publishes half of the step's
-prompts, with ``call`` rank 0 samples them all; the plan lists each rank's role and the run logs it."""
+prompts, with ``call`` rank 0 samples them all; the plan lists each rank's role and the run logs it; a run
+checkpointed with 2 ranks resumes with 1 and ends like the 1-rank run."""
 
 from __future__ import annotations
 
@@ -31,19 +32,27 @@ def ray_llm():
         yield ray
 
 
-def _run(tmp_path, ranks: int, seeding: str):
+def _config(ranks: int, seeding: str, steps: int = 2):
     pols = [{**policy("a", "llama", "utf8-bytes", 4), "ranks": ranks},
             {**policy("b", "qwen2", learner_tokenizer_dir(), 16), "ranks": ranks}]
     for p in pols:
         p["sampling"] = {**p["sampling"], "seeding": seeding}
-    d = tmp_path / f"k{ranks}"
-    train(config(pols, eval={"enabled": False}), d, problems=PROBLEMS)
+    return config(pols, steps=steps, eval={"enabled": False})
+
+
+def _files(d):
     rows = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]
     rows = {(r["step"], r["policy"]): r for r in rows if r.get("kind") == "train"}
     records = sorted((json.loads(x) for x in (d / "exchange.jsonl").read_text().splitlines()),
                      key=lambda r: r["record_id"])
     weights = {n: load_file(d / "policies" / n / "model.safetensors") for n in "ab"}
     return d, rows, records, weights
+
+
+def _run(tmp_path, ranks: int, seeding: str):
+    d = tmp_path / f"k{ranks}"
+    train(_config(ranks, seeding), d, problems=PROBLEMS)
+    return _files(d)
 
 
 @pytest.mark.parametrize("seeding", ["sample", "call"])  # sample: the ranks split the rollouts; call: rank 0 samples
@@ -71,3 +80,15 @@ def test_two_ranks_per_policy_equal_one_rank(ray_llm, tmp_path, caplog, seeding)
             line = re.compile(rf"{n} rank {r}/2: train \+ rollout \(CPU\) on node0/ram, 0\.\d\d CPU")
             assert line.search(plan)
             assert any(line.search(m) for m in caplog.messages)  # the run logs each rank's role
+    if seeding == "call":
+        return
+    # a run checkpointed with k = 2 (after step 0) resumes with k = 1 and ends like the k = 1 run
+    d = tmp_path / "k2-then-k1"
+    train(_config(2, seeding, steps=1), d, problems=PROBLEMS)
+    train(_config(1, seeding, steps=2), d, problems=PROBLEMS, resume=True)
+    _, rows3, recs3, w3 = _files(d)
+    assert [r["record_id"] for r in recs3] == [r["record_id"] for r in recs1]
+    assert all(a["token_ids"] == b["token_ids"] for a, b in zip(recs1, recs3, strict=True))
+    assert {k: {f: r[f] for f in DECISIONS} for k, r in rows3.items()} == {k: {f: r[f] for f in DECISIONS} for k, r in rows1.items()}
+    for n in "ab":
+        assert max(float((w3[n][k] - w1[n][k]).abs().max()) for k in w1[n]) < 1e-5, n

@@ -1,0 +1,31 @@
+"""``policies[].ranks`` may change on resume (a checkpoint holds full weights and the gathered optimizer
+state); every other policy key may not, and a malformed saved config is still refused."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from mrl_llm.rundir import check_run_dir
+from shared_interfaces.config_io import ConfigError, to_mapping
+from tests.llm.test_ray import config, policy
+
+
+def _cfg(ranks: int, group_size: int = 2):
+    return config([{**policy("a", "llama", "utf8-bytes", 4), "ranks": ranks, "group_size": group_size}])
+
+
+def test_ranks_may_change_on_resume_other_policy_keys_may_not(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(to_mapping(_cfg(2))))
+    check_run_dir(_cfg(1), tmp_path, resume=True)  # k = 2 -> k = 1
+    check_run_dir(replace(_cfg(3), steps=7), tmp_path, resume=True)
+    with pytest.raises(ConfigError, match=r"differs from the run's in \['policies'\].*policies\[\]\.ranks may change"):
+        check_run_dir(_cfg(1, group_size=4), tmp_path, resume=True)
+    (tmp_path / "config.json").write_text(json.dumps({"policies": "not a list"}))
+    with pytest.raises(ConfigError, match="differs from the run's in"):
+        check_run_dir(_cfg(1), tmp_path, resume=True)
+    (tmp_path / "config.json").write_text("[]")
+    with pytest.raises(ConfigError, match="not a run config"):
+        check_run_dir(_cfg(1), tmp_path, resume=True)
