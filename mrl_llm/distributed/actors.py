@@ -336,6 +336,12 @@ class PolicyActor:
         os.replace(tmp, self.ckpt / "LATEST")
         return str(d)
 
+    def probe_run_dir(self, run_dir: str, token: str) -> dict[str, Any]:
+        """Whether this actor's node sees the driver's run directory (:mod:`mrl_llm.distributed.shared_dir`)."""
+        from mrl_llm.distributed.shared_dir import probe
+
+        return probe(run_dir, token, self.spec.name, self.rank)
+
     def status(self) -> dict[str, Any]:
         return {"policy": self.spec.name, "version": int(self.worker.version), "pid": os.getpid(),
                 "restored_step": self.restored_step}

@@ -36,6 +36,10 @@ the plan's thread count goes into the specs' ``threads``, see
 :func:`mrl_llm.distributed.ray_trainer.ray_specs`). Only planned policies can join. A placement group
 that cannot be reserved within ``placement_timeout_s`` is an error naming the policy and its bundles.
 
+Shared filesystem: each actor started (every rank of a group) must read a token the driver wrote in the run
+directory and write its answer there, or the run stops saying a shared filesystem is needed
+(:mod:`mrl_llm.distributed.shared_dir`).
+
 Output (``out_dir``): ``events.jsonl`` (join, leave, gap, rejoin) as the run goes; per finished step
 either ``on_step(step, generate_results, train_results)`` or, without it, one ``metrics.jsonl`` row per
 policy; the run's outline in ``summary_file`` at the end of :meth:`RayDriver.run`. ``on_leave(name,
@@ -55,6 +59,7 @@ from mrl_llm.distributed.actors import PolicyActor, PolicyActorSpec, problem_id
 from mrl_llm.distributed.exchange_actor import RemoteExchange, start_exchange
 from mrl_llm.distributed.planner import PlacementPlan, PolicyPlacement
 from mrl_llm.distributed.rank_group import RankGroup, start_rank_group
+from mrl_llm.distributed.shared_dir import check_answer, remove_token, write_token
 from shared_interfaces.exchange import InMemoryExchange
 
 
@@ -169,6 +174,7 @@ class RayDriver:
         self.on_step = on_step
         self.on_leave = on_leave
         self.summary_file = summary_file
+        self.fs_token = write_token(self.out)  # every actor must see the run directory (shared_dir)
         self.exchange_handle = start_exchange(self.out / "exchange.jsonl", fsync=exchange_fsync)
         self.exchange = RemoteExchange(self.exchange_handle, producer="driver")
         self.specs: dict[str, PolicyActorSpec] = {}
@@ -244,12 +250,16 @@ class RayDriver:
 
     def _sync_membership(self, step: int) -> list[str]:
         """Start joiners, stop leavers, bring restarted actors back; returns the live policies."""
+        import ray
+
         live = []
         for name in sorted(self.specs):
             active = self.membership[name].active(step)
             if active and name not in self.actors:
                 self.actors[name] = self._start_actor(name)
                 st = wait_status(self.actors[name])
+                answer = ray.get(self.actors[name].probe_run_dir.remote(str(self.out), self.fs_token))
+                check_answer(self.out, self.fs_token, answer if isinstance(answer, list) else [answer])
                 self.baselines[name] = step - st["version"]
                 self._event(event="join", step=step, policy=name, version=st["version"])
             elif not active and name in self.actors:
@@ -397,6 +407,7 @@ class RayDriver:
             ray.util.remove_placement_group(pg)
         self.placement_groups.clear()
         ray.kill(self.exchange_handle)
+        remove_token(self.out, self.fs_token)
 
     def __enter__(self) -> RayDriver:
         return self

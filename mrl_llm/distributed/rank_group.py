@@ -30,11 +30,15 @@ from mrl_llm.parallel.group import GroupSpec
 from shared_interfaces.config_io import to_mapping
 
 #: Methods every rank runs (collectives, or state every rank needs); the rest go to rank 0 alone.
-ALL_RANKS = frozenset({"generate", "train", "save", "status", "close"})
+ALL_RANKS = frozenset({"generate", "train", "save", "status", "close", "probe_run_dir"})
 
 
 def _rank0(*answers: Any) -> Any:
     return answers[0]
+
+
+def _every_rank(*answers: Any) -> list[Any]:
+    return list(answers)
 
 
 def _generated(*answers: dict[str, Any]) -> dict[str, Any]:
@@ -66,7 +70,7 @@ class _Call:
         refs = [getattr(a, self.method).remote(*args, **kwargs) for a in targets]
         if len(refs) == 1:
             return refs[0]
-        combine = _generated if self.method == "generate" else _rank0
+        combine = {"generate": _generated, "probe_run_dir": _every_rank}.get(self.method, _rank0)
         return ray.remote(num_cpus=0)(combine).remote(*refs)
 
 
