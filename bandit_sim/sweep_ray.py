@@ -7,6 +7,13 @@ CPUs (default 1: a point runs unsharded, one torch thread) with the ``SPREAD`` s
 cluster of several nodes runs points on all of them. A task returns the point's result and the id of the
 node it ran on (kept in the point's file as ``node``). Retries are the sweep's own (a failing point is
 tried once more, :mod:`bandit_sim.sweep`), not Ray's.
+
+**Worker priority.** Ray starts its worker processes at niceness 15 by default (its ``worker_niceness``
+setting), so on a machine other jobs also use, its points get a few percent of a core each (measured: two
+``paper-full`` points had 23 CPU-s each after 32 min at load average 27, where the sequential runtime's
+nice-0 processes ran). A local cluster this runtime starts sets ``worker_niceness`` to ``WORKER_NICENESS``
+(0: the priority of the sequential runtime and of every other process); a cluster given by
+``--ray-address`` keeps its own setting (start it with ``RAY_worker_niceness=0 ray start ...`` for the same).
 """
 
 from __future__ import annotations
@@ -18,6 +25,8 @@ from typing import Any
 from bandit_sim.config import RunConfig
 from bandit_sim.sweep import PointFn, describe_error, run_point
 from shared_interfaces.config_io import ConfigError
+
+WORKER_NICENESS = 0  # of the workers of a local cluster this runtime starts (module docstring)
 
 
 def _import_ray():
@@ -51,7 +60,8 @@ class RayRuntime:
         owns = False
         if not ray.is_initialized():
             try:
-                ray.init(address=address or "local", num_cpus=num_cpus if address is None else None,
+                local = {"num_cpus": num_cpus, "_system_config": {"worker_niceness": WORKER_NICENESS}}
+                ray.init(address=address or "local", **(local if address is None else {}),
                          include_dashboard=False, log_to_driver=False, configure_logging=False)
             except ConnectionError as err:
                 raise ConfigError(f"--ray-address {address}: cannot connect to a Ray cluster there ({err}); start one "

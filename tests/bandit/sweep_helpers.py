@@ -20,3 +20,10 @@ def fail_first_try(base, point, workers, *, marker_dir: str):
         marker.write_text("tried once")
         raise RuntimeError("injected first-try failure")
     return run_point(base, point, workers)
+
+
+def niceness_point(base, point, workers):
+    """No run: the niceness of the process the point ran in (kept in the point's file)."""
+    import os
+
+    return {"rows": [], "wall_s": 0.0, "nice": os.nice(0)}

@@ -9,7 +9,7 @@ import pytest
 
 from bandit_sim.sweep import run_sweep
 from bandit_sim.sweep_config import load_grid
-from tests.bandit.sweep_helpers import fail_on_overlap
+from tests.bandit.sweep_helpers import fail_on_overlap, niceness_point
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
 
@@ -62,3 +62,34 @@ def test_two_node_cluster_runs_points_on_both_nodes(tmp_path, grid):
     finally:
         ray.shutdown()
         cluster.shutdown()
+
+
+def test_runtime_bench_alternates_and_compares_the_tables(tmp_path, grid, capsys):
+    """``experiments/bench/sweep_runtimes.py``: rounds alternate the runtimes' order, each sweep.csv is compared."""
+    import json
+
+    from experiments.bench.sweep_runtimes import main
+
+    f = tmp_path / "grid.yaml"
+    assert main(["--grid", str(f), "--rounds", "2", "--first", "ray", "--out", str(tmp_path / "b")]) == 0
+    bench = json.loads((tmp_path / "b" / "bench.json").read_text())
+    assert [(r["round"], r["runtime"]) for r in bench["runs"]] == [(0, "ray"), (0, "sequential"),
+                                                                  (1, "sequential"), (1, "ray")]
+    assert all(r["csv_equal_to_first"] and r["finished"] == 4 and r["wall_s"] > 0 for r in bench["runs"])
+    out = capsys.readouterr().out
+    assert out.count("Ray throughput / sequential") == 2
+    with pytest.raises(SystemExit, match="exists"):
+        main(["--grid", str(f), "--out", str(tmp_path / "b")])
+    with pytest.raises(SystemExit, match="--rounds must be >= 1"):
+        main(["--grid", str(f), "--rounds", "0", "--out", str(tmp_path / "c")])
+
+
+def test_local_cluster_runs_points_at_the_sequential_runtimes_priority(tmp_path, grid):
+    """Ray's default worker niceness is 15 (its points starve beside other jobs); a local cluster the sweep
+    starts runs them at niceness 0, like the sequential runtime."""
+    import json
+
+    res = run_sweep(grid, tmp_path / "nice", runtime="ray", progress=False, point_fn=niceness_point)
+    assert res.failures == []
+    nice = {json.loads(f.read_text())["nice"] for f in (tmp_path / "nice" / "points").glob("*.json")}
+    assert nice == {os.nice(0)} == {0}
