@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from bandit_sim.batching import plan_batch
-from bandit_sim.config import RunConfig
+from bandit_sim.config import SimConfig
 from bandit_sim.groups import RowGroup, group_rows
 from bandit_sim.metrics import ALL_METRICS, masked_var, policy_metrics
 from bandit_sim.models import make_model
@@ -77,10 +77,10 @@ class Rollout:
 
 
 @dataclass
-class RunResult:
+class SimResult:
     """Recorded metrics ``metrics[name][t, r, s, p]`` at ``steps[t]`` (step 0 = before any update)."""
 
-    config: RunConfig
+    config: SimConfig
     regimes: list[str]
     policy_names: tuple[str, ...]
     steps: np.ndarray
@@ -94,7 +94,7 @@ class Engine:
     ``cfg.seeds``: the draws are made for all seeds and sliced, so a seed's trajectory does not depend on
     the slice (this is how :mod:`bandit_sim.runner` shards a run over processes)."""
 
-    def __init__(self, scenario: Scenario, cfg: RunConfig, seed_range: tuple[int, int] | None = None):
+    def __init__(self, scenario: Scenario, cfg: SimConfig, seed_range: tuple[int, int] | None = None):
         torch.set_num_threads(cfg.threads)
         self.cfg = cfg
         self.specs = cfg.regime_specs()
@@ -290,7 +290,7 @@ class Engine:
                                   self.rescue, self.cfg.support_eps) for r in range(self.R)]
         return {k: torch.stack([p[k] for p in per]) for k in per[0]}
 
-    def run(self, progress=None) -> RunResult:
+    def run(self, progress=None) -> SimResult:
         """All ``cfg.steps`` steps; metrics at step 0, every ``record_every`` steps and at the end.
         Step diagnostics are averaged (NaN-aware) over the steps since the previous record."""
         cfg = self.cfg
@@ -320,7 +320,7 @@ class Engine:
                 out["sgt_activations_total"][k] = total_gates.numpy()
                 acc, cnt = {}, {}
                 k += 1
-        return RunResult(
+        return SimResult(
             config=cfg,
             regimes=[s.name for s in self.specs],
             policy_names=self.scenario.policy_names,
@@ -331,5 +331,5 @@ class Engine:
         )
 
 
-def run(scenario: Scenario, cfg: RunConfig, progress=None) -> RunResult:
+def run(scenario: Scenario, cfg: SimConfig, progress=None) -> SimResult:
     return Engine(scenario, cfg).run(progress)

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from bandit_sim.batching import behaviour_coef
-from bandit_sim.config import RunConfig
+from bandit_sim.config import SimConfig
 from bandit_sim.engine import Engine, Rollout
 from bandit_sim.scenario import Scenario
 from shared_interfaces.regimes import SGTConfig
@@ -28,10 +28,10 @@ from tests.bandit.helpers import random_scenario, rescue_scenario
 SGT_RESCUE_STEPS = 15
 
 
-def _cfg(**kw) -> RunConfig:
+def _cfg(**kw) -> SimConfig:
     base = dict(steps=30, seeds=16, batch_prompts=4, group_size=8, lr=10.0, dtype="float64", record_every=1,
                 threads=1, sgt=SGTConfig(weight=1.0))
-    return RunConfig(**{**base, **kw})
+    return SimConfig(**{**base, **kw})
 
 
 def _policy0_logits(engine: Engine) -> np.ndarray:
