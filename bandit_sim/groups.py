@@ -1,7 +1,7 @@
 """The learn step's rows: regimes whose learners have as many rows, stacked for one call of the core's loss.
 
-Each regime's plan (the core's :class:`~shared_interfaces.regimes.rows.LearnerRows`, :func:`bandit_sim.batching.plan_batch`) gives every learner N rows (own samples,
-then peers' when used). The core's ``regime_loss`` is vectorised over leading dims and every aggregate
+Each regime's plan (the core's :class:`~shared_interfaces.regimes.rows.LearnerRows`, from
+:func:`bandit_sim.batching.plan_batch`) gives every learner N rows (own samples, then peers' when used). The core's ``regime_loss`` is vectorised over leading dims and every aggregate
 is per (regime, seed, learner), so regimes with the same N go through ONE call on ``[R_g, S, P, N,
 T = 1]`` (:class:`RowGroup`, built by :func:`group_rows`). That call gives every row the same gradient
 as the regime's own call, bit for bit: a regime without behaviour correction gets coefficient 1

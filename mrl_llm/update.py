@@ -120,8 +120,8 @@ class Diagnostics:
 class MicroBatch:
     """One micro-batch's tensors in the response layout ``[b, T]``: the forward's ``logp`` (with grad) and
     ``entropy``, the snapshot ``old`` (log pi_old), the behaviour ``mu``, the reference ``ref`` (or None),
-    the behaviour correction ``coef``, the token masks (``mask``: real tokens; ``pg_mask``, ``sgt_mask``: the
-    rows' masks on them) and the rows' ``rows_pg`` (``pg_mask [b]``), ``own_mask`` and ``use_mu``."""
+    the behaviour correction ``coef``, the token masks (``mask``: real tokens; ``pg_mask``: the rows' on them)
+    and the rows' ``rows_pg`` (``pg_mask [b]``), ``own_mask`` and ``use_mu``."""
 
     logp: torch.Tensor
     entropy: torch.Tensor
@@ -131,7 +131,6 @@ class MicroBatch:
     coef: torch.Tensor
     mask: torch.Tensor
     pg_mask: torch.Tensor
-    sgt_mask: torch.Tensor
     rows_pg: torch.Tensor
     own_mask: torch.Tensor
     use_mu: torch.Tensor
@@ -172,7 +171,7 @@ def micro_batch_loss(model: torch.nn.Module, batch: TrainBatch, idx: list[int], 
     res.seq_tokens += int(packed.attention_mask.sum())
     res.padded_tokens += packed.input_ids.numel()
     entropy, _ = response_layout(ent_full, packed)
-    return out, MicroBatch(logp, entropy, old, mu, ref, coef, mask, pg_mask, sgt_mask, rows_pg, own_mask, use_mu)
+    return out, MicroBatch(logp, entropy, old, mu, ref, coef, mask, pg_mask, rows_pg, own_mask, use_mu)
 
 
 def run_update(

@@ -248,8 +248,8 @@ class PolicyActor:
         return {"policy": self.spec.name, "step": step, "version": int(self.worker.version),
                 "records": len(recs), "timings": timings}
 
-    def train(self, step: int, prompt_ids: Sequence[str], ready: Sequence[Any] | None,
-              peers: Sequence[str], baselines: Mapping[str, int], max_staleness: int = 0,
+    def train(self, step: int, prompt_ids: Sequence[str], *, peers: Sequence[str], ready: Sequence[Any] | None = None,
+              baselines: Mapping[str, int] | None = None, max_staleness: int = 0,
               expect: Mapping[str, int] | None = None) -> dict[str, Any]:
         """Train on this step's groups with the records of ``peers`` (self included).
 
