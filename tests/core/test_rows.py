@@ -106,3 +106,18 @@ def test_behaviour_coef_is_the_cores_on_use_mu_rows_only():
     cap = rows.ratio_cap
     assert torch.allclose(coef[rows.use_mu], torch.tensor(min(np.exp(3.0), cap))) and coef[~rows.use_mu].eq(1.0).all()
     assert int(rows.use_mu.sum()) == 2
+
+
+def test_take_and_concat_keep_the_fields_together():
+    a = _rows("prp_thl+sgt", group("A", "p", [0, 0]) + group("B", "p", [0, 1]))
+    b = _rows("prp_thl+sgt", group("A", "q", [1, 0]) + group("B", "q", [0, 0]))
+    spec = parse_regime("prp_thl+sgt")
+    both = LearnerRows.concat([a, b], spec)
+    assert [r.record_id for r in both.row_records()] == [r.record_id for r in a.row_records() + b.row_records()]
+    assert torch.equal(both.sgt_gate, torch.cat([a.sgt_gate, b.sgt_gate]))
+    back = both.take(range(len(a)))
+    assert back.row_records() == a.row_records() and torch.equal(back.advantages, a.advantages)
+    assert LearnerRows.concat([], spec) == LearnerRows.empty(spec)
+    plan = regime_plan(spec, np.zeros((1, 2, 2)), np.ones((1, 2, 2), bool), np.ones((1, 2, 2), int))
+    with pytest.raises(ValueError, match="leading dims"):
+        LearnerRows.concat([learner_rows(plan, np.zeros((2, 1), int))], spec)
