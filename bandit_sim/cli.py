@@ -3,7 +3,7 @@
 ``run``: ``--scenario FILE.npz`` or ``--preset NAME`` (``paper``, ``smoke``), ``--regimes grpo,xgrpo,...``,
 ``--steps``, ``--seeds``, ``--out DIR``; ``--lr``, ``--group-size``, ``--batch-prompts``, ``--epochs``,
 ``--sgt-weight``, ``--thl-sigma``, ``--seed`` override the preset, which a ``--config FILE.yaml`` (keys of
-:class:`bandit_sim.config.RunConfig`) also overrides: preset < config file < flags.
+:class:`bandit_sim.config.SimConfig`) also overrides: preset < config file < flags.
 ``sweep --grid NAME|FILE.yaml --out DIR [--runtime sequential|ray] [--ray-address ADDR] [--resume DIR]``: the
 grid's full product, one result file per point as it finishes, a progress bar, one table and one plot
 (:mod:`bandit_sim.sweep`); a failed point is listed and the command exits 1.
@@ -20,7 +20,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from bandit_sim.config import RunConfig, config_from_mapping, with_overrides
+from bandit_sim.config import SimConfig, config_from_mapping, with_overrides
 from bandit_sim.presets import RUN_PRESETS, get_preset
 from bandit_sim.scenario import ScenarioError, save_scenario
 from shared_interfaces.config_io import ConfigError, load_yaml
@@ -33,7 +33,7 @@ def _parser() -> argparse.ArgumentParser:
     src = run.add_mutually_exclusive_group()
     src.add_argument("--scenario", help="scenario .npz (init_logits [P, C, K], rewards [C, K])")
     src.add_argument("--preset", help=f"named run preset: {', '.join(sorted(RUN_PRESETS))}")
-    run.add_argument("--config", help="YAML file with RunConfig keys (over the preset)")
+    run.add_argument("--config", help="YAML file with SimConfig keys (over the preset)")
     run.add_argument("--regimes", help="comma-separated regimes, e.g. grpo,xgrpo,prp_snapshot,prp_thl,sgt")
     run.add_argument("--out", required=True, help="output directory")
     for flag, typ in (("--steps", int), ("--seeds", int), ("--lr", float), ("--group-size", int),
@@ -72,8 +72,8 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
-def build_config(args: argparse.Namespace) -> RunConfig:
-    cfg = get_preset(args.preset) if args.preset else RunConfig()
+def build_config(args: argparse.Namespace) -> SimConfig:
+    cfg = get_preset(args.preset) if args.preset else SimConfig()
     if args.config:
         cfg = config_from_mapping(load_yaml(args.config), cfg, where=f"config {args.config}")
     if args.scenario:

@@ -35,7 +35,7 @@ from shared_interfaces.regimes import (
 
 
 @dataclass(frozen=True)
-class RunConfig:
+class SimConfig:
     """Every setting of a run (see the module docstring)."""
 
     scenario: str | None = None
@@ -92,10 +92,10 @@ class RunConfig:
         return to_mapping(self)
 
 
-def config_from_mapping(data: Mapping[str, Any], base: RunConfig | None = None, *, where: str = "config") -> RunConfig:
+def config_from_mapping(data: Mapping[str, Any], base: SimConfig | None = None, *, where: str = "config") -> SimConfig:
     """``base`` (defaults when None) updated by ``data``; nested sections (``generator``, ``sgt``, ...) are
     merged key by key. Unknown keys raise :class:`ConfigError` naming them."""
-    merged = to_mapping(base or RunConfig())
+    merged = to_mapping(base or SimConfig())
     for key, value in dict(data).items():
         if isinstance(value, Mapping) and isinstance(merged.get(key), dict):
             merged[key] = {**merged[key], **value}
@@ -103,10 +103,10 @@ def config_from_mapping(data: Mapping[str, Any], base: RunConfig | None = None, 
             merged[key] = value
     if isinstance(merged.get("regimes"), str):
         merged["regimes"] = [r for r in merged["regimes"].split(",") if r.strip()]
-    return from_mapping(RunConfig, merged, where=where)
+    return from_mapping(SimConfig, merged, where=where)
 
 
-def with_overrides(cfg: RunConfig, **changes: Any) -> RunConfig:
+def with_overrides(cfg: SimConfig, **changes: Any) -> SimConfig:
     """``cfg`` with top-level keys replaced; ``sgt_weight=`` sets ``sgt.weight``."""
     changes = {k: v for k, v in changes.items() if v is not None}
     if "sgt_weight" in changes:

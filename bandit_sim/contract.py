@@ -15,7 +15,6 @@ import numpy as np
 import torch
 
 from bandit_sim.batching import behaviour_coef, plan_batch
-from bandit_sim.groups import sgt_pools
 from shared_interfaces.contract import ContractCase, ContractOutput, LearnerDecisions
 from shared_interfaces.records import ExperienceRecord
 
@@ -56,7 +55,7 @@ def run_contract_case(case: ContractCase) -> ContractOutput:
     out: ContractOutput = {p: LearnerDecisions() for p in pids}
     if rewards.size == 0:
         return out
-    batch = plan_batch(case.regime, rewards, verified=verified, lengths=lengths, mask=mask)
+    rows = plan_batch(case.regime, rewards, verified=verified, lengths=lengths, mask=mask)
     _, B, P, G = rewards.shape
     # The peers' traces are their recorded log-probs (summed: the bandit's response is one token). The
     # contract has no learner model, so its snapshot log-probs are 0; the snapshot coefficient does not
@@ -68,30 +67,30 @@ def run_contract_case(case: ContractCase) -> ContractOutput:
             for g in range(G):
                 if ids[b][p][g] is not None:
                     beh[0, b, p, g] = sum(by_id[ids[b][p][g]].token_logprobs)
-    mu = torch.from_numpy(beh.reshape(1, -1))[:, batch.src]  # [1, P, N] per learner row
-    coef = behaviour_coef(batch, torch.zeros_like(mu), mu)
+    mu = torch.from_numpy(beh.reshape(1, -1))[:, rows.src]  # [1, P, N] per learner row
+    coef = behaviour_coef(rows, torch.zeros_like(mu), mu)
     for i, learner in enumerate(pids):
         dec = out[learner]
         for b in range(B):
-            dec.sgt_gates[prompts[b]] = bool(batch.gate[0, i, b])
-        for row, n in enumerate(batch.src[i].tolist()):
+            dec.sgt_gates[prompts[b]] = bool(rows.sgt_gate[0, i, b])
+        for row, n in enumerate(rows.src[i].tolist()):
             b, rest = divmod(n, P * G)
             rid = ids[b][rest // G][rest % G]
             if rid is None:
                 continue
-            if batch.pg_mask[0, i, row]:
-                dec.advantages[rid] = float(batch.advantages[0, i, row])
-                dec.weights[rid] = float(batch.sample_weight[0, i, row])
-                if batch.is_peer[i, row] and batch.denominator == "snapshot":
+            if rows.pg_mask[0, i, row]:
+                dec.advantages[rid] = float(rows.advantages[0, i, row])
+                dec.weights[rid] = float(rows.sample_weight[0, i, row])
+                if not rows.own_mask[i, row] and rows.denominator == "snapshot":
                     dec.snapshot_coef[rid] = float(coef[0, i, row])
-            if batch.sgt_mask[0, i, row]:
+            if rows.sgt_mask[0, i, row]:
                 dec.sgt_targets.add(rid)
-        if batch.sgt_normalize == "prompt":
+        if rows.sgt_normalize == "prompt":
             pools: dict[int, set[str]] = {}
-            for row, (n, pool) in enumerate(zip(batch.src[i].tolist(), sgt_pools(batch, P * G)[i].tolist(), strict=True)):
+            for row, (n, pool) in enumerate(zip(rows.src[i].tolist(), rows.prompt[i].tolist(), strict=True)):
                 rest = n % (P * G)
                 rid = ids[pool][rest // G][rest % G]
-                if rid is not None and batch.sgt_mask[0, i, row]:
+                if rid is not None and rows.sgt_mask[0, i, row]:
                     pools.setdefault(pool, set()).add(rid)
             dec.sgt_pools.update(frozenset(p) for p in pools.values())
     return out

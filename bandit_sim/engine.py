@@ -34,16 +34,16 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from bandit_sim.batching import LearnerBatch, plan_batch
-from bandit_sim.config import RunConfig
-from bandit_sim.groups import RowGroup, group_batches
+from bandit_sim.batching import plan_batch
+from bandit_sim.config import SimConfig
+from bandit_sim.groups import RowGroup, group_rows
 from bandit_sim.metrics import ALL_METRICS, masked_var, policy_metrics
 from bandit_sim.models import make_model
 from bandit_sim.plan_table import PlanTable, tabulable
 from bandit_sim.sampling import inverse_cdf, log_softmax_backward
 from bandit_sim.scenario import Scenario, load_features, rescue_sets
 from shared_interfaces.losses_fast import regime_loss_fast
-from shared_interfaces.regimes import behaviour_correction
+from shared_interfaces.regimes import LearnerRows, behaviour_correction
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
@@ -77,10 +77,10 @@ class Rollout:
 
 
 @dataclass
-class RunResult:
+class SimResult:
     """Recorded metrics ``metrics[name][t, r, s, p]`` at ``steps[t]`` (step 0 = before any update)."""
 
-    config: RunConfig
+    config: SimConfig
     regimes: list[str]
     policy_names: tuple[str, ...]
     steps: np.ndarray
@@ -94,7 +94,7 @@ class Engine:
     ``cfg.seeds``: the draws are made for all seeds and sliced, so a seed's trajectory does not depend on
     the slice (this is how :mod:`bandit_sim.runner` shards a run over processes)."""
 
-    def __init__(self, scenario: Scenario, cfg: RunConfig, seed_range: tuple[int, int] | None = None):
+    def __init__(self, scenario: Scenario, cfg: SimConfig, seed_range: tuple[int, int] | None = None):
         torch.set_num_threads(cfg.threads)
         self.cfg = cfg
         self.specs = cfg.regime_specs()
@@ -164,36 +164,36 @@ class Engine:
         return Rollout(regs, actions, rewards, logp.gather(-1, actions), z, logp)
 
     # -- 3. learn ------------------------------------------------------------------------------------
-    def plan(self, r: int, rewards: torch.Tensor, pattern_id: torch.Tensor | None = None) -> LearnerBatch:
+    def plan(self, r: int, rewards: torch.Tensor, pattern_id: torch.Tensor | None = None) -> LearnerRows:
         """The core's decisions for regime ``r``'s rollouts ``[S, B, P, G]``: one ``regime_plan`` call, or
-        its table of every prompt outcome (:mod:`bandit_sim.plan_table`, the same batch exactly; ``pattern_id``:
+        its table of every prompt outcome (:mod:`bandit_sim.plan_table`, the same rows exactly; ``pattern_id``:
         the rollouts' pattern ids if at hand)."""
         if self.tables[r] is not None:
             return self.tables[r].batch(rewards, pattern_id)
         return plan_batch(self.specs[r], rewards.numpy(), rng=self.sgt_rngs[r], dtype=self.np_dtype)
 
     @staticmethod
-    def per_row(x: torch.Tensor, batch: LearnerBatch) -> torch.Tensor:
-        """Per-sample values ``[S, B, P_src, G]`` -> each learner's rows ``[S, P, N]`` (``batch.src``)."""
+    def per_row(x: torch.Tensor, rows: LearnerRows) -> torch.Tensor:
+        """Per-sample values ``[S, B, P_src, G]`` -> each learner's rows ``[S, P, N]`` (``rows.src``)."""
         flat = x.reshape(x.shape[0], -1)  # [S, B * P * G] in (b, j, g) order
-        return flat.index_select(1, batch.src.reshape(-1)).view(x.shape[0], *batch.src.shape)
+        return flat.index_select(1, rows.src.reshape(-1)).view(x.shape[0], *rows.src.shape)
 
-    def _lane(self, batch: LearnerBatch) -> torch.Tensor:
+    def _lane(self, rows: LearnerRows) -> torch.Tensor:
         """``(b * P + i) * K`` of row (b, j, g) of learner i: where its context's logits start in the flat
         batch ``[B * P * K]`` (depends only on the number of rows; cached)."""
-        n = batch.src.shape[-1]
+        n = rows.src.shape[-1]
         if n not in self._lanes:
             P, K = self.P, self.K
-            self._lanes[n] = ((batch.src // (P * self.G)) * P + torch.arange(P).unsqueeze(1)) * K
+            self._lanes[n] = ((rows.src // (P * self.G)) * P + torch.arange(P).unsqueeze(1)) * K
         return self._lanes[n]
 
-    def plan_all(self, ro: Rollout) -> tuple[list[LearnerBatch], list[RowGroup]]:
+    def plan_all(self, ro: Rollout) -> tuple[list[LearnerRows], list[RowGroup]]:
         """Every regime's plan of ``ro`` (:meth:`plan`) and the regimes grouped for the loss
         (:mod:`bandit_sim.groups`)."""
         table = next((t for t in self.tables if t is not None), None)
         patterns = table.pattern_ids(ro.rewards) if table is not None else [None] * len(ro.regs)  # all regimes at once
-        batches = {k: self.plan(r, ro.rewards[k], patterns[k]) for k, r in enumerate(ro.regs)}
-        return [batches[k] for k in range(len(ro.regs))], group_batches(batches, self.dtype, samples_per_prompt=self.P * self.G)
+        rows = {k: self.plan(r, ro.rewards[k], patterns[k]) for k, r in enumerate(ro.regs)}
+        return [rows[k] for k in range(len(ro.regs))], group_rows(rows, self.dtype)
 
     def _locate(self, d: Draw, ro: Rollout, g: RowGroup) -> None:
         """Group ``g``'s rows: where each row's log-prob sits in the step's flat batch log-softmax, its
@@ -205,9 +205,9 @@ class Engine:
         actions = ro.actions.view(-1).take(sample)
         g.src_logp = ro.behaviour_logp.view(-1).take(sample).view(Rg, S, P, -1)
         # row (b, j, g) of learner i reads log pi_i(a | c_b): index (b * P + i) * K + a into [S, B * P * K]
-        local = self._lane(g.batches[0]).reshape(1, 1, -1) + actions
+        local = self._lane(g.rows[0]).reshape(1, 1, -1) + actions
         g.gidx = base * (self.B * P * K) + local
-        if any(b.denominator is not None for b in g.batches):  # PRP: the peer trace as THL delivers it
+        if any(r.denominator is not None for r in g.rows):  # PRP: the peer trace as THL delivers it
             g.mu = g.src_logp + cfg.thl_bias
             if self.needs_xi:  # the THL residual of (learner i, sample n) is xi[s, i, n]
                 g.mu = g.mu + cfg.thl_sigma * d.xi.gather(-1, src.expand(S, -1, -1))
@@ -224,7 +224,7 @@ class Engine:
         scatter-add of the rows' gradients into ``[R', S, B, P, K]`` and the log-softmax backward, as
         autograd would do it on the batch logits."""
         S, P, cfg, regs = self.S, self.P, self.cfg, ro.regs
-        batches, groups = self.plan_all(ro)
+        plans, groups = self.plan_all(ro)
         for g in groups:
             self._locate(d, ro, g)
         clip = torch.zeros(len(regs), S, P, dtype=torch.float64)
@@ -243,7 +243,7 @@ class Engine:
                 out = regime_loss_fast(
                     logp.unsqueeze(-1), g.old.unsqueeze(-1), g.advantages, g.pg_mask, cfg.loss, behaviour_coef=g.coef,
                     sample_weight=g.sample_weight, sgt_mask=g.sgt_mask, sgt_weight=g.sgt_weight, sgt_scale=g.sgt_scale,
-                    ref_logp=g.ref, own_mask=~g.batches[0].is_peer,
+                    ref_logp=g.ref, own_mask=g.rows[0].own_mask,
                 )
                 out.loss.sum().backward()
                 grad.scatter_add_(0, g.gidx.view(-1), logp.grad.view(-1))  # rows in order, as autograd's gather
@@ -253,7 +253,7 @@ class Engine:
             if diagnose:
                 gnorm += self.model.grad_norm(d.ctx, grad_z, consume=True).double()
         stats = {"clip_fraction": clip / cfg.epochs,
-                 "sgt_activations": torch.stack([b.gate.sum(-1).double() for b in batches])}
+                 "sgt_activations": torch.stack([r.sgt_gate.sum(-1).double() for r in plans])}
         if diagnose:
             stats["grad_norm"] = gnorm / cfg.epochs
             stats.update(self._ratio_variances(len(regs), groups))
@@ -266,11 +266,11 @@ class Engine:
         peer samples). One pass per group over its PRP regimes."""
         out = torch.full((2, R1, self.S, self.P), math.nan, dtype=torch.float64)
         for g in groups:
-            js = [j for j, b in enumerate(g.batches) if b.denominator is not None]
+            js = [j for j, r in enumerate(g.rows) if r.denominator is not None]
             if not js:
                 continue
             den = torch.stack([g.mu[js], g.src_logp[js]])
-            peer = torch.stack([g.batches[j].pg_mask & g.batches[j].is_peer for j in js])
+            peer = torch.stack([g.rows[j].pg_mask & ~g.rows[j].own_mask for j in js])
             ratio = behaviour_correction(g.old[js].expand_as(den), den, math.inf)
             out[:, [g.ks[j] for j in js]] = masked_var(ratio, peer).double()
         return {"ratio_variance": out[0], "true_ratio_variance": out[1]}
@@ -290,7 +290,7 @@ class Engine:
                                   self.rescue, self.cfg.support_eps) for r in range(self.R)]
         return {k: torch.stack([p[k] for p in per]) for k in per[0]}
 
-    def run(self, progress=None) -> RunResult:
+    def run(self, progress=None) -> SimResult:
         """All ``cfg.steps`` steps; metrics at step 0, every ``record_every`` steps and at the end.
         Step diagnostics are averaged (NaN-aware) over the steps since the previous record."""
         cfg = self.cfg
@@ -320,7 +320,7 @@ class Engine:
                 out["sgt_activations_total"][k] = total_gates.numpy()
                 acc, cnt = {}, {}
                 k += 1
-        return RunResult(
+        return SimResult(
             config=cfg,
             regimes=[s.name for s in self.specs],
             policy_names=self.scenario.policy_names,
@@ -331,5 +331,5 @@ class Engine:
         )
 
 
-def run(scenario: Scenario, cfg: RunConfig, progress=None) -> RunResult:
+def run(scenario: Scenario, cfg: SimConfig, progress=None) -> SimResult:
     return Engine(scenario, cfg).run(progress)

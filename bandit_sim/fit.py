@@ -1,4 +1,4 @@
-"""Mirroring an LLM run in the bandit: a :class:`bandit_sim.config.RunConfig` from the run's settings,
+"""Mirroring an LLM run in the bandit: a :class:`bandit_sim.config.SimConfig` from the run's settings,
 simulation of every regime on a calibrated scenario (:mod:`bandit_sim.calibrate`), and the fit of the free
 settings on a GRPO run's learning curve. Used by ``bandit_sim predict`` and ``experiments.crosscheck``.
 
@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from bandit_sim.calibrate import solve_probability
-from bandit_sim.config import RunConfig
+from bandit_sim.config import SimConfig
 from bandit_sim.engine import Engine
 from bandit_sim.scenario import Scenario
 from shared_interfaces.config_io import from_mapping
@@ -75,11 +75,11 @@ def _section(cls, data: dict | None, where: str):
 
 
 def bandit_config(llm_config: dict[str, Any], regimes: tuple[str, ...], n_contexts: int, free: FreeSettings,
-                  opts: SimOptions, group_size: int, record_every: int = 1) -> RunConfig:
+                  opts: SimOptions, group_size: int, record_every: int = 1) -> SimConfig:
     """The bandit run that mirrors ``llm_config`` (module docstring); metrics every ``record_every`` steps."""
     spec = parse_regime_config(llm_config["regime"])  # the LLM run's regime settings, parsed by the core
     loss = _section(LossConfig, llm_config.get("loss"), "loss")
-    return RunConfig(
+    return SimConfig(
         regimes=tuple(regimes), steps=int(llm_config["steps"]), seeds=opts.seeds, seed=int(llm_config.get("seed", 0)),
         batch_prompts=min(int(llm_config["prompts_per_step"]), n_contexts), group_size=group_size,
         epochs=free.epochs, lr=free.lr, optimizer=free.optimizer, model="tabular", thl_sigma=opts.thl_sigma,
@@ -120,7 +120,7 @@ class Prediction:
         return np.stack([np.interp(at_fraction, u, sd[:, p]) for p in range(sd.shape[1])])
 
 
-def simulate(scenario: Scenario, cfg: RunConfig, eval_k: int, snap_steps=()) -> Prediction:
+def simulate(scenario: Scenario, cfg: SimConfig, eval_k: int, snap_steps=()) -> Prediction:
     """Run ``cfg`` on ``scenario`` in this process; read every regime's per-context P(solved) after the
     steps in ``snap_steps`` (step 0 = the start) and at the end."""
     eng = Engine(scenario, cfg)

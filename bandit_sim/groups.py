@@ -1,9 +1,9 @@
 """The learn step's rows: regimes whose learners have as many rows, stacked for one call of the core's loss.
 
-Each regime's plan (:class:`bandit_sim.batching.LearnerBatch`) gives every learner N rows (own samples,
-then peers' when used). The core's ``regime_loss`` is vectorised over leading dims and every aggregate
+Each regime's plan (the core's :class:`~shared_interfaces.regimes.rows.LearnerRows`, from
+:func:`bandit_sim.batching.plan_batch`) gives every learner N rows (own samples, then peers' when used). The core's ``regime_loss`` is vectorised over leading dims and every aggregate
 is per (regime, seed, learner), so regimes with the same N go through ONE call on ``[R_g, S, P, N,
-T = 1]`` (:class:`RowGroup`, built by :func:`group_batches`). That call gives every row the same gradient
+T = 1]`` (:class:`RowGroup`, built by :func:`group_rows`). That call gives every row the same gradient
 as the regime's own call, bit for bit: a regime without behaviour correction gets coefficient 1
 (``x * 1 = x``), and one without SGT targets this step adds ``-lambda * 0`` to its rows' gradients
 (``g + (-0) = g``). Only regimes whose SGT targets have different weights or different ``normalize``
@@ -18,13 +18,14 @@ from dataclasses import dataclass
 
 import torch
 
-from bandit_sim.batching import LearnerBatch, behaviour_coef
+from bandit_sim.batching import behaviour_coef
 from shared_interfaces.losses import sgt_row_scale
+from shared_interfaces.regimes.rows import LearnerRows
 
 
 @dataclass
 class RowGroup:
-    """Regimes ``ks`` (positions in the step's regime list, plans ``batches``) with N rows per learner,
+    """Regimes ``ks`` (positions in the step's regime list, their rows ``rows``) with N rows per learner,
     stacked ``[R_g, S, P, N]``: advantages, sample weights, masks as floats ``[..., N, 1]``, the SGT
     weight. The engine adds ``gidx [R_g, S, P * N]`` (each row's index in the step's flat batch
     log-softmax ``[R', S, B, P, K]``), the behaviour log-prob ``src_logp`` of each row's sample, the PRP
@@ -33,7 +34,7 @@ class RowGroup:
     ``coef [..., N, 1]`` (None when no regime of the group has a ``thl`` denominator)."""
 
     ks: list[int]
-    batches: list[LearnerBatch]
+    rows: list[LearnerRows]
     advantages: torch.Tensor
     sample_weight: torch.Tensor
     pg_mask: torch.Tensor
@@ -50,27 +51,27 @@ class RowGroup:
     @property
     def src(self) -> torch.Tensor:
         """``[P, N]``: each row's sample ``(b, j, g)`` as a flat index (the same for every regime of the group)."""
-        return self.batches[0].src
+        return self.rows[0].src
 
     def snapshot(self, old: torch.Tensor) -> None:
         """Epoch 0: record ``old [R_g, S, P, N]`` and the behaviour coefficients (the core's correction on
         ``thl`` peer rows, exactly 1 elsewhere)."""
         self.old = old
-        if any(b.denominator == "thl" for b in self.batches):
+        if any(r.denominator == "thl" for r in self.rows):
             self.coef = torch.stack([
-                behaviour_coef(b, o, mu) if b.denominator == "thl" else torch.ones_like(o)
-                for b, o, mu in zip(self.batches, old, self.mu, strict=True)
+                behaviour_coef(r, o, mu) if r.denominator == "thl" else torch.ones_like(o)
+                for r, o, mu in zip(self.rows, old, self.mu, strict=True)
             ]).unsqueeze(-1)
 
 
 SGTKey = tuple[float, str]  # (lambda, normalize)
 
 
-def sgt_weight_needed(batch: LearnerBatch) -> SGTKey | None:
+def sgt_weight_needed(rows: LearnerRows) -> SGTKey | None:
     """The weight and ``normalize`` rule the regime's SGT term needs this step; None when it has no target
     (any will do)."""
-    if batch.sgt_weight > 0 and bool(batch.sgt_mask.any()):
-        return (batch.sgt_weight, batch.sgt_normalize)
+    if rows.sgt_weight > 0 and bool(rows.sgt_mask.any()):
+        return (rows.sgt_weight, rows.sgt_normalize)
     return None
 
 
@@ -95,27 +96,22 @@ def partition(ks: list[int], n_rows: list[int], weights: list[SGTKey | None]) ->
     return parts
 
 
-def sgt_pools(batch: LearnerBatch, samples_per_prompt: int) -> torch.Tensor:
-    """``[P, N]``: the SGT pool of each row under ``normalize: prompt`` — its prompt ``b`` (row ``(b, j, g)``)."""
-    return batch.src // samples_per_prompt
-
-
-def group_batches(batches: dict[int, LearnerBatch], dtype: torch.dtype, *, samples_per_prompt: int) -> list[RowGroup]:
-    """Stack the batches of regimes ``k`` (the dict's keys) by :func:`partition` (see the module docstring).
-    ``samples_per_prompt`` (``P * G``) turns a row's sample index into its prompt (SGT's ``prompt`` pools)."""
-    ks = sorted(batches)
-    parts = partition(ks, [batches[k].src.shape[-1] for k in ks], [sgt_weight_needed(batches[k]) for k in ks])
+def group_rows(rows: dict[int, LearnerRows], dtype: torch.dtype) -> list[RowGroup]:
+    """Stack the rows of regimes ``k`` (the dict's keys) by :func:`partition` (see the module docstring);
+    SGT's ``prompt`` pools are the rows' prompts."""
+    ks = sorted(rows)
+    parts = partition(ks, [len(rows[k]) for k in ks], [sgt_weight_needed(rows[k]) for k in ks])
     groups = []
     for (w, normalize), members in parts:
-        bs = [batches[k] for k in members]
+        bs = [rows[k] for k in members]
         sgt_mask = _stack([b.sgt_mask for b in bs], dtype)
         scale = None
         if normalize == "prompt":  # one token per row, pooled by prompt
             scale = sgt_row_scale(sgt_mask > 0, torch.ones((), dtype=torch.float64),
-                                  sgt_pools(bs[0], samples_per_prompt)).to(dtype)
+                                  bs[0].prompt).to(dtype)
         groups.append(RowGroup(
             ks=members,
-            batches=bs,
+            rows=bs,
             advantages=_stack([b.advantages for b in bs], dtype),
             sample_weight=_stack([b.sample_weight for b in bs], dtype),
             pg_mask=_stack([b.pg_mask for b in bs], dtype).unsqueeze(-1),

@@ -6,7 +6,8 @@ regime's decisions for a prompt (:func:`shared_interfaces.regimes.regime_plan`: 
 weights, SGT gate and targets) are then a function of the prompt's ``P * G`` reward bits alone — unless
 SGT selects at random, whose draws come from a generator (no table then). :class:`PlanTable` runs
 :func:`bandit_sim.batching.plan_batch` (hence the core's ``regime_plan``) ONCE on all ``2^(P G)``
-patterns, one prompt each, and :meth:`PlanTable.batch` assembles a step's :class:`LearnerBatch` from it:
+patterns, one prompt each, and :meth:`PlanTable.batch` assembles a step's
+:class:`~shared_interfaces.regimes.rows.LearnerRows` from it:
 a pattern id per prompt, one gather per field, and ``plan_batch``'s row order (every prompt's own rows
 first, then the peers' rows). A field that is the same for every pattern (e.g. the masks and weights
 of every regime but SGT) is stored once and broadcast over the seeds (a view). No regime decision is
@@ -20,8 +21,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from bandit_sim.batching import LearnerBatch, plan_batch, row_layout
-from shared_interfaces.regimes import RegimeSpec
+from bandit_sim.batching import plan_batch, row_layout
+from shared_interfaces.regimes import LearnerRows, RegimeSpec
 
 #: the largest ``P * G`` tabulated (2^16 patterns: a few MB per regime)
 MAX_BITS = 16
@@ -49,23 +50,26 @@ class PlanTable:
         self.pow2 = 2.0 ** torch.arange(n, dtype=torch.float64)
         # per field [2^n, P, M], or [P, M] when every pattern has the same rows
         self.fields = {f: self._compress(getattr(b, f)) for f in ROW_FIELDS}
-        self.peer_used = ((b.pg_mask | b.sgt_mask) & b.is_peer).flatten(1).any(-1)  # [2^n]
+        self.peer_used = ((b.pg_mask | b.sgt_mask) & ~b.own_mask).flatten(1).any(-1)  # [2^n]
         self._peer_used_np = self.peer_used.numpy()
-        self.gate = self._compress(b.gate[..., 0])  # [2^n, P] or [P]
+        self.gate = self._compress(b.sgt_gate[..., 0])  # [2^n, P] or [P]
         self.sgt_weight, self.ratio_cap, self.denominator = b.sgt_weight, b.ratio_cap, b.denominator
         self.sgt_normalize = b.sgt_normalize
-        self._layouts: dict[tuple[int, bool], tuple[torch.Tensor, torch.Tensor]] = {}
+        self._layouts: dict[tuple[int, bool], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
         self._tiled: dict[tuple[str, int, bool], torch.Tensor] = {}
 
     @staticmethod
     def _compress(x: torch.Tensor) -> torch.Tensor:
         return x[0].clone() if bool((x == x[:1]).all()) else x
 
-    def _layout(self, B: int, peers: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    def _layout(self, B: int, peers: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``src``, ``prompt`` and ``own_mask`` ``[P, N]`` of ``B`` prompts' rows (as :func:`plan_batch`)."""
         if (B, peers) not in self._layouts:
-            _, src, is_peer = row_layout(B, self.P, self.G)
-            n = src.shape[1] if peers else B * self.G
-            self._layouts[B, peers] = (torch.from_numpy(src[:, :n]), torch.from_numpy(is_peer[:, :n]))
+            src = row_layout(B, self.P, self.G)
+            src = src[:, : src.shape[1] if peers else B * self.G]
+            own = src // self.G % self.P == np.arange(self.P)[:, None]
+            self._layouts[B, peers] = (torch.from_numpy(src), torch.from_numpy(src // (self.P * self.G)),
+                                       torch.from_numpy(own))
         return self._layouts[B, peers]
 
     def _order(self, x: torch.Tensor, B: int, m: int) -> torch.Tensor:
@@ -85,8 +89,8 @@ class PlanTable:
         r = rewards.reshape(-1, self.P * self.G)
         return (r @ self.pow2.to(r.dtype)).long().view(rewards.shape[:-2])
 
-    def batch(self, rewards: torch.Tensor, pattern_id: torch.Tensor | None = None) -> LearnerBatch:
-        """The learner batch of rollouts ``rewards [S, B, P, G]`` (exactly 0 or 1), as :func:`plan_batch`;
+    def batch(self, rewards: torch.Tensor, pattern_id: torch.Tensor | None = None) -> LearnerRows:
+        """The learners' rows of rollouts ``rewards [S, B, P, G]`` (exactly 0 or 1), as :func:`plan_batch`;
         fields that do not depend on the outcome are views broadcast over the seeds. ``pattern_id``: the
         rollouts' :meth:`pattern_ids`, if at hand."""
         S, B, P, G = rewards.shape
@@ -105,6 +109,7 @@ class PlanTable:
             gate = self.gate.view(1, P, 1).expand(S, P, B)
         else:
             gate = self.gate.index_select(0, pattern).view(S, B, P).transpose(1, 2).contiguous()
-        src, is_peer = self._layout(B, peers)
-        return LearnerBatch(src=src, is_peer=is_peer, gate=gate, sgt_weight=self.sgt_weight, ratio_cap=self.ratio_cap,
-                            denominator=self.denominator, sgt_normalize=self.sgt_normalize, **rows)
+        src, prompt, own_mask = self._layout(B, peers)
+        return LearnerRows(src=src, prompt=prompt, own_mask=own_mask, sgt_gate=gate, sgt_weight=self.sgt_weight,
+                           ratio_cap=self.ratio_cap, denominator=self.denominator, sgt_normalize=self.sgt_normalize,
+                           **rows)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from bandit_sim.config import RunConfig
+from bandit_sim.config import SimConfig
 from bandit_sim.scenario import ScenarioSpec
 from shared_interfaces.config_io import ConfigError
 from shared_interfaces.regimes import STANDARD_REGIMES, SGTConfig
@@ -22,18 +22,18 @@ PAPER_SCENARIO = ScenarioSpec(
     competent_mass=(0.2, 0.6), soft_mass=(0.01, 0.05), hard_log_mass=-40.0, logit_scale=1.0, seed=0,
 )
 
-RUN_PRESETS: dict[str, RunConfig] = {
-    "paper": RunConfig(
+RUN_PRESETS: dict[str, SimConfig] = {
+    "paper": SimConfig(
         generator=PAPER_SCENARIO, regimes=STANDARD_REGIMES, steps=1000, seeds=64, seed=0, batch_prompts=64,
         group_size=8, epochs=1, lr=5.0, thl_sigma=0.5, record_every=10, sgt=SGTConfig(weight=1.0),
     ),
-    "smoke": RunConfig(
+    "smoke": SimConfig(
         generator=replace(PAPER_SCENARIO, n_contexts=32, n_arms=8), regimes=STANDARD_REGIMES, steps=40,
         seeds=4, seed=0, batch_prompts=8, group_size=4, epochs=2, lr=20.0, thl_sigma=0.5, record_every=5,
     ),
 }
 
-def get_preset(name: str) -> RunConfig:
+def get_preset(name: str) -> SimConfig:
     if name not in RUN_PRESETS:
         raise ConfigError(f"unknown preset {name!r}; known presets: {sorted(RUN_PRESETS)}")
     return RUN_PRESETS[name]

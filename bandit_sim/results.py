@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bandit_sim.engine import RunResult
+from bandit_sim.engine import SimResult
 from bandit_sim.metrics import ALL_METRICS, seed_summary
 
 SUMMARY_KEYS = (
@@ -39,7 +39,7 @@ def _num(x: float) -> float | None:
     return None if x is None or not math.isfinite(float(x)) else float(x)
 
 
-def final_policy_stats(result: RunResult, r: int, p: int) -> dict[str, float | None]:
+def final_policy_stats(result: SimResult, r: int, p: int) -> dict[str, float | None]:
     """One policy's final-step means over seeds (with ``_ci95`` half widths) under regime ``r``."""
     m = result.metrics
     out: dict[str, float | None] = {}
@@ -62,7 +62,7 @@ def final_policy_stats(result: RunResult, r: int, p: int) -> dict[str, float | N
     return out
 
 
-def summary_dict(result: RunResult, scenario_info: dict | None = None) -> dict:
+def summary_dict(result: SimResult, scenario_info: dict | None = None) -> dict:
     return {
         "config": result.config.to_dict(),
         "scenario": {
@@ -79,7 +79,7 @@ def summary_dict(result: RunResult, scenario_info: dict | None = None) -> dict:
     }
 
 
-def write_metrics(result: RunResult, out_dir: Path) -> None:
+def write_metrics(result: SimResult, out_dir: Path) -> None:
     np.savez_compressed(
         out_dir / "metrics.npz", steps=result.steps, regimes=np.array(result.regimes),
         policies=np.array(result.policy_names), **{k: result.metrics[k] for k in ALL_METRICS},
@@ -98,7 +98,7 @@ def write_metrics(result: RunResult, out_dir: Path) -> None:
                         w.writerow([int(step), name, pol, key, f"{mean:.6g}", f"{ci:.6g}", f"{var:.6g}"])
 
 
-def write_run(result: RunResult, out_dir: str | Path, scenario_info: dict | None = None, plots: bool = True) -> dict:
+def write_run(result: SimResult, out_dir: str | Path, scenario_info: dict | None = None, plots: bool = True) -> dict:
     """Write every output of a run under ``out_dir``; returns the summary."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

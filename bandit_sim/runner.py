@@ -16,12 +16,12 @@ from dataclasses import replace
 import numpy as np
 from tqdm import tqdm
 
-from bandit_sim.config import RunConfig
-from bandit_sim.engine import Engine, RunResult
+from bandit_sim.config import SimConfig
+from bandit_sim.engine import Engine, SimResult
 from bandit_sim.scenario import Scenario, generate_scenario, load_scenario
 
 
-def scenario_of(cfg: RunConfig) -> Scenario:
+def scenario_of(cfg: SimConfig) -> Scenario:
     """The run's scenario: its ``.npz`` file, or the generator's."""
     sc = load_scenario(cfg.scenario) if cfg.scenario is not None else generate_scenario(cfg.generator)
     if cfg.model == "loglinear" and sc.features is not None and sc.features.shape[-1] != cfg.feature_dim:
@@ -37,7 +37,7 @@ def _init_worker(counter) -> None:
     _COUNTER = counter
 
 
-def _worker(scenario: Scenario, cfg: RunConfig, seed_range: tuple[int, int] | None) -> RunResult:
+def _worker(scenario: Scenario, cfg: SimConfig, seed_range: tuple[int, int] | None) -> SimResult:
     def tick(k: int) -> None:
         with _COUNTER.get_lock():
             _COUNTER.value += k
@@ -45,7 +45,7 @@ def _worker(scenario: Scenario, cfg: RunConfig, seed_range: tuple[int, int] | No
     return Engine(scenario, cfg, seed_range).run(tick)
 
 
-def _jobs(cfg: RunConfig, workers: int) -> tuple[str, list[tuple[RunConfig, tuple[int, int] | None]]]:
+def _jobs(cfg: SimConfig, workers: int) -> tuple[str, list[tuple[SimConfig, tuple[int, int] | None]]]:
     if any(s.random_plan for s in cfg.regime_specs()):
         n = min(workers, len(cfg.regimes))
         return "regimes", [(replace(cfg, regimes=cfg.regimes[i::n], threads=1), None) for i in range(n)]
@@ -54,8 +54,8 @@ def _jobs(cfg: RunConfig, workers: int) -> tuple[str, list[tuple[RunConfig, tupl
     return "seeds", [(replace(cfg, threads=1), (int(lo), int(hi))) for lo, hi in zip(bounds, bounds[1:], strict=False)]
 
 
-def run_config(cfg: RunConfig, scenario: Scenario | None = None, *, workers: int = 1, progress: bool = False,
-               desc: str = "steps") -> RunResult:
+def run_config(cfg: SimConfig, scenario: Scenario | None = None, *, workers: int = 1, progress: bool = False,
+               desc: str = "steps") -> SimResult:
     """Run ``cfg``; ``workers > 1`` shards it over processes (one torch thread each)."""
     scenario = scenario if scenario is not None else scenario_of(cfg)
     if workers <= 1:
@@ -79,7 +79,7 @@ def run_config(cfg: RunConfig, scenario: Scenario | None = None, *, workers: int
     return merge_results(cfg, parts, how, time.perf_counter() - t0)
 
 
-def merge_results(cfg: RunConfig, parts: list[RunResult], how: str, wall_s: float) -> RunResult:
+def merge_results(cfg: SimConfig, parts: list[SimResult], how: str, wall_s: float) -> SimResult:
     """Shard results -> one result: seed slices are concatenated; regime shards are put back in
     ``cfg.regimes`` order."""
     if how == "seeds":
@@ -92,7 +92,7 @@ def merge_results(cfg: RunConfig, parts: list[RunResult], how: str, wall_s: floa
             key: np.stack([parts[where[n][0]].metrics[key][:, where[n][1]] for n in names], axis=1)
             for key in parts[0].metrics
         }
-    return RunResult(
+    return SimResult(
         config=cfg, regimes=names, policy_names=parts[0].policy_names, steps=parts[0].steps, metrics=metrics,
         rescue_sizes=parts[0].rescue_sizes, wall_s=wall_s,
     )

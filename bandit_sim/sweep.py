@@ -37,7 +37,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-from bandit_sim.config import RunConfig  # noqa: E402
+from bandit_sim.config import SimConfig  # noqa: E402
 from bandit_sim.results import SUMMARY_KEYS, final_policy_stats  # noqa: E402
 from bandit_sim.runner import run_config, scenario_of  # noqa: E402
 from bandit_sim.sweep_config import SweepGrid, apply_point  # noqa: E402
@@ -45,7 +45,7 @@ from shared_interfaces.config_io import ConfigError  # noqa: E402
 
 ROW_CI_KEYS = ("accuracy_ci95", "rescue_accuracy_ci95", "kl_to_init_ci95")
 ATTEMPTS = 2  # a failing point is tried twice, then reported
-PointFn = Callable[[RunConfig, dict, int], dict]
+PointFn = Callable[[SimConfig, dict, int], dict]
 
 
 def point_key(point: dict[str, float]) -> str:
@@ -53,7 +53,7 @@ def point_key(point: dict[str, float]) -> str:
     return ",".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in point.items()) or "base"
 
 
-def run_point(base: RunConfig, point: dict[str, float], workers: int = 1) -> dict[str, Any]:
+def run_point(base: SimConfig, point: dict[str, float], workers: int = 1) -> dict[str, Any]:
     """Run one grid point: ``{"rows": [...], "wall_s"}`` (rows as in ``sweep.csv``)."""
     t0 = time.perf_counter()
     cfg = apply_point(base, point)
@@ -71,7 +71,7 @@ class Runtime(Protocol):
     """Where points run: ``submit`` queues one, ``results`` yields ``(tag, value, error)`` as they finish
     (``error`` a one-line string when the point raised) until nothing is queued."""
 
-    def submit(self, tag: Any, base: RunConfig, point: dict) -> None: ...
+    def submit(self, tag: Any, base: SimConfig, point: dict) -> None: ...
 
     def results(self) -> Iterator[tuple[Any, dict | None, str | None]]: ...
 
@@ -94,7 +94,7 @@ class SequentialRuntime:
     point_fn: PointFn = run_point
     queue: deque = field(default_factory=deque)
 
-    def submit(self, tag: Any, base: RunConfig, point: dict) -> None:
+    def submit(self, tag: Any, base: SimConfig, point: dict) -> None:
         self.queue.append((tag, base, point))
 
     def results(self) -> Iterator[tuple[Any, dict | None, str | None]]:
@@ -193,7 +193,7 @@ def run_sweep(grid: SweepGrid, out_dir: str | Path, *, runtime: Literal["sequent
     return result
 
 
-def _schedule(rt: Runtime, base: RunConfig, todo: list[tuple[str, dict]], out: Path, done: dict[str, dict],
+def _schedule(rt: Runtime, base: SimConfig, todo: list[tuple[str, dict]], out: Path, done: dict[str, dict],
               bar: tqdm) -> list[dict]:
     attempts: dict[str, int] = {}
     point_of = dict(todo)

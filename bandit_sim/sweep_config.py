@@ -3,7 +3,7 @@
 A grid file (``bandit_sim/grids/NAME.yaml`` for the named grids ``paper``, ``paper-full``, ``smoke``)::
 
     base: paper                    # a run preset (bandit_sim.presets.RUN_PRESETS)
-    overrides:                     # optional: RunConfig keys over the preset, loaded like `run --config`
+    overrides:                     # optional: SimConfig keys over the preset, loaded like `run --config`
       generator: {n_contexts: 128}
       seeds: 16
     axes:                          # each a non-empty list of numbers; the sweep runs the full product
@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from bandit_sim.config import RunConfig, config_from_mapping
+from bandit_sim.config import SimConfig, config_from_mapping
 from bandit_sim.presets import get_preset
 from shared_interfaces.config_io import ConfigError, load_yaml, to_mapping
 
@@ -39,7 +39,7 @@ GRIDS_DIR = Path(__file__).parent / "grids"
 class SweepGrid:
     """A base run config plus axes; ``points()`` is their full product in axis order (last axis fastest)."""
 
-    base: RunConfig
+    base: SimConfig
     axes: dict[str, tuple[float, ...]]
     name: str = "grid"
 
@@ -62,7 +62,7 @@ class SweepGrid:
         return {"name": self.name, "base": to_mapping(self.base), "axes": {k: list(v) for k, v in self.axes.items()}}
 
 
-def apply_point(base: RunConfig, point: Mapping[str, float]) -> RunConfig:
+def apply_point(base: SimConfig, point: Mapping[str, float]) -> SimConfig:
     """The run config of one grid point."""
     cfg = base
     for name, v in point.items():
@@ -92,7 +92,7 @@ def grid_from_mapping(data: Any, *, where: str = "sweep grid") -> SweepGrid:
     base = get_preset(data["base"])
     overrides = data.get("overrides") or {}
     if not isinstance(overrides, Mapping):
-        raise ConfigError(f"{where}: 'overrides' must be a mapping of RunConfig keys")
+        raise ConfigError(f"{where}: 'overrides' must be a mapping of SimConfig keys")
     base = config_from_mapping(overrides, base, where=f"{where}: overrides")
     axes_in = data.get("axes")
     if not isinstance(axes_in, Mapping) or not axes_in:

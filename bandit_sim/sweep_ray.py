@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from bandit_sim.config import RunConfig
+from bandit_sim.config import SimConfig
 from bandit_sim.sweep import PointFn, describe_error, run_point
 from shared_interfaces.config_io import ConfigError
 
@@ -38,7 +38,7 @@ def _import_ray():
     return ray
 
 
-def _run_on_node(point_fn: PointFn, base: RunConfig, point: dict) -> dict[str, Any]:
+def _run_on_node(point_fn: PointFn, base: SimConfig, point: dict) -> dict[str, Any]:
     import ray
 
     return {**point_fn(base, point, 1), "node": ray.get_runtime_context().get_node_id()}
@@ -69,7 +69,7 @@ class RayRuntime:
             owns = address is None
         return cls(point_fn=point_fn, cpus_per_point=cpus_per_point, owns_cluster=owns)
 
-    def submit(self, tag: Any, base: RunConfig, point: dict) -> None:
+    def submit(self, tag: Any, base: SimConfig, point: dict) -> None:
         ray = _import_ray()
         task = ray.remote(num_cpus=self.cpus_per_point, max_retries=0, scheduling_strategy="SPREAD")(_run_on_node)
         self.pending[task.remote(self.point_fn, base, point)] = tag

@@ -1,16 +1,17 @@
-"""A learner's training batch: the core's rows turned into token sequences, and their tensors.
+"""A learner's rows as token sequences: the tokenised hop between the core's rows and the packed tensors.
 
-:func:`build_batch` takes the rows of :func:`shared_interfaces.regimes.rows.learner_rows` and gives each
-row a ``prompt + response`` in the *learner's* tokenizer:
+:func:`build_batch` takes a learner's :class:`~shared_interfaces.regimes.rows.LearnerRows` (the core's rows
+with their records) and gives each row a ``prompt + response`` in the *learner's* tokenizer:
 
 * an own row: the learner's prompt ids (as sampled) and the record's token ids; ``mu`` = its
   recorded behaviour log-probs (used only for the engine/trainer drift metric: its correction is 1);
 * a peer row (PRP ``snapshot`` / ``thl``, or an SGT-only target): the peer trace aligned by THL
   (``align(record)``: the learner's prompt ids and the response re-encoded after them, and the
-  aligned log-probs, which are ``mu`` for ``thl`` rows).
+  aligned log-probs, which are ``mu`` for ``use_mu`` rows).
 
 A response longer than the model's context (``max_len - prompt length``) is cut to fit and counted in
-``truncated_rows``. Nothing here decides a weight: advantages, weights, roles and caps are the rows'.
+``truncated_rows``. Nothing here decides a weight: advantages, weights, masks and the regime's scalars
+stay the rows' (``batch.rows``), under the rows' names; :mod:`mrl_llm.update` packs micro-batches of them.
 
 Tensors are in the *response layout* ``[rows, T]``: token ``t`` of a row's response at column ``t``.
 """
@@ -27,53 +28,41 @@ import torch
 from mrl_llm.logprobs import PackedBatch
 from shared_interfaces.losses import LossNorm, sgt_row_scale
 from shared_interfaces.records import ExperienceRecord
-from shared_interfaces.regimes.rows import TrainRow
+from shared_interfaces.regimes.rows import LearnerRows
 
 
 @dataclass
 class TrainBatch:
-    """Rows as token sequences plus their per-row roles (float64 advantages and weights, as the core
-    computed them)."""
+    """A learner's rows (``rows``, the core's, unchanged) with each row's token sequences: ``prompts``,
+    ``responses`` and behaviour log-probs ``mu`` in the learner's tokenizer, ``lengths [N]`` (response
+    tokens), the THL residuals of the peer rows, and ``sgt_scale [N]`` (the core's per-row SGT scale under
+    ``normalize: prompt``; None under ``batch``)."""
 
-    rows: list[TrainRow]
+    rows: LearnerRows
     prompts: list[list[int]]
     responses: list[list[int]]
     mu: list[list[float]]
-    advantages: torch.Tensor  # [N] float64
-    weights: torch.Tensor  # [N] float64
-    in_pg: torch.Tensor  # [N] bool
-    sgt: torch.Tensor  # [N] bool
-    use_mu: torch.Tensor  # [N] bool: behaviour == "thl"
-    own: torch.Tensor  # [N] bool
-    sgt_weight: float
-    ratio_cap: float
-    residuals: list[Any] = field(default_factory=list)  # THL residuals of the peer rows
+    lengths: torch.Tensor
+    residuals: list[Any] = field(default_factory=list)
     truncated_rows: int = 0
-    sgt_pool: torch.Tensor | None = None  # [N] int64: each row's rescued prompt, SGT's normalize: prompt
-    sgt_scale: torch.Tensor | None = None  # [N] float64: the core's per-row SGT scale (None: normalize: batch)
+    sgt_scale: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return len(self.rows)
 
-    @property
-    def lengths(self) -> list[int]:
-        return [len(r) for r in self.responses]
-
     def norm(self, idx: Sequence[int]) -> LossNorm:
         """The :class:`LossNorm` of the rows ``idx`` (one optimizer update's mini-batch)."""
-        pg_tok = sum(len(self.responses[i]) for i in idx if self.in_pg[i])
-        pg_rows = sum(1 for i in idx if self.in_pg[i] and self.responses[i])
-        sgt_tok = sum(len(self.responses[i]) for i in idx if self.sgt[i])
-        kl_tok = sum(len(self.responses[i]) for i in idx if self.in_pg[i] and self.own[i])
-        kl_rows = sum(1 for i in idx if self.in_pg[i] and self.own[i] and self.responses[i])
-        return LossNorm(pg_tokens=float(pg_tok), pg_rows=float(pg_rows), sgt_tokens=float(sgt_tok),
-                        kl_tokens=float(kl_tok), kl_rows=float(kl_rows))
+        i = torch.as_tensor(list(idx), dtype=torch.long)
+        r, n = self.rows, self.lengths[i]
+        pg, own = r.pg_mask[i], r.own_mask[i]
+        tokens = lambda m: float(n[m].sum())  # noqa: E731
+        return LossNorm(pg_tokens=tokens(pg), pg_rows=float((pg & (n > 0)).sum()), sgt_tokens=tokens(r.sgt_mask[i]),
+                        kl_tokens=tokens(pg & own), kl_rows=float((pg & own & (n > 0)).sum()))
 
 
 def build_batch(
-    rows: Sequence[TrainRow],
+    rows: LearnerRows,
     *,
-    learner: str,
     prompt_ids: Callable[[str], list[int]],
     align: Callable[[ExperienceRecord], tuple[list[int], list[int], list[float], Any]],
     max_len: int,
@@ -83,9 +72,8 @@ def build_batch(
     learner's tokenizer."""
     prompts, responses, mus, residuals = [], [], [], []
     truncated = 0
-    for row in rows:
-        rec = row.record
-        if rec.policy_id == learner:
+    for rec, own in zip(rows.row_records(), rows.own_mask.tolist(), strict=True):
+        if own:
             p = list(prompt_ids(rec.prompt_id))
             ids, lps = list(rec.token_ids), list(rec.token_logprobs)
         else:
@@ -99,31 +87,12 @@ def build_batch(
         prompts.append(p)
         responses.append(ids)
         mus.append(lps)
-    f64 = torch.float64
-    sgt = torch.tensor([r.sgt for r in rows], dtype=torch.bool)
-    sgt_pool = sgt_scale = None
-    if any(r.sgt and r.sgt_normalize == "prompt" for r in rows):  # pools: the rows' prompts
-        pools: dict[tuple[int, str], int] = {}
-        sgt_pool = torch.tensor([pools.setdefault((r.record.step, r.record.prompt_id), len(pools)) for r in rows])
-        sgt_scale = sgt_row_scale(sgt, torch.tensor([len(ids) for ids in responses]), sgt_pool)
-    return TrainBatch(
-        rows=list(rows),
-        prompts=prompts,
-        responses=responses,
-        mu=mus,
-        advantages=torch.tensor([r.advantage for r in rows], dtype=f64),
-        weights=torch.tensor([r.weight for r in rows], dtype=f64),
-        in_pg=torch.tensor([r.in_pg for r in rows], dtype=torch.bool),
-        sgt=sgt,
-        use_mu=torch.tensor([r.behaviour == "thl" for r in rows], dtype=torch.bool),
-        own=torch.tensor([r.record.policy_id == learner for r in rows], dtype=torch.bool),
-        sgt_weight=max((r.sgt_weight for r in rows), default=0.0),
-        ratio_cap=max((r.ratio_cap for r in rows), default=1.0),
-        residuals=residuals,
-        truncated_rows=truncated,
-        sgt_pool=sgt_pool,
-        sgt_scale=sgt_scale,
-    )
+    lengths = torch.tensor([len(ids) for ids in responses], dtype=torch.long)
+    sgt_scale = None
+    if rows.sgt_normalize == "prompt" and bool(rows.sgt_mask.any()):  # pools: the rows' prompts
+        sgt_scale = sgt_row_scale(rows.sgt_mask, lengths, rows.prompt)
+    return TrainBatch(rows=rows, prompts=prompts, responses=responses, mu=mus, lengths=lengths,
+                      residuals=residuals, truncated_rows=truncated, sgt_scale=sgt_scale)
 
 
 def response_layout(x: torch.Tensor, packed: PackedBatch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -143,6 +112,14 @@ def pad_rows(values: Sequence[Sequence[float]], T: int, dtype: torch.dtype = tor
     """Ragged per-row values -> ``[len(values), T]`` (zeros past each row's end)."""
     rows = [list(v[:T]) + [0] * (T - min(len(v), T)) for v in values]  # one tensor call, not one a row
     return torch.tensor(rows, dtype=dtype).reshape(len(values), T)
+
+
+def pad_tensors(values: Sequence[torch.Tensor], T: int) -> torch.Tensor:
+    """Ragged 1-d tensors -> ``[len(values), T]`` (zeros past each row's end; cut at ``T``), their dtype."""
+    out = torch.zeros(len(values), T, dtype=values[0].dtype if values else torch.float32)
+    for k, v in enumerate(values):
+        out[k, : min(len(v), T)] = v[:T]
+    return out
 
 
 def thl_metrics(residuals: Sequence[Any]) -> dict[str, float]:

@@ -1,14 +1,14 @@
 """The LLM backend of the cross-backend contract (:mod:`shared_interfaces.contract`).
 
 :func:`run_contract_case` puts a case's raw records into an in-memory exchange and, for every learner,
-runs the trainer's own step path on them: :func:`mrl_llm.distributed.actors.learner_plans` (fetch,
-filter, plan with the core) and :meth:`mrl_llm.worker.LLMPolicyWorker.build_batch` (rows, prompts,
-THL alignment of every peer record into the learner's tokenizer), then computes the behaviour
-coefficients at the snapshot (one no-grad pass of the learner's model, then
-:func:`shared_interfaces.losses.peer_behaviour_coef`). It reports what the optimizer would see: each
-row's advantage and sample weight (the batch's float64 tensors), the coefficient of every
-``snapshot`` peer row (all its tokens must be exactly 1; their common value is reported), the rows in
-the SGT mask and the plans' gates.
+runs the trainer's own step path on them: :func:`mrl_llm.distributed.actors.fetch_learner_rows` (fetch,
+filter, plan with the core: the learner's rows) and :meth:`mrl_llm.worker.LLMPolicyWorker.build_batch`
+(prompts, THL alignment of every peer record into the learner's tokenizer), then computes the behaviour
+coefficients at the snapshot (one no-grad pass of the learner's model, then the rows'
+:meth:`~shared_interfaces.regimes.rows.LearnerRows.behaviour_coef`). It reports what the optimizer would
+see: each row's advantage and sample weight (the rows' float64 tensors), the coefficient of every
+``prp_snapshot`` peer row (all its tokens must be exactly 1; their common value is reported), the rows in
+the SGT mask and the gates.
 
 The case records are in ``utf8-bytes`` ids (:mod:`mrl_llm.byte_tokenizer`). Each learner is a tiny
 llama with its *own* byte-level BPE tokenizer, trained on the case texts, so THL really re-encodes
@@ -23,13 +23,13 @@ from pathlib import Path
 
 import torch
 
+from mrl_llm.batch import pad_tensors
 from mrl_llm.config import PolicyConfig
-from mrl_llm.distributed.actors import learner_plans
-from mrl_llm.logprobs import response_logprobs
+from mrl_llm.distributed.actors import fetch_learner_rows
+from mrl_llm.logprobs import response_logprob_rows
 from mrl_llm.worker import LLMPolicyWorker, WorkerConfig
 from shared_interfaces.contract import ContractCase, ContractOutput, LearnerDecisions
 from shared_interfaces.exchange import InMemoryExchange
-from shared_interfaces.losses import peer_behaviour_coef
 
 TINY_LLAMA = {"model_type": "llama", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
               "num_attention_heads": 2, "num_key_value_heads": 2, "max_position_embeddings": 1024}
@@ -84,31 +84,33 @@ def run_contract_case(case: ContractCase) -> ContractOutput:
         dec = LearnerDecisions()
         for step in sorted(by_step):
             pids = sorted(by_step[step])
-            plans, _ = learner_plans(ex, learner, case.regime, pids, step, present=case.policy_ids)
-            batch = w.build_batch(plans)
-            for plan in plans:
-                dec.sgt_gates[plan.prompt_id] = plan.sgt_gate
-            if not len(batch):
+            rows, _ = fetch_learner_rows(ex, learner, case.regime, pids, step, present=case.policy_ids)
+            for k, pid in enumerate(pids):
+                dec.sgt_gates[pid] = bool(rows.sgt_gate[k])
+            if not len(rows):
                 continue
-            old = response_logprobs(w.model, batch.prompts, batch.responses, pad_id=w.pad_id)
-            for i, row in enumerate(batch.rows):
-                rid = row.record.record_id
-                if bool(batch.in_pg[i]):
-                    dec.advantages[rid] = float(batch.advantages[i])
-                    dec.weights[rid] = float(batch.weights[i])
-                if row.behaviour == "snapshot":
-                    o = torch.tensor([old[i]])
-                    mu = torch.tensor([batch.mu[i]])
-                    coef = peer_behaviour_coef(o, mu, batch.use_mu[i : i + 1], batch.ratio_cap)
-                    values = set(coef.flatten().tolist()) or {1.0}  # a row with no tokens deviates nowhere
+            batch = w.build_batch(rows)
+            old = response_logprob_rows(w.model, batch.prompts, batch.responses, pad_id=w.pad_id)
+            T = max(1, int(batch.lengths.max()))
+            mu = pad_tensors([torch.tensor(m, dtype=torch.float32) for m in batch.mu], T)
+            coef = rows.behaviour_coef(pad_tensors(old, T), mu)
+            token = torch.arange(T)[None, :] < batch.lengths[:, None]
+            snapshot = ~rows.own_mask & rows.pg_mask if rows.denominator == "snapshot" else torch.zeros_like(rows.pg_mask)
+            for n, rec in enumerate(rows.row_records()):
+                rid = rec.record_id
+                if bool(rows.pg_mask[n]):
+                    dec.advantages[rid] = float(rows.advantages[n])
+                    dec.weights[rid] = float(rows.sample_weight[n])
+                if bool(snapshot[n]):
+                    values = set(coef[n][token[n]].tolist()) or {1.0}  # a row with no tokens deviates nowhere
                     dec.snapshot_coef[rid] = values.pop() if len(values) == 1 else float("nan")
-                if bool(batch.sgt[i]):
+                if bool(rows.sgt_mask[n]):
                     dec.sgt_targets.add(rid)
-            if batch.sgt_pool is not None:
+            if batch.sgt_scale is not None:
                 pools: dict[int, set[str]] = {}
-                for i, row in enumerate(batch.rows):
-                    if bool(batch.sgt[i]):
-                        pools.setdefault(int(batch.sgt_pool[i]), set()).add(row.record.record_id)
+                for n, rec in enumerate(rows.row_records()):
+                    if bool(rows.sgt_mask[n]):
+                        pools.setdefault(int(rows.prompt[n]), set()).add(rec.record_id)
                 dec.sgt_pools.update(frozenset(p) for p in pools.values())
         out[learner] = dec
     return out

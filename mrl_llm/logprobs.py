@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch.utils.checkpoint import checkpoint
@@ -164,8 +165,18 @@ def chunked_forward_logprobs(
     return logp, ent
 
 
-@torch.no_grad()
 def response_logprobs(
+    model: torch.nn.Module,
+    prompts: Sequence[Sequence[int]],
+    responses: Sequence[Sequence[int]],
+    **kwargs: Any,
+) -> list[list[float]]:
+    """:func:`response_logprob_rows` as lists of floats (same arguments)."""
+    return [t.tolist() for t in response_logprob_rows(model, prompts, responses, **kwargs)]
+
+
+@torch.no_grad()
+def response_logprob_rows(
     model: torch.nn.Module,
     prompts: Sequence[Sequence[int]],
     responses: Sequence[Sequence[int]],
@@ -175,8 +186,8 @@ def response_logprobs(
     micro_batch: int = 16,
     groups: Sequence[Sequence[int]] | None = None,
     chunk_size: int | None = None,
-) -> list[list[float]]:
-    """Each response's per-token log-probs under ``model`` (no gradient), in micro-batches of
+) -> list[torch.Tensor]:
+    """Each response's per-token log-probs under ``model`` (no gradient; float32 ``[len]`` each, on the CPU), in micro-batches of
     ``micro_batch`` rows, or of the row indices ``groups`` (e.g. token-budget groups,
     :mod:`mrl_llm.micro_batches`); ``chunk_size`` as in :func:`forward_logprobs`."""
     was_training = model.training
@@ -184,7 +195,7 @@ def response_logprobs(
     if groups is None:
         step = max(1, micro_batch)
         groups = [range(s, min(len(prompts), s + step)) for s in range(0, len(prompts), step)]
-    out: list[list[float] | None] = [None] * len(prompts)
+    out: list[torch.Tensor | None] = [None] * len(prompts)
     try:
         for g in groups:
             g = list(g)
@@ -192,7 +203,7 @@ def response_logprobs(
             logp, _ = forward_logprobs(model, batch, temperature, chunk_size=chunk_size)
             logp = logp.float().cpu()
             for k, i in enumerate(g):
-                out[i] = logp[k][batch.response_mask[k]].tolist()
+                out[i] = logp[k][batch.response_mask[k]]
     finally:
         model.train(was_training)
     missing = [i for i, v in enumerate(out) if v is None]

@@ -23,7 +23,7 @@ re-check times out is quarantined (conservative); an honest failure still agrees
 Where: in the learner, not in the exchange service. The learner holds the run's own copy of each
 problem (the problems it was given to generate on) and the verifiers, and it is the party that must
 not be fooled; the exchange service knows neither problems nor verifiers. Every record a learner plans
-with comes out of the exchange through :func:`mrl_llm.distributed.actors.learner_plans`, which calls
+with comes out of the exchange through :func:`mrl_llm.distributed.actors.fetch_learner_rows`, which calls
 this check on them: records that arrive from a live peer (on receipt) and records replayed from the
 log on resume alike, in both runtimes (the single-process trainer and the Ray actors run the same
 :class:`~mrl_llm.distributed.actors.PolicyActor`). The learner's own records of the step, scored in

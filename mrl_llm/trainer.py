@@ -239,7 +239,7 @@ class Run:
         pids = [str(p.prompt_id) for p in problems]
         names = list(self.actors)
         gens = {n: a.generate(problems, s) for n, a in self.actors.items()}
-        return [train_row(s, n, self.regime, gens[n], a.train(s, pids, None, names, {}, 0))
+        return [train_row(s, n, self.regime, gens[n], a.train(s, pids, peers=names))
                 for n, a in self.actors.items()]
 
     def checkpoint(self, s: int) -> None:

@@ -6,11 +6,13 @@ each — and every mini-batch into micro-batches of ``micro_batch`` rows. Per mi
     logp      = log pi_theta(y_t | x, y_<t)          (one forward, response layout)
     old       = log pi_old: logp.detach() when the step has a single mini-batch (the weights have not
                 moved yet, so this IS the snapshot), else a no-grad pass before the first update
-    coef      = peer_behaviour_coef(old, mu, use_mu, cap)      (core; 1 except on ``thl`` peer rows)
+    coef      = rows.behaviour_coef(old, mu)             (core; 1 except on ``use_mu`` = ``thl`` peer rows)
     ref       = log pi_ref (frozen initial weights) when kl_coef > 0 or the KL metric is tracked
-    loss      = regime_loss(logp, old, A, pg_mask, cfg, behaviour_coef=coef, sample_weight=w,
-                            sgt_mask=..., sgt_weight=lambda, sgt_scale=..., ref_logp=ref, own_mask=own,
-                            norm=LossNorm(mini-batch))      (KL on own rows; sgt_scale: normalize: prompt)
+    loss      = regime_loss(logp, old, rows.advantages, pg_mask, cfg, behaviour_coef=coef,
+                            sample_weight=rows.sample_weight, sgt_mask=..., sgt_weight=rows.sgt_weight,
+                            sgt_scale=..., ref_logp=ref, own_mask=rows.own_mask, norm=LossNorm(mini-batch))
+                (``rows``: the micro-batch's :class:`~shared_interfaces.regimes.rows.LearnerRows`; the token
+                masks ``pg_mask`` / ``sgt_mask`` are the rows' masks on their response tokens)
 
 With ``max_tokens`` (``train.max_tokens_per_micro_batch``) a mini-batch's micro-batches are its token-budget
 groups instead (:mod:`mrl_llm.micro_batches`); ``logprob_chunk`` runs the LM head in checkpointed chunks
@@ -40,10 +42,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from mrl_llm.batch import TrainBatch, pad_rows, response_layout
-from mrl_llm.logprobs import forward_logprobs, pack, response_logprobs
+from mrl_llm.batch import TrainBatch, pad_rows, pad_tensors, response_layout
+from mrl_llm.logprobs import forward_logprobs, pack, response_logprob_rows
 from mrl_llm.micro_batches import micro_batch_groups, token_budget_groups
-from shared_interfaces.losses import LossNorm, LossOutput, kl_k3, peer_behaviour_coef, regime_loss
+from shared_interfaces.losses import LossNorm, LossOutput, kl_k3, regime_loss
 from shared_interfaces.regimes.config import LossConfig
 from shared_interfaces.regimes.math import ratio_variance
 
@@ -99,18 +101,18 @@ class Diagnostics:
         n_pg = float(mb.pg_mask.sum())
         self.add("clip_fraction", float(out.clip_fraction) * n_pg, n_pg)
         self.add("approx_kl_old", float(out.approx_kl_old) * n_pg, n_pg)
-        own_mask = mb.mask & mb.own[:, None]
+        own_mask = mb.mask & mb.own_mask[:, None]
         n_own = float(own_mask.sum())
         self.add("entropy", float((mb.entropy * own_mask).sum()), n_own)
         if mb.ref is not None:
             self.add("kl_to_ref", float((kl_k3(mb.logp.detach(), mb.ref) * own_mask).sum()), n_own)
         if n_own:
             self.drift = max(self.drift, float(((mb.old - mb.mu).abs() * own_mask).max()))
-        for j in torch.nonzero(~mb.own & mb.in_pg).flatten().tolist():
-            m = mb.mask[j]
-            self.peer_old.append(mb.old[j][m].float().cpu().numpy())
-            self.peer_mu.append(mb.mu[j][m].float().cpu().numpy())
-        thl_mask = mb.mask & mb.use_mu[:, None] & mb.in_pg[:, None]
+        peer = mb.mask & (~mb.own_mask & mb.rows_pg)[:, None]  # the peer rows' tokens, row by row
+        if bool(peer.any()):
+            self.peer_old.append(mb.old[peer].float().cpu().numpy())
+            self.peer_mu.append(mb.mu[peer].float().cpu().numpy())
+        thl_mask = mb.mask & mb.use_mu[:, None] & mb.rows_pg[:, None]
         self.add("prp_coef", float((mb.coef * thl_mask).sum()), float(thl_mask.sum()))
 
     def metrics(self, *, tracks_ref: bool) -> dict[str, float]:
@@ -128,7 +130,8 @@ class Diagnostics:
 class MicroBatch:
     """One micro-batch's tensors in the response layout ``[b, T]``: the forward's ``logp`` (with grad) and
     ``entropy``, the snapshot ``old`` (log pi_old), the behaviour ``mu``, the reference ``ref`` (or None),
-    the behaviour correction ``coef``, and the rows' masks."""
+    the behaviour correction ``coef``, the token masks (``mask``: real tokens; ``pg_mask``: the rows' on them)
+    and the rows' ``rows_pg`` (``pg_mask [b]``), ``own_mask`` and ``use_mu``."""
 
     logp: torch.Tensor
     entropy: torch.Tensor
@@ -138,13 +141,12 @@ class MicroBatch:
     coef: torch.Tensor
     mask: torch.Tensor
     pg_mask: torch.Tensor
-    sgt_mask: torch.Tensor
-    in_pg: torch.Tensor
-    own: torch.Tensor
+    rows_pg: torch.Tensor
+    own_mask: torch.Tensor
     use_mu: torch.Tensor
 
 
-def micro_batch_loss(model: torch.nn.Module, batch: TrainBatch, idx: list[int], snapshot: list[list[float]] | None, *,
+def micro_batch_loss(model: torch.nn.Module, batch: TrainBatch, idx: list[int], snapshot: list[torch.Tensor] | None, *,
                      loss_cfg: LossConfig, temperature: float, pad_id: int, norm: LossNorm,
                      ref_model: torch.nn.Module | None, res: UpdateResult,
                      logprob_chunk: int | None = None) -> tuple[LossOutput, MicroBatch]:
@@ -155,13 +157,13 @@ def micro_batch_loss(model: torch.nn.Module, batch: TrainBatch, idx: list[int], 
     logp_full, ent_full = forward_logprobs(model, packed, temperature, with_entropy=True, chunk_size=logprob_chunk)
     logp, mask = response_layout(logp_full, packed)
     T = logp.shape[1]
-    old = logp.detach() if snapshot is None else pad_rows([snapshot[i] for i in idx], T).to(device, logp.dtype)
+    old = logp.detach() if snapshot is None else pad_tensors([snapshot[i] for i in idx], T).to(device, logp.dtype)
     mu = pad_rows([batch.mu[i] for i in idx], T).to(device, logp.dtype)
-    use_mu = batch.use_mu[idx].to(device)
-    in_pg, own = batch.in_pg[idx].to(device), batch.own[idx].to(device)
-    coef = peer_behaviour_coef(old, mu, use_mu, batch.ratio_cap)
-    pg_mask = mask & in_pg[:, None]
-    sgt_mask = mask & batch.sgt[idx].to(device)[:, None]
+    rows = batch.rows.take(idx)
+    rows_pg, own_mask, use_mu = rows.pg_mask.to(device), rows.own_mask.to(device), rows.use_mu.to(device)
+    coef = rows.behaviour_coef(old, mu)
+    pg_mask = mask & rows_pg[:, None]
+    sgt_mask = mask & rows.sgt_mask.to(device)[:, None]
     ref = None
     if ref_model is not None:
         with torch.no_grad():
@@ -169,17 +171,17 @@ def micro_batch_loss(model: torch.nn.Module, batch: TrainBatch, idx: list[int], 
         ref = response_layout(ref_full, packed)[0].to(logp.dtype)
         res.ref_seq_tokens += int(packed.attention_mask.sum())
     out = regime_loss(
-        logp, old, batch.advantages[idx].to(device), pg_mask, loss_cfg,
-        behaviour_coef=coef, sample_weight=batch.weights[idx].to(device),
-        sgt_mask=sgt_mask, sgt_weight=batch.sgt_weight,
+        logp, old, rows.advantages.to(device), pg_mask, loss_cfg,
+        behaviour_coef=coef, sample_weight=rows.sample_weight.to(device),
+        sgt_mask=sgt_mask, sgt_weight=rows.sgt_weight,
         sgt_scale=None if batch.sgt_scale is None else batch.sgt_scale[idx].to(device),
-        ref_logp=ref, own_mask=own, norm=norm,
+        ref_logp=ref, own_mask=own_mask, norm=norm,
     )
     res.tokens += int(mask.sum())
     res.seq_tokens += int(packed.attention_mask.sum())
     res.padded_tokens += packed.input_ids.numel()
     entropy, _ = response_layout(ent_full, packed)
-    return out, MicroBatch(logp, entropy, old, mu, ref, coef, mask, pg_mask, sgt_mask, in_pg, own, use_mu)
+    return out, MicroBatch(logp, entropy, old, mu, ref, coef, mask, pg_mask, rows_pg, own_mask, use_mu)
 
 
 def run_update(
@@ -205,12 +207,14 @@ def run_update(
         return res
     mbs = minibatches(n, micro_batch, grad_accum)
     seq_lens = [len(p) + len(r) for p, r in zip(batch.prompts, batch.responses, strict=True)]
-    snapshot: list[list[float]] | None = None  # log pi_old of every row, when the weights move within the step
+    snapshot: list[torch.Tensor] | None = None  # log pi_old of every row, when the weights move within the step
     if len(mbs) > 1:
         with torch.no_grad():  # no graph (under FSDP a forward with grad and no backward breaks the next step)
-            snapshot = response_logprobs(model, batch.prompts, batch.responses, pad_id=pad_id,
-                                         temperature=temperature, micro_batch=micro_batch, chunk_size=logprob_chunk,
-                                         groups=None if max_tokens is None else token_budget_groups(seq_lens, max_tokens))
+            snapshot = response_logprob_rows(model, batch.prompts, batch.responses, pad_id=pad_id,
+                                             temperature=temperature, micro_batch=micro_batch,
+                                             chunk_size=logprob_chunk,
+                                             groups=None if max_tokens is None
+                                             else token_budget_groups(seq_lens, max_tokens))
         res.old_seq_tokens = sum(seq_lens)
     diag = Diagnostics()
     params = [p for p in model.parameters() if p.requires_grad]

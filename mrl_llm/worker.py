@@ -1,7 +1,7 @@
 """The LLM policy worker: one policy's model, tokenizer, engine and optimizer behind the worker contract.
 
 It keeps the contract of :mod:`mrl_llm.distributed.actors` — ``build(name, config, seed) -> worker``
-with ``version``, ``generate(problems, step)``, ``train_step(plans)``, ``save_checkpoint(dir)``,
+with ``version``, ``generate(problems, step)``, ``train_step(rows)``, ``save_checkpoint(dir)``,
 ``load_checkpoint(dir)`` and ``state()`` — so the same object runs in the single-process trainer and
 under the Ray driver. ``config`` is the plain mapping of :class:`WorkerConfig`.
 
@@ -10,8 +10,8 @@ under the Ray driver. ``config`` is the plain mapping of :class:`WorkerConfig`.
   response fails; an unusable gold answer skips the sample, counted) and return the records.
 * ``check_peer_records``: peers' claims re-scored against the problems this worker was given
   (:mod:`mrl_llm.peer_check`).
-* ``train_step``: ``learner_rows(plans)`` -> token sequences (THL for every peer record, cached by
-  ``(record_id, target tokenizer)``) -> :func:`mrl_llm.update.run_update`. The worker decides nothing
+* ``train_step``: the core's :class:`~shared_interfaces.regimes.rows.LearnerRows` -> token sequences (THL for
+  every peer record, cached by ``(record_id, target tokenizer)``) -> :func:`mrl_llm.update.run_update`. The worker decides nothing
   about regimes. ``version`` counts training steps (a NaN-skipped step counts too, so that a
   policy's lag stays ``step - version`` for the exchange's staleness rule). After ``max_nan_steps``
   consecutive skipped steps it raises.
@@ -72,8 +72,7 @@ from mrl_llm.update import run_update
 from shared_interfaces.config_io import ConfigError, from_mapping, to_mapping
 from shared_interfaces.records import SUCCESS_THRESHOLD, ExperienceRecord, TraceCache, make_record_id
 from shared_interfaces.regimes.config import LossConfig
-from shared_interfaces.regimes.plan import LearnerPromptPlan
-from shared_interfaces.regimes.rows import learner_rows
+from shared_interfaces.regimes.rows import LearnerRows
 
 log = logging.getLogger("mrl_llm.worker")
 
@@ -238,7 +237,7 @@ class LLMPolicyWorker:
 
     def check_peer_records(self, records: Sequence[ExperienceRecord]) -> dict[str, str]:
         """``{record_id: outcome}`` of the peer ``records`` whose claims fail this policy's re-check
-        (:mod:`mrl_llm.peer_check`; called by :func:`~mrl_llm.distributed.actors.learner_plans`)."""
+        (:mod:`mrl_llm.peer_check`; called by :func:`~mrl_llm.distributed.actors.fetch_learner_rows`)."""
         return self.peer_check(records)
 
     def close(self) -> None:
@@ -396,19 +395,17 @@ class LLMPolicyWorker:
                 self.trace_cache.get_or_compute(rec.record_id, self.tok_id, lambda tr=tr: tr)
 
     # -- training ----------------------------------------------------------------------------
-    def build_batch(self, plans: Sequence[LearnerPromptPlan]):
-        """The step's :class:`~mrl_llm.batch.TrainBatch` (the rows of the core's plans, tokenised; THL)."""
-        rows = learner_rows(list(plans))
-        self._prefetch([r.record for r in rows])
+    def build_batch(self, rows: LearnerRows):
+        """The step's :class:`~mrl_llm.batch.TrainBatch` (the core's rows, tokenised; THL)."""
+        self._prefetch(rows.row_records())
         max_len = self.max_len
         if self.policy.train.max_tokens_per_micro_batch is not None:  # every row must fit the token budget
             max_len = min(max_len, self.policy.max_prompt_len + self.policy.sampling.max_new_tokens)
-        return build_batch(rows, learner=self.name, prompt_ids=self._prompt_ids, align=self._align,
-                           max_len=max_len)
+        return build_batch(rows, prompt_ids=self._prompt_ids, align=self._align, max_len=max_len)
 
-    def train_step(self, plans: Sequence[LearnerPromptPlan]) -> dict[str, float]:
+    def train_step(self, rows: LearnerRows) -> dict[str, float]:
         t0 = time.perf_counter()
-        batch = self.build_batch(plans)
+        batch = self.build_batch(rows)
         t1 = time.perf_counter()
         t = self.policy.train
         with self.precision.autocast(self.device):  # forward/backward in pol.dtype, grads on the fp32 masters
@@ -441,15 +438,16 @@ class LLMPolicyWorker:
                 )
         else:
             self.nan_streak = 0
-        own = [it.record for p in plans for it in p.pg_items if not it.is_peer]
+        recs = rows.row_records()
+        own = [r for r, o in zip(recs, (rows.own_mask & rows.pg_mask).tolist(), strict=True) if o]
         m = dict(res.metrics)
         m.update({
             "reward_mean": float(np.mean([r.reward for r in own])) if own else float("nan"),
             "success_rate": float(np.mean([r.is_success for r in own])) if own else float("nan"),
-            "own_rows": float(int(batch.own.sum())),
-            "peer_rows": float(int((~batch.own & batch.in_pg).sum())),
-            "sgt_rows": float(int(batch.sgt.sum())),
-            "sgt_activations": float(sum(p.sgt_gate for p in plans)),
+            "own_rows": float(int(rows.own_mask.sum())),
+            "peer_rows": float(int((~rows.own_mask & rows.pg_mask).sum())),
+            "sgt_rows": float(int(rows.sgt_mask.sum())),
+            "sgt_activations": float(int(rows.sgt_gate.sum())),
             **thl_metrics(batch.residuals),
             "truncated_rows": float(batch.truncated_rows),
             "train_tokens": float(res.tokens),

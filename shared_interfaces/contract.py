@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 
 from shared_interfaces.records import ExperienceRecord, PromptGroup
 from shared_interfaces.regimes.config import RegimeSpec
-from shared_interfaces.regimes.plan import plan_prompt_group
+from shared_interfaces.regimes.math import regime_plan
+from shared_interfaces.regimes.plan import group_arrays
 
 
 @dataclass(frozen=True)
@@ -56,19 +57,27 @@ def groups_of(records: Sequence[ExperienceRecord]) -> list[PromptGroup]:
 
 
 def reference_output(case: ContractCase) -> ContractOutput:
-    """The core's own decisions for ``case`` (via :func:`plan_prompt_group`)."""
+    """The core's own decisions for ``case``: :func:`~shared_interfaces.regimes.math.regime_plan` on each
+    prompt group's ``[P, G]`` arrays (:func:`~shared_interfaces.regimes.plan.group_arrays`), read back per
+    sample."""
     out: ContractOutput = {p: LearnerDecisions() for p in case.policy_ids}
     for group in groups_of(case.records):
-        plans = plan_prompt_group(group, case.policy_ids, case.regime)
-        for learner, plan in plans.items():
+        arr = group_arrays(group, case.policy_ids)
+        plan = regime_plan(case.regime, arr.rewards, arr.verified, arr.lengths, arr.mask)
+        for i, learner in enumerate(arr.policy_ids):
             dec = out[learner]
-            dec.sgt_gates[group.prompt_id] = plan.sgt_gate
-            for it in plan.pg_items:
-                dec.advantages[it.record.record_id] = it.advantage
-                dec.weights[it.record.record_id] = it.weight
-                if it.is_peer and plan.denominator == "snapshot":
-                    dec.snapshot_coef[it.record.record_id] = 1.0
-            dec.sgt_targets.update(r.record_id for r in plan.sgt_targets)
-            if plan.sgt_targets and case.regime.sgt.normalize == "prompt":
-                dec.sgt_pools.add(frozenset(r.record_id for r in plan.sgt_targets))
+            dec.sgt_gates[group.prompt_id] = bool(plan.sgt_gate[i])
+            targets = set()
+            for j, row in enumerate(arr.records):
+                for g, rec in enumerate(row):
+                    if plan.pg_mask[i, j, g]:
+                        dec.advantages[rec.record_id] = float(plan.advantages[j, g])
+                        dec.weights[rec.record_id] = float(plan.sample_weight[i, j, g])
+                        if j != i and plan.denominator == "snapshot":
+                            dec.snapshot_coef[rec.record_id] = 1.0
+                    if plan.sgt_targets[i, j, g]:
+                        targets.add(rec.record_id)
+            dec.sgt_targets.update(targets)
+            if targets and case.regime.sgt.normalize == "prompt":
+                dec.sgt_pools.add(frozenset(targets))
     return out

@@ -52,7 +52,6 @@ class Resources:
     gpu_memory_gib: float = 0.0
     n_cpus: int = 1
     ram_gib: float = 1.0
-    n_nodes: int = 1
 
 
 @dataclass(frozen=True)

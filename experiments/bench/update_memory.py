@@ -71,6 +71,7 @@ def child(args: argparse.Namespace) -> dict:
     from mrl_llm.precision import lowp_copy
     from mrl_llm.update import run_update
     from shared_interfaces.regimes.config import LossConfig
+    from shared_interfaces.regimes.rows import LearnerRows
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -86,12 +87,13 @@ def child(args: argparse.Namespace) -> dict:
     responses = [torch.randint(1, args.vocab, (n,), generator=g).tolist() for n in r_lens]
     mu = [torch.empty(n).uniform_(-8.0, -0.1, generator=g).tolist() for n in r_lens]
     n = args.rows
-    batch = TrainBatch(
-        rows=[None] * n, prompts=prompts, responses=responses, mu=mu,  # type: ignore[list-item]
-        advantages=torch.randn(n, generator=g, dtype=torch.float64), weights=torch.ones(n, dtype=torch.float64),
-        in_pg=torch.ones(n, dtype=torch.bool), sgt=torch.zeros(n, dtype=torch.bool),
-        use_mu=torch.zeros(n, dtype=torch.bool), own=torch.ones(n, dtype=torch.bool), sgt_weight=0.0, ratio_cap=2.0,
-    )
+    yes, no = torch.ones(n, dtype=torch.bool), torch.zeros(n, dtype=torch.bool)
+    rows = LearnerRows(src=torch.arange(n), prompt=torch.arange(n), pg_mask=yes, sgt_mask=no, own_mask=yes, use_mu=no,
+                       advantages=torch.randn(n, generator=g, dtype=torch.float64),
+                       sample_weight=torch.ones(n, dtype=torch.float64), sgt_gate=no, sgt_weight=0.0, ratio_cap=2.0,
+                       denominator=None)
+    batch = TrainBatch(rows=rows, prompts=prompts, responses=responses, mu=mu,
+                       lengths=torch.tensor([len(r) for r in responses]))
     kw = ({"micro_batch": args.micro_batch} if args.variant == "rows" else
           {"micro_batch": args.micro_batch, "max_tokens": args.budget, "logprob_chunk": args.chunk})
     times, peaks = [], []

@@ -5,10 +5,10 @@ it instead of unpickling a closure): ``factory(name, config, seed) -> worker`` w
 
 * ``worker.version`` — optimizer steps taken (the ``policy_version`` its records carry);
 * ``worker.generate(problems, step) -> list[ExperienceRecord]``;
-* ``worker.train_step(plans: list[LearnerPromptPlan]) -> dict[str, float]``;
+* ``worker.train_step(rows: LearnerRows) -> dict[str, float]`` (the core's rows of the step, with their records);
 * ``worker.save_checkpoint(dir)`` / ``worker.load_checkpoint(dir)``.
 
-The regime decisions come only from :func:`shared_interfaces.regimes.plan.plan_prompt_groups`, fed from the
+The regime decisions come only from :func:`shared_interfaces.regimes.plan.plan_groups`, fed from the
 exchange's groups; the actor decides nothing itself. Records reach the exchange and come back as
 JSON, validated on receipt (:class:`~mrl_llm.distributed.exchange_actor.RemoteExchange`).
 
@@ -47,7 +47,8 @@ from mrl_llm.runstate import CheckpointError, verify_checkpoint, write_manifest
 from shared_interfaces.exchange import ExperienceExchange
 from shared_interfaces.records import ExperienceRecord, PromptGroup
 from shared_interfaces.regimes.config import RegimeSpec, parse_regime_config
-from shared_interfaces.regimes.plan import LearnerPromptPlan, plan_prompt_groups
+from shared_interfaces.regimes.plan import plan_groups
+from shared_interfaces.regimes.rows import LearnerRows
 
 
 @dataclass(frozen=True)
@@ -108,18 +109,19 @@ def plan_rng(seed: int, step: int, policy: str) -> np.random.Generator:
     return np.random.default_rng([seed, step, sum(policy.encode())])
 
 
-def learner_plans(exchange: ExperienceExchange, learner: str, regime: RegimeSpec, prompt_ids: Sequence[str],
+def fetch_learner_rows(exchange: ExperienceExchange, learner: str, regime: RegimeSpec, prompt_ids: Sequence[str],
                   step: int, *, present: Iterable[str], baselines: Mapping[str, int] | None = None,
                   max_staleness: int = 0, seed: int = 0,
                   own: Sequence[ExperienceRecord] | None = None,
                   expect: Mapping[str, int] | None = None,
                   timings: dict[str, float] | None = None,
                   vet: Callable[[list[ExperienceRecord]], Mapping[str, str]] | None = None,
-                  counts: dict[str, int] | None = None) -> tuple[list[LearnerPromptPlan], int]:
+                  counts: dict[str, int] | None = None) -> tuple[LearnerRows, int]:
     """One learner's step decisions: fetch each prompt's group from the exchange, keep the records of the
     ``present`` policies (a peer record staler than ``max_staleness`` is dropped and counted; the
-    learner's own records always stay), and plan with the core. Returns ``(plans, stale_dropped)``,
-    one plan per prompt in ``prompt_ids`` order. The Ray actors, the single-process trainer and the
+    learner's own records always stay), and plan with the core. Returns ``(rows, stale_dropped)``: the
+    learner's :class:`~shared_interfaces.regimes.rows.LearnerRows`, prompt by prompt in ``prompt_ids``
+    order (``rows.prompt`` indexes ``prompt_ids``). The Ray actors, the single-process trainer and the
     contract backend all call this one function.
 
     ``own``: the learner's own records of ``step`` when it still holds them (it published them): then
@@ -142,7 +144,7 @@ def learner_plans(exchange: ExperienceExchange, learner: str, regime: RegimeSpec
     else:
         foreign = [r.record_id for r in own if r.policy_id != learner or r.step != step]
         if foreign:
-            raise ValueError(f"learner_plans(own=...) got records of another policy or step: {foreign[:3]}")
+            raise ValueError(f"fetch_learner_rows(own=...) got records of another policy or step: {foreign[:3]}")
         mine: dict[str, list[ExperienceRecord]] = {p: [] for p in prompt_ids}
         for r in own:
             if r.prompt_id in mine:
@@ -175,10 +177,10 @@ def learner_plans(exchange: ExperienceExchange, learner: str, regime: RegimeSpec
             for outcome in dropped.values():
                 counts[outcome] = counts.get(outcome, 0) + 1
     t3 = time.perf_counter()
-    plans = plan_prompt_groups(kept, learners, regime, learners=[learner], rng=lambda: plan_rng(seed, step, learner))
+    rows = plan_groups(kept, learners, regime, learner=learner, rng=lambda: plan_rng(seed, step, learner))
     if timings is not None:
         timings.update(fetch_s=t1 - t0, peer_check_s=t3 - t2, plan_s=time.perf_counter() - t3 + (t2 - t1))
-    return [p[learner] for p in plans], stale
+    return rows, stale
 
 
 class PolicyActor:
@@ -261,8 +263,8 @@ class PolicyActor:
         return {"policy": self.spec.name, "step": step, "version": int(self.worker.version),
                 "records": len(recs), "timings": timings}
 
-    def train(self, step: int, prompt_ids: Sequence[str], ready: Sequence[Any] | None,
-              peers: Sequence[str], baselines: Mapping[str, int], max_staleness: int = 0,
+    def train(self, step: int, prompt_ids: Sequence[str], *, peers: Sequence[str], ready: Sequence[Any] | None = None,
+              baselines: Mapping[str, int] | None = None, max_staleness: int = 0,
               expect: Mapping[str, int] | None = None) -> dict[str, Any]:
         """Train on this step's groups with the records of ``peers`` (self included).
 
@@ -306,14 +308,14 @@ class PolicyActor:
             own = None
             expect_peers = {p: n for p, n in counts.items() if p in present}
         dropped: dict[str, int] = dict.fromkeys(PEER_CHECK_OUTCOMES, 0)
-        plans, stale = learner_plans(self.exchange, self.spec.name, self.regime, prompt_ids, step, own=own, timings=parts,
-                                     present=present, baselines=baselines, max_staleness=max_staleness,
-                                     seed=self.spec.seed, expect=expect_peers,
-                                     vet=getattr(self.worker, "check_peer_records", None), counts=dropped)
+        rows, stale = fetch_learner_rows(self.exchange, self.spec.name, self.regime, prompt_ids, step, own=own,
+                                         timings=parts, present=present, baselines=baselines,
+                                         max_staleness=max_staleness, seed=self.spec.seed, expect=expect_peers,
+                                         vet=getattr(self.worker, "check_peer_records", None), counts=dropped)
         learners = sorted(present)
         self._maybe_crash("train", step)
         t1 = time.perf_counter()
-        metrics = dict(self.worker.train_step(plans))
+        metrics = dict(self.worker.train_step(rows))
         t2 = time.perf_counter()
         if self.spec.checkpoint_every > 0 and (step + 1) % self.spec.checkpoint_every == 0:
             self.save(step)

@@ -87,7 +87,7 @@ class ClusterSpec:
         gpu_mem = min((n.gpu_memory_gib for n in nodes if n.gpus), default=0.0)
         return Resources(
             n_gpus=self.n_gpus, gpu_memory_gib=gpu_mem, n_cpus=self.n_cpus,
-            ram_gib=sum(n.ram_gib for n in nodes), n_nodes=len(nodes),
+            ram_gib=sum(n.ram_gib for n in nodes),
         )
 
     def describe(self) -> str:

@@ -347,7 +347,7 @@ class RayDriver:
             gens = self._collect(s, "generate", {n: self.actors[n].generate.remote(problems, s) for n in live})
             peers = sorted(gens)
             counts = {n: gens[n]["records"] for n in peers}
-            refs = {n: self.actors[n].train.remote(s, pids, None, peers, dict(self.baselines), 0, counts)
+            refs = {n: self.actors[n].train.remote(s, pids, peers=peers, baselines=dict(self.baselines), expect=counts)
                     for n in peers}
             self._record(s, gens, self._collect(s, "train", refs))
             self.next_step = s + 1
@@ -377,7 +377,8 @@ class RayDriver:
             pids = [problem_id(p) for p in problems_cache[s]]
             ready = [gen_refs[s][n] for n in live if n in gen_refs[s]]
             train_refs[s] = {
-                n: self.actors[n].train.remote(s, pids, ready, live, dict(self.baselines), self.k)
+                n: self.actors[n].train.remote(s, pids, peers=live, ready=ready,
+                                                baselines=dict(self.baselines), max_staleness=self.k)
                 for n in live if n in gen_refs[s]
             }
             submit_gen(s + self.k + 1, live)
@@ -428,5 +429,5 @@ def run_local(specs: Sequence[PolicyActorSpec], problems_for_step: Callable[[int
         for a in actors.values():
             a.generate(problems, s)
         for a in actors.values():
-            result.metrics.append(a.train(s, pids, None, sorted(actors), {}, 0))
+            result.metrics.append(a.train(s, pids, peers=sorted(actors)))
     return result, {n: a.state() for n, a in actors.items()}

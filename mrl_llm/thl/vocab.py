@@ -113,7 +113,6 @@ class VocabInfo:
     special: np.ndarray  # bool
     fingerprint: str
     decoder_key: str
-    bos_id: int | None
     eos_id: int | None
     has_backend: bool
 
@@ -172,7 +171,6 @@ def vocab_info(tokenizer: Any) -> VocabInfo:
         special=special,
         fingerprint=h.hexdigest(),
         decoder_key=decoder_key,
-        bos_id=tokenizer.bos_token_id,
         eos_id=tokenizer.eos_token_id,
         has_backend=spec is not None,
     )

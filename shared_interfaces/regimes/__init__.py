@@ -1,5 +1,6 @@
-"""Regime configs (:mod:`.config`), the regime math on arrays (:mod:`.math`) and its record-level
-face (:mod:`.plan`)."""
+"""Regime configs (:mod:`.config`), the regime math on arrays (:mod:`.math`), a learner's rows between the
+plan and the loss (:mod:`.rows`, whose docstring follows a record from rollout to the loss) and their
+record-level face (:mod:`.plan`)."""
 
 from shared_interfaces.regimes.config import (
     ADDONS,
@@ -23,15 +24,8 @@ from shared_interfaces.regimes.math import (
     sgt_gate,
     sgt_select,
 )
-from shared_interfaces.regimes.plan import (
-    GroupArrays,
-    LearnerPromptPlan,
-    PGItem,
-    group_arrays,
-    plan_prompt_group,
-    plan_prompt_groups,
-)
-from shared_interfaces.regimes.rows import TrainRow, learner_rows
+from shared_interfaces.regimes.plan import GroupArrays, group_arrays, plan_groups
+from shared_interfaces.regimes.rows import LearnerRows, learner_rows
 
 __all__ = [
     "ADDONS",
@@ -39,22 +33,19 @@ __all__ = [
     "STANDARD_REGIMES",
     "AdvantageConfig",
     "GroupArrays",
-    "LearnerPromptPlan",
+    "LearnerRows",
     "LossConfig",
-    "PGItem",
     "PRPConfig",
     "RegimePlan",
     "RegimeSpec",
     "SGTConfig",
-    "TrainRow",
     "behaviour_correction",
     "group_advantages",
     "group_arrays",
     "learner_rows",
     "parse_regime",
     "parse_regime_config",
-    "plan_prompt_group",
-    "plan_prompt_groups",
+    "plan_groups",
     "pooled_advantages",
     "ratio_variance",
     "regime_plan",

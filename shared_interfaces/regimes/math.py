@@ -6,7 +6,7 @@ with ``mask[..., P, G]`` marking real samples (policies may have different group
 *learner* i and a *source* policy j are indexed ``[..., i, j, g]``.
 
 Both backends call :func:`regime_plan`; the LLM backend reaches it through
-:func:`shared_interfaces.regimes.plan.plan_prompt_group`, which turns records into these arrays.
+:func:`shared_interfaces.regimes.plan.plan_groups`, which turns records into these arrays (and the plan into rows).
 """
 
 from __future__ import annotations

@@ -1,14 +1,14 @@
-"""Records -> regime decisions: the record-level face of :func:`regime_plan`.
+"""Records -> a learner's rows: the record-level face of :func:`regime_plan`.
 
-:func:`plan_prompt_group` lays a :class:`PromptGroup` out as ``[P, G]`` arrays (policies sorted by id,
-samples in canonical order), calls :func:`shared_interfaces.regimes.math.regime_plan` and maps the
-result back onto records: for each learner, the records in its policy-gradient batch with their
-advantage and weight, and its SGT targets. A backend turns these into tensors; it decides nothing.
-
-:func:`plan_prompt_groups` does the same for a step's groups at once: groups of one ``[P, G]`` shape
-go through one ``regime_plan`` call over ``[B, P, G]`` (the math is vectorised over leading dims and
-per prompt), which gives the same plans as one call per group. Under SGT's ``random`` selection each
-group keeps its own call and generator.
+:func:`group_arrays` lays a :class:`PromptGroup` out as ``[P, G]`` arrays (policies sorted by id, samples in
+canonical order). :func:`plan_groups` plans a step's groups and gives one learner's
+:class:`~shared_interfaces.regimes.rows.LearnerRows`: groups of one ``[P, G]`` shape go through one
+``regime_plan`` call over ``[B, P, G]`` (the math is vectorised over leading dims and per prompt, so this
+gives the same plan as one call per group); under SGT's ``random`` selection each group keeps its own call
+and generator. The rows come in the LLM's training order — prompt by prompt (``groups`` order), each
+prompt's policy-gradient rows in canonical ``(j, g)`` order, then its SGT targets that are not already
+rows — with ``prompt`` = the group's position and ``records[src]`` each row's record. A backend turns
+them into tensors; it decides nothing.
 """
 
 from __future__ import annotations
@@ -17,40 +17,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
+import torch
 
 from shared_interfaces.records import ExperienceRecord, PromptGroup
 from shared_interfaces.regimes.config import RegimeSpec
-from shared_interfaces.regimes.math import RegimePlan, regime_plan
-
-
-@dataclass(frozen=True)
-class PGItem:
-    """One row of a learner's policy-gradient batch."""
-
-    record: ExperienceRecord
-    advantage: float
-    weight: float
-    is_peer: bool
-
-
-@dataclass(frozen=True)
-class LearnerPromptPlan:
-    """What learner ``learner`` trains on for one prompt group."""
-
-    learner: str
-    prompt_id: str
-    step: int
-    pg_items: tuple[PGItem, ...]
-    sgt_gate: bool
-    sgt_targets: tuple[ExperienceRecord, ...]
-    sgt_weight: float
-    denominator: str | None
-    ratio_cap: float
-    sgt_normalize: str = "batch"
-
-    @property
-    def peer_items(self) -> tuple[PGItem, ...]:
-        return tuple(it for it in self.pg_items if it.is_peer)
+from shared_interfaces.regimes.math import regime_plan
+from shared_interfaces.regimes.rows import LearnerRows, learner_rows
 
 
 @dataclass(frozen=True)
@@ -63,6 +35,11 @@ class GroupArrays:
     lengths: np.ndarray
     mask: np.ndarray
     records: tuple[tuple[ExperienceRecord, ...], ...]
+
+    def flat_records(self) -> tuple[ExperienceRecord | None, ...]:
+        """The records in the flat ``(j, g)`` order of the arrays (None where ``mask`` is False)."""
+        P, G = self.mask.shape
+        return tuple(row[g] if g < len(row) else None for row in self.records for g in range(G)) if P else ()
 
 
 def group_arrays(group: PromptGroup, policy_ids: Sequence[str]) -> GroupArrays:
@@ -87,93 +64,56 @@ def group_arrays(group: PromptGroup, policy_ids: Sequence[str]) -> GroupArrays:
     return GroupArrays(pids, rewards, verified, lengths, mask, rows)
 
 
-def plan_prompt_group(
-    group: PromptGroup,
-    policy_ids: Sequence[str],
-    spec: RegimeSpec,
-    *,
-    rng: np.random.Generator | None = None,
-) -> dict[str, LearnerPromptPlan]:
-    """Each learner's plan for ``group`` under ``spec`` (keys: policy ids)."""
-    arr = group_arrays(group, policy_ids)
-    if arr.mask.size == 0:
-        return _empty_plans(group, arr.policy_ids, spec)
-    plan = regime_plan(spec, arr.rewards, arr.verified, arr.lengths, arr.mask, rng=rng)
-    return _learner_plans(group, arr, plan, arr.policy_ids)
+def training_order(pg_mask: np.ndarray, sgt_mask: np.ndarray) -> np.ndarray:
+    """One learner's rows of a plan over ``[B, P, G]`` (its ``pg_mask`` and SGT targets, ``[B, P, G]``) as
+    samples ``(b * P + j) * G + g``: prompt by prompt, the policy-gradient samples in ``(j, g)`` order, then
+    the SGT targets not among them."""
+    B = pg_mask.shape[0]
+    pg, sgt = pg_mask.reshape(B, -1), sgt_mask.reshape(B, -1)
+    n = pg.shape[1]
+    rank = np.arange(B)[:, None] * 2 * n + np.where(pg, 0, n) + np.arange(n)  # (b, not in pg, (j, g))
+    keep = np.flatnonzero((pg | sgt).ravel())
+    return keep[np.argsort(rank.ravel()[keep], kind="stable")]
 
 
-def plan_prompt_groups(
+def plan_groups(
     groups: Sequence[PromptGroup],
     policy_ids: Sequence[str],
     spec: RegimeSpec,
     *,
-    learners: Sequence[str] | None = None,
+    learner: str,
     rng: Callable[[], np.random.Generator] | None = None,
-) -> list[dict[str, LearnerPromptPlan]]:
-    """:func:`plan_prompt_group` for each of ``groups``, in order, batching groups of one shape into one
-    ``regime_plan`` call. ``learners`` limits each result to those policies (default: all);
-    ``rng()`` makes the generator of each group's SGT ``random`` selection (called once per group)."""
+) -> LearnerRows:
+    """``learner``'s rows of ``groups`` under ``spec`` (module docstring). ``rng()`` makes the generator of
+    each group's SGT ``random`` selection (called once per group, in order)."""
     arrs = [group_arrays(g, policy_ids) for g in groups]
-    keep = tuple(sorted(set(policy_ids))) if learners is None else tuple(learners)
-    out: list[dict[str, LearnerPromptPlan] | None] = [None] * len(groups)
-    per_group = spec.random_plan
+    pids = tuple(sorted(set(policy_ids)))
+    if learner not in pids:
+        raise ValueError(f"learner {learner!r} is not one of the policies {list(pids)}")
+    i = pids.index(learner)
+    batches: list[list[int]] = []  # group positions planned together
     by_shape: dict[tuple[int, ...], list[int]] = {}
-    for k, (g, arr) in enumerate(zip(groups, arrs, strict=True)):
+    for k, arr in enumerate(arrs):
         if arr.mask.size == 0:
-            out[k] = {p: v for p, v in _empty_plans(g, arr.policy_ids, spec).items() if p in keep}
-        elif per_group:
-            plan = regime_plan(spec, arr.rewards, arr.verified, arr.lengths, arr.mask,
-                               rng=rng() if rng is not None else None)
-            out[k] = _learner_plans(g, arr, plan, keep)
+            continue
+        if spec.random_plan:
+            batches.append([k])
         else:
             by_shape.setdefault(arr.mask.shape, []).append(k)
-    for ks in by_shape.values():
+    batches += list(by_shape.values())
+    gate = torch.zeros(len(groups), dtype=torch.bool)
+    parts = []
+    for ks in batches:
         stack = [arrs[k] for k in ks]
-        plan = regime_plan(spec, np.stack([a.rewards for a in stack]), np.stack([a.verified for a in stack]),
-                           np.stack([a.lengths for a in stack]), np.stack([a.mask for a in stack]))
-        for b, k in enumerate(ks):
-            out[k] = _learner_plans(groups[k], arrs[k], _slice(plan, b), keep)
-    return out  # type: ignore[return-value]
-
-
-def _slice(plan: RegimePlan, b: int) -> RegimePlan:
-    """Prompt ``b`` of a plan over ``[B, ...]``."""
-    return replace(plan, advantages=plan.advantages[b], pg_mask=plan.pg_mask[b], sample_weight=plan.sample_weight[b],
-                   sgt_gate=plan.sgt_gate[b], sgt_targets=plan.sgt_targets[b])
-
-
-def _empty_plans(group: PromptGroup, policy_ids: Sequence[str], spec: RegimeSpec) -> dict[str, LearnerPromptPlan]:
-    """No records at all: every learner gets an empty plan."""
-    return {p: LearnerPromptPlan(p, group.prompt_id, group.step, (), False, (), 0.0, spec.denominator,
-                                 spec.prp.ratio_cap) for p in policy_ids}
-
-
-def _learner_plans(group: PromptGroup, arr: GroupArrays, plan: RegimePlan,
-                   learners: Sequence[str]) -> dict[str, LearnerPromptPlan]:
-    """Map one group's ``[P, G]`` plan back onto its records, for ``learners``."""
-    adv = plan.advantages.tolist()
-    out: dict[str, LearnerPromptPlan] = {}
-    for learner in learners:
-        i = arr.policy_ids.index(learner)
-        pg, w, tg = plan.pg_mask[i].tolist(), plan.sample_weight[i].tolist(), plan.sgt_targets[i].tolist()
-        items = []
-        targets = []
-        for j, row in enumerate(arr.records):
-            for g, rec in enumerate(row):
-                if pg[j][g]:
-                    items.append(PGItem(record=rec, advantage=float(adv[j][g]), weight=float(w[j][g]), is_peer=j != i))
-                if tg[j][g]:
-                    targets.append(rec)
-        out[learner] = LearnerPromptPlan(
-            learner=learner,
-            prompt_id=group.prompt_id,
-            step=group.step,
-            pg_items=tuple(items),
-            sgt_gate=bool(plan.sgt_gate[i]),
-            sgt_targets=tuple(targets),
-            sgt_weight=plan.sgt_weight,
-            denominator=plan.denominator,
-            ratio_cap=plan.ratio_cap,
-            sgt_normalize=plan.sgt_normalize,
-        )
-    return out
+        plan = regime_plan(spec, *(np.stack([getattr(a, f) for a in stack]) for f in ("rewards", "verified", "lengths")),
+                           np.stack([a.mask for a in stack]),
+                           rng=rng() if spec.random_plan and rng is not None else None)
+        src = training_order(plan.pg_mask[:, i], plan.sgt_targets[:, i])
+        rows = learner_rows(plan, src, learners=i, records=tuple(r for a in stack for r in a.flat_records()))
+        gate[ks] = rows.sgt_gate
+        parts.append(replace(rows, prompt=torch.as_tensor(ks, dtype=torch.int64)[rows.prompt]))
+    if not parts:
+        return replace(LearnerRows.empty(spec), sgt_gate=gate)
+    rows = LearnerRows.concat(parts, spec)
+    order = torch.argsort(rows.prompt, stable=True)  # back into the groups' order
+    return replace(rows.take(order), sgt_gate=gate)

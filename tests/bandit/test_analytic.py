@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from bandit_sim.batching import behaviour_coef
-from bandit_sim.config import RunConfig
+from bandit_sim.config import SimConfig
 from bandit_sim.engine import Engine, Rollout
 from bandit_sim.scenario import Scenario
 from shared_interfaces.regimes import SGTConfig
@@ -28,10 +28,10 @@ from tests.bandit.helpers import random_scenario, rescue_scenario
 SGT_RESCUE_STEPS = 15
 
 
-def _cfg(**kw) -> RunConfig:
+def _cfg(**kw) -> SimConfig:
     base = dict(steps=30, seeds=16, batch_prompts=4, group_size=8, lr=10.0, dtype="float64", record_every=1,
                 threads=1, sgt=SGTConfig(weight=1.0))
-    return RunConfig(**{**base, **kw})
+    return SimConfig(**{**base, **kw})
 
 
 def _policy0_logits(engine: Engine) -> np.ndarray:
@@ -114,12 +114,12 @@ def test_prp_snapshot_with_identical_peer_is_grpo_on_2g_samples():
     d = prp.draw()
     ro = prp.rollout(d)
     # the peer weights: sample weight and behaviour coefficient exactly 1 on every peer row
-    batch = prp.plan(0, ro.rewards[0])
-    src = prp.per_row(ro.behaviour_logp[0], batch)
-    coef = behaviour_coef(batch, src, src)
-    peer = batch.pg_mask & batch.is_peer
+    rows = prp.plan(0, ro.rewards[0])
+    src = prp.per_row(ro.behaviour_logp[0], rows)
+    coef = behaviour_coef(rows, src, src)
+    peer = rows.pg_mask & ~rows.own_mask
     assert peer.sum() == 3 * 2 * 5 * G
-    assert (coef[peer] == 1.0).all() and (batch.sample_weight[peer] == 1.0).all()
+    assert (coef[peer] == 1.0).all() and (rows.sample_weight[peer] == 1.0).all()
     # GRPO's group of 2G on prompt b = learner 0's own G samples, then the identical peer's G samples
     cat = lambda x: torch.cat([x[:, :, :, 0], x[:, :, :, 1]], dim=-1)[:, :, :, None]  # noqa: E731 - [R, S, B, P, G]
     z_g = grpo.model.batch_logits([0], d.ctx)

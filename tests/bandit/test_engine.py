@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from bandit_sim.config import RunConfig
+from bandit_sim.config import SimConfig
 from bandit_sim.engine import Engine
 from bandit_sim.runner import run_config
 from experiments.bench.naive_bandit import naive_metrics, naive_step
@@ -18,11 +18,11 @@ from tests.bandit.helpers import random_scenario, rescue_scenario
 REGIMES = ("grpo", "xgrpo", "prp_snapshot", "prp_thl", "sgt", "prp_thl+sgt")
 
 
-def _cfg(**kw) -> RunConfig:
+def _cfg(**kw) -> SimConfig:
     base = dict(regimes=REGIMES, steps=4, seeds=3, batch_prompts=5, group_size=4, lr=3.0, epochs=3,
                 thl_sigma=0.7, thl_bias=0.1, dtype="float64", threads=1, record_every=2,
                 prp=PRPConfig(peer_weight=0.5, ratio_cap=1.5))
-    return RunConfig(**{**base, **kw})
+    return SimConfig(**{**base, **kw})
 
 
 def test_engine_step_equals_naive_loop():

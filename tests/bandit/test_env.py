@@ -6,7 +6,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from bandit_sim.config import RunConfig
+from bandit_sim.config import SimConfig
 from bandit_sim.engine import Engine
 from bandit_sim.env import ENV_ID
 from bandit_sim.scenario import ScenarioSpec, generate_scenario, save_scenario
@@ -49,7 +49,7 @@ def test_env_and_engine_give_the_same_reward_distribution(scenario):
         env_n[obs] += 1
         obs, _ = env.reset()
     # the engine: every context each step, rewards of policy 0's samples
-    eng = Engine(scenario, RunConfig(regimes=("grpo",), seeds=50, batch_prompts=C, group_size=20, threads=1))
+    eng = Engine(scenario, SimConfig(regimes=("grpo",), seeds=50, batch_prompts=C, group_size=20, threads=1))
     eng_sum, eng_n = np.zeros(C), np.zeros(C)
     for _ in range(3):
         d = eng.draw()

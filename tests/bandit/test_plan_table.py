@@ -1,4 +1,4 @@
-"""The plan table (:mod:`bandit_sim.plan_table`) gives exactly :func:`plan_batch`'s learner batch."""
+"""The plan table (:mod:`bandit_sim.plan_table`) gives exactly :func:`plan_batch`'s learner rows."""
 
 from __future__ import annotations
 
@@ -16,11 +16,12 @@ REGIMES = ["grpo", "xgrpo", "prp_snapshot", "prp_thl", "sgt", "prp_thl+sgt", "sg
 
 
 def _assert_same(a, b):
-    for f in ("src", "is_peer", "advantages", "pg_mask", "sample_weight", "sgt_mask", "use_mu", "gate"):
+    for f in ("src", "prompt", "own_mask", "advantages", "pg_mask", "sample_weight", "sgt_mask", "use_mu", "sgt_gate"):
         x, y = getattr(a, f), getattr(b, f)
         assert x.dtype == y.dtype and x.shape == y.shape, f
         assert torch.equal(x, y), f
-    assert (a.sgt_weight, a.ratio_cap, a.denominator) == (b.sgt_weight, b.ratio_cap, b.denominator)
+    assert (a.sgt_weight, a.ratio_cap, a.denominator, a.sgt_normalize) == (b.sgt_weight, b.ratio_cap, b.denominator,
+                                                                           b.sgt_normalize)
 
 
 @pytest.mark.parametrize("name", REGIMES)

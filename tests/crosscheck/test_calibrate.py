@@ -21,7 +21,7 @@ from bandit_sim.calibrate import (
     solve_probability,
     success_probabilities,
 )
-from bandit_sim.config import RunConfig
+from bandit_sim.config import SimConfig
 from bandit_sim.engine import Engine
 
 
@@ -96,7 +96,7 @@ def test_calibration_starts_the_bandit_at_the_measured_accuracy():
     np.testing.assert_allclose(cal.scenario.correct_mass(), cal.p, rtol=1e-10)
     interior = (s > 0) & (s < 4)
     np.testing.assert_allclose(cal.p[interior], s[interior] / 4)
-    eng = Engine(cal.scenario, RunConfig(steps=1, seeds=2, batch_prompts=3, group_size=4, dtype="float64",
+    eng = Engine(cal.scenario, SimConfig(steps=1, seeds=2, batch_prompts=3, group_size=4, dtype="float64",
                                          regimes=("grpo",)))
     acc = eng.policy_metrics()["accuracy"].numpy()  # [R, S, P]
     np.testing.assert_allclose(acc[0, 0], cal.p.mean(axis=1), rtol=1e-9)

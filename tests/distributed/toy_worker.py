@@ -1,8 +1,8 @@
 """A small real policy worker for the runtime tests: a tabular softmax policy over arms per prompt.
 
 It keeps the worker contract of :mod:`mrl_llm.distributed.actors` with a torch model, an Adam optimizer,
-behaviour log-probs recorded at sampling, and the core's :func:`regime_loss` on rows built from the
-core's plans (own rows, PRP peer rows with :func:`behaviour_correction`, SGT targets) — so the Ray
+behaviour log-probs recorded at sampling, and the core's :func:`regime_loss` on the core's rows (:class:`~shared_interfaces.regimes.rows.LearnerRows`:
+own rows, PRP peer rows with their behaviour correction, SGT targets) — so the Ray
 runtime is tested on real updates without the cost of a transformer. Arm ``prompt % n_arms`` is
 correct; policy competence comes from ``config["good_on"]`` (prompt parity where it starts good).
 """
@@ -14,10 +14,10 @@ from typing import Any
 
 import torch
 
-from shared_interfaces.losses import peer_behaviour_coef, regime_loss
+from shared_interfaces.losses import regime_loss
 from shared_interfaces.records import ExperienceRecord, make_record_id
 from shared_interfaces.regimes.config import LossConfig
-from shared_interfaces.regimes.rows import learner_rows
+from shared_interfaces.regimes.rows import LearnerRows
 
 
 class ToyWorker:
@@ -59,28 +59,24 @@ class ToyWorker:
                 ))
         return out
 
-    def train_step(self, plans: list[Any]) -> dict[str, float]:
-        rows = learner_rows(plans)
-        if not rows:
+    def train_step(self, rows: LearnerRows) -> dict[str, float]:
+        if not len(rows):
             return {"loss": 0.0, "rows": 0.0}
-        x = torch.tensor([int(r.record.prompt_id.lstrip("p")) for r in rows])
-        a = torch.tensor([r.record.token_ids[0] for r in rows])
+        recs = rows.row_records()
+        x = torch.tensor([int(r.prompt_id.lstrip("p")) for r in recs])
+        a = torch.tensor([r.token_ids[0] for r in recs])
         old = self._logp().detach()[x, a].unsqueeze(-1)
-        mu = torch.tensor([r.record.token_logprobs[0] for r in rows], dtype=torch.float64).unsqueeze(-1)
-        coef = peer_behaviour_coef(old, mu, torch.tensor([r.needs_peer_trace for r in rows]),
-                                   max(r.ratio_cap for r in rows))
-        pg_mask = torch.tensor([r.in_pg for r in rows]).unsqueeze(-1)
-        sgt_mask = torch.tensor([r.sgt for r in rows]).unsqueeze(-1)
+        mu = torch.tensor([r.token_logprobs[0] for r in recs], dtype=torch.float64).unsqueeze(-1)
+        coef = rows.behaviour_coef(old, mu)
         logp = self._logp()[x, a].unsqueeze(-1)
-        out = regime_loss(logp, old, torch.tensor([r.advantage for r in rows], dtype=torch.float64), pg_mask,
-                          self.loss_cfg, behaviour_coef=coef,
-                          sample_weight=torch.tensor([r.weight for r in rows], dtype=torch.float64),
-                          sgt_mask=sgt_mask, sgt_weight=max(r.sgt_weight for r in rows))
+        out = regime_loss(logp, old, rows.advantages, rows.pg_mask.unsqueeze(-1), self.loss_cfg, behaviour_coef=coef,
+                          sample_weight=rows.sample_weight, sgt_mask=rows.sgt_mask.unsqueeze(-1),
+                          sgt_weight=rows.sgt_weight)
         self.opt.zero_grad()
         out.loss.backward()
         self.opt.step()
         self.version += 1
-        own = [it.record.reward for p in plans for it in p.pg_items if not it.is_peer]
+        own = [r.reward for r, o in zip(recs, (rows.own_mask & rows.pg_mask).tolist(), strict=True) if o]
         return {"loss": float(out.loss.detach()), "rows": float(len(rows)), "reward": sum(own) / max(1, len(own)),
                 "accuracy": self.accuracy()}
 

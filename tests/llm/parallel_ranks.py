@@ -146,7 +146,7 @@ def policy_worker(group: GroupSpec | None) -> Any:
 
 def policy_step(w: Any, step: int) -> None:
     """One step of :func:`policy_worker`: generate on 4 prompts, GRPO plans, train."""
-    from mrl_llm.distributed.actors import learner_plans
+    from mrl_llm.distributed.actors import fetch_learner_rows
     from shared_interfaces.exchange import InMemoryExchange
     from shared_interfaces.regimes import parse_regime
     from tests.llm.helpers import problems
@@ -154,8 +154,8 @@ def policy_step(w: Any, step: int) -> None:
     probs = problems(4, verifier="parity", prefix=f"s{step}p")
     ex = InMemoryExchange()
     ex.publish(w.generate(probs, step))
-    plans, _ = learner_plans(ex, "A", parse_regime("grpo"), [p.prompt_id for p in probs], step, present=["A"])
-    w.train_step(plans)
+    rows, _ = fetch_learner_rows(ex, "A", parse_regime("grpo"), [p.prompt_id for p in probs], step, present=["A"])
+    w.train_step(rows)
 
 
 def policy_rank_main(rank: int, spec: GroupSpec, out: str, ckpt: str) -> None:

@@ -7,7 +7,8 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from mrl_llm.logprobs import chunkable, forward_logprobs, pack, response_logprobs
+from mrl_llm.batch import pad_rows, pad_tensors
+from mrl_llm.logprobs import chunkable, forward_logprobs, pack, response_logprob_rows, response_logprobs
 from tests.llm.helpers import tiny
 
 
@@ -84,3 +85,18 @@ def test_response_logprobs_by_groups_equals_by_rows():
     assert response_logprobs(model, [], [], pad_id=0) == []
     with pytest.raises(ValueError, match=r"groups leave rows \[1\] out"):
         response_logprobs(model, prompts, responses, pad_id=0, groups=[[0, 2]])
+
+
+def test_response_logprob_rows_are_the_lists_as_tensors_and_pad_exactly():
+    """The snapshot log-probs stay tensors (float32, one per row): the same numbers as the list form, and
+    ``pad_tensors`` lays them out ``[rows, T]`` as ``pad_rows`` does the lists (cut at T, zeros after)."""
+    model = _model()
+    prompts, responses = [[3, 4], [5], [6, 7, 8]], [[9, 10, 11], [12], [13, 14]]
+    rows = response_logprob_rows(model, prompts, responses, pad_id=0, micro_batch=2)
+    lists = response_logprobs(model, prompts, responses, pad_id=0, micro_batch=2)
+    assert [r.dtype for r in rows] == [torch.float32] * len(rows) and [r.tolist() for r in rows] == lists
+    for T in (1, max(len(r) for r in responses) + 2):
+        assert torch.equal(pad_tensors(rows, T), pad_rows(lists, T))
+    assert pad_tensors([], 3).shape == (0, 3) and response_logprob_rows(model, [], [], pad_id=0) == []
+    with pytest.raises(ValueError, match="every row needs one group"):
+        response_logprob_rows(model, prompts, responses, pad_id=0, groups=[[0], [2]])

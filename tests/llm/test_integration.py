@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from mrl_llm.config import config_from_mapping
-from mrl_llm.distributed.actors import learner_plans
+from mrl_llm.distributed.actors import fetch_learner_rows
 from mrl_llm.report import make_report
 from mrl_llm.trainer import train
 from shared_interfaces.exchange import DiskLogExchange
@@ -74,9 +74,9 @@ def test_two_policies_two_steps_real_vocabularies(shared_dir, tmp_path, monkeypa
     for s in range(STEPS):
         pids = sorted({r.prompt_id for r in recs if r.step == s})
         for learner in ("qwen", "llama"):
-            plans, _ = learner_plans(ex, learner, cfg.regime_spec, pids, s, present=["qwen", "llama"], seed=cfg.seed)
-            assert sum(p.sgt_gate for p in plans) == by[(s, learner)]["sgt_activations"]
-            assert sum(len(p.sgt_targets) for p in plans) == by[(s, learner)]["sgt_rows"]
+            rows, _ = fetch_learner_rows(ex, learner, cfg.regime_spec, pids, s, present=["qwen", "llama"], seed=cfg.seed)
+            assert int(rows.sgt_gate.sum()) == by[(s, learner)]["sgt_activations"]
+            assert int(rows.sgt_mask.sum()) == by[(s, learner)]["sgt_rows"]
     ex.close()
 
     # -- evaluation -----------------------------------------------------------------------------

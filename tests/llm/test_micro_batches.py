@@ -14,7 +14,7 @@ from mrl_llm.micro_batches import micro_batch_groups, padded_tokens, token_budge
 from mrl_llm.update import run_update
 from shared_interfaces.config_io import ConfigError
 from tests.llm.helpers import tiny
-from tests.llm.test_precision import GradCapture, _plans, _worker
+from tests.llm.test_precision import GradCapture, _rows, _worker
 
 
 @settings(max_examples=200, deadline=None)
@@ -57,7 +57,7 @@ def _mixed_batch(w):
     """The step's batch with its responses cut to long-tailed lengths 0 .. 8 (a random model rarely stops)."""
     from shared_interfaces.exchange import InMemoryExchange
 
-    batch = w.build_batch(_plans(w, InMemoryExchange(), 0))
+    batch = w.build_batch(_rows(w, InMemoryExchange(), 0))
     cut = [(i * 5) % 9 for i in range(len(batch))]
     batch.responses = [r[:k] for r, k in zip(batch.responses, cut, strict=True)]
     batch.mu = [m[:k] for m, k in zip(batch.mu, cut, strict=True)]
@@ -128,6 +128,6 @@ def test_the_worker_trains_by_token_budget_and_cuts_rows_to_fit_it(monkeypatch):
         return real(rows, **kw)
 
     monkeypatch.setattr(worker_mod, "build_batch", spy)
-    m = w.train_step(_plans(w, InMemoryExchange(), 0))
+    m = w.train_step(_rows(w, InMemoryExchange(), 0))
     assert seen["max_len"] == 64 + 8 < w.max_len
     assert m["padding_waste"] >= 1.0 and m["nan_skipped"] == 0

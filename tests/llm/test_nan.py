@@ -10,7 +10,7 @@ import torch
 
 import mrl_llm.update as update_mod
 from mrl_llm.config import PolicyConfig, SamplingSection, TrainSection
-from mrl_llm.distributed.actors import learner_plans
+from mrl_llm.distributed.actors import fetch_learner_rows
 from mrl_llm.worker import LLMPolicyWorker, NaNLossError, WorkerConfig
 from shared_interfaces.exchange import InMemoryExchange
 from shared_interfaces.regimes import parse_regime
@@ -35,9 +35,9 @@ def test_nan_step_is_skipped_then_training_stops(monkeypatch, caplog):
 
     def step(s: int, nan: bool) -> dict:
         ex.publish(w.generate(probs, s))
-        plans, _ = learner_plans(ex, "A", parse_regime("grpo"), [p.prompt_id for p in probs], s, present=["A"])
+        rows, _ = fetch_learner_rows(ex, "A", parse_regime("grpo"), [p.prompt_id for p in probs], s, present=["A"])
         inject["nan"] = nan
-        return w.train_step(plans)
+        return w.train_step(rows)
 
     assert step(0, False)["nan_skipped"] == 0 and w.nan_streak == 0
     before = {k: v.clone() for k, v in w.model.state_dict().items()}

@@ -14,7 +14,7 @@ import logging
 import pytest
 
 from mrl_llm.data import Problem
-from mrl_llm.distributed.actors import learner_plans
+from mrl_llm.distributed.actors import fetch_learner_rows
 from mrl_llm.peer_check import REFUSED, REJECTED, PeerCheck
 from mrl_llm.rewards import score_problems
 from mrl_llm.trainer import Run, train
@@ -98,9 +98,13 @@ def test_claims_that_cannot_be_checked_are_quarantined():
     assert scorer.calls == [1]
 
 
-def plans_for(ex: InMemoryExchange, vet=None, counts=None):
-    plans, _ = learner_plans(ex, "B", parse_regime("sgt"), ["p0"], 0, present=["A", "B"], vet=vet, counts=counts)
-    return plans[0]
+def rows_for(ex: InMemoryExchange, vet=None, counts=None):
+    rows, _ = fetch_learner_rows(ex, "B", parse_regime("sgt"), ["p0"], 0, present=["A", "B"], vet=vet, counts=counts)
+    return rows
+
+
+def sgt_targets(rows) -> list:
+    return [r for r, s in zip(rows.row_records(), rows.sgt_mask.tolist(), strict=True) if s]
 
 
 def test_a_forged_success_is_no_sgt_target_once_checked():
@@ -108,18 +112,18 @@ def test_a_forged_success_is_no_sgt_target_once_checked():
     ex.publish([rec("B", "p0", g, "a long wrong answer", 0.0) for g in range(2)])  # the learner's group fails
     forged = rec("A", "p0", 0, "a long wrong answer", 1.0)
     ex.publish([forged, rec("A", "p0", 1, "another long wrong one", 0.0)])
-    unchecked = plans_for(ex)
-    assert unchecked.sgt_gate and unchecked.sgt_targets == (forged,)  # what happens without the check
+    unchecked = rows_for(ex)
+    assert unchecked.sgt_gate.tolist() == [True] and sgt_targets(unchecked) == [forged]  # without the check
     check, _ = make_check()
     counts: dict[str, int] = {}
-    checked = plans_for(ex, vet=check, counts=counts)
-    assert not checked.sgt_gate and checked.sgt_targets == ()
-    assert forged.record_id not in {it.record.record_id for it in checked.pg_items}
+    checked = rows_for(ex, vet=check, counts=counts)
+    assert checked.sgt_gate.tolist() == [False] and sgt_targets(checked) == []
+    assert forged.record_id not in {r.record_id for r in checked.row_records()}
     assert counts == {REJECTED: 1}
     # an honest peer success still opens the gate
     honest = rec("A", "p0", 2, "42", 1.0)
     ex.publish([honest])
-    assert plans_for(ex, vet=check).sgt_targets == (honest,)
+    assert sgt_targets(rows_for(ex, vet=check)) == [honest]
 
 
 # -- end to end: the single-process trainer, a forged line replayed on resume ----------------------------
@@ -158,18 +162,19 @@ def test_a_forged_record_replayed_on_resume_is_no_sgt_target_and_is_counted(tmp_
     seen: list[tuple[str, list]] = []
     real_train_step = LLMPolicyWorker.train_step
 
-    def spying(self, plans):
-        seen.append((self.name, list(plans)))
-        return real_train_step(self, plans)
+    def spying(self, rows):
+        seen.append((self.name, rows))
+        return real_train_step(self, rows)
 
     monkeypatch.setattr(LLMPolicyWorker, "train_step", spying)
     train(small_config(2, regime="sgt", eval={"enabled": False}), out, resume=True, problems=probs, eval_problems=evp)
 
     rows = {(r["step"], r["policy"]): r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
             if r["kind"] == "train"}
-    (bpe_plans,) = [plans for name, plans in seen if name == "bpe"]
-    targets = [t for p in bpe_plans for t in p.sgt_targets]
-    peers = [it.record for p in bpe_plans for it in p.pg_items if it.is_peer]
+    (bpe_rows,) = [r for name, r in seen if name == "bpe"]
+    targets = sgt_targets(bpe_rows)
+    peers = [r for r, pg, own in zip(bpe_rows.row_records(), bpe_rows.pg_mask.tolist(), bpe_rows.own_mask.tolist(),
+                                     strict=True) if pg and not own]
     assert all(r.sample_index != 7 for r in targets + peers)
     assert all(r["peer_reward_refused"] == 0 for r in rows.values())
     if honest:
@@ -178,6 +183,6 @@ def test_a_forged_record_replayed_on_resume_is_no_sgt_target_and_is_counted(tmp_
     else:
         assert targets == [] and rows[(1, "bpe")]["sgt_activations"] == 0
         # the step's prompts each had one forged record under 'bytes', which 'bpe' fetched and refused
-        assert rows[(1, "bpe")]["peer_verdict_rejected"] == len(bpe_plans) > 0
+        assert rows[(1, "bpe")]["peer_verdict_rejected"] == len(bpe_rows.sgt_gate) > 0
         assert rows[(1, "bytes")]["peer_verdict_rejected"] == 0  # records under its own name are not fetched
         assert rows[(0, "bpe")]["peer_verdict_rejected"] == 0

@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 from mrl_llm.config import PolicyConfig, SamplingSection, TrainSection
-from mrl_llm.distributed.actors import learner_plans
+from mrl_llm.distributed.actors import fetch_learner_rows
 from mrl_llm.precision import Precision, lowp_copy, master_check
 from mrl_llm.update import run_update
 from mrl_llm.worker import LLMPolicyWorker, WorkerConfig
@@ -56,16 +56,16 @@ def _worker(monkeypatch, *, dtype: str, lr: float = 1e-6, kl: float = 0.0) -> LL
     return LLMPolicyWorker("A", WorkerConfig(policy=pol, loss=LossConfig(kl_coef=kl)), seed=0)
 
 
-def _plans(w: LLMPolicyWorker, ex: InMemoryExchange, step: int):
+def _rows(w: LLMPolicyWorker, ex: InMemoryExchange, step: int):
     probs = [p.__class__(**{**p.__dict__, "verifier": "parity"}) for p in problems(4)]
     ex.publish(w.generate(probs, step))
-    plans, _ = learner_plans(ex, "A", parse_regime("grpo"), [p.prompt_id for p in probs], step, present=["A"])
-    return plans
+    rows, _ = fetch_learner_rows(ex, "A", parse_regime("grpo"), [p.prompt_id for p in probs], step, present=["A"])
+    return rows
 
 
 def test_bf16_policy_keeps_fp32_masters_and_fp32_adamw_state_with_a_bf16_reference(monkeypatch):
     w = _worker(monkeypatch, dtype="bf16")
-    w.train_step(_plans(w, InMemoryExchange(), 0))
+    w.train_step(_rows(w, InMemoryExchange(), 0))
     assert master_check(w.model, w.optimizer) == []
     assert w.optimizer.state  # AdamW state exists, and it is fp32 (master_check)
     assert {p.dtype for p in w.ref_model.parameters()} == {torch.bfloat16}
@@ -88,7 +88,7 @@ def test_bf16_ten_adamw_steps_at_lr_1e6_move_the_master_weights(monkeypatch):
         p.register_post_accumulate_grad_hook(hook(n))
     ex = InMemoryExchange()
     for s in range(10):
-        m = w.train_step(_plans(w, ex, s))
+        m = w.train_step(_rows(w, ex, s))
         assert m["nan_skipped"] == 0
     assert w.counters["optimizer_steps"] == 10
     n_touched = sum(int(t.sum()) for t in touched.values())
@@ -116,7 +116,7 @@ def test_the_same_updates_on_bf16_parameters_are_rounded_away():
 
 def test_bf16_autocast_gradient_matches_fp32_on_a_fixed_batch(monkeypatch):
     w = _worker(monkeypatch, dtype="fp32", kl=0.05)
-    batch = w.build_batch(_plans(w, InMemoryExchange(), 0))
+    batch = w.build_batch(_rows(w, InMemoryExchange(), 0))
     assert len(batch) == 32
     out = {}
     for dtype in ("fp32", "bf16"):
@@ -135,7 +135,7 @@ def test_bf16_autocast_gradient_matches_fp32_on_a_fixed_batch(monkeypatch):
 
 def test_checkpoint_holds_fp32_masters_and_the_export_is_bf16(monkeypatch, tmp_path):
     w = _worker(monkeypatch, dtype="bf16")
-    w.train_step(_plans(w, InMemoryExchange(), 0))
+    w.train_step(_rows(w, InMemoryExchange(), 0))
     w.save_checkpoint(str(tmp_path / "ck"))
     w.export(tmp_path / "pol")
     ck = load_file(tmp_path / "ck" / "model" / "model.safetensors")

@@ -75,10 +75,10 @@ def test_crash_mid_step_then_resume_equals_uninterrupted(tmp_path, verifier, mon
     train(small_config(3), tmp_path / "a", problems=probs, eval_problems=evp)
     real = LLMPolicyWorker.train_step
 
-    def crashing(self, plans):
+    def crashing(self, rows):
         if self.name == "bpe" and self.version == 2:
             raise RuntimeError("simulated crash in step 2, after every policy published its records")
-        return real(self, plans)
+        return real(self, rows)
 
     monkeypatch.setattr(LLMPolicyWorker, "train_step", crashing)
     with pytest.raises(RuntimeError, match="simulated crash"):

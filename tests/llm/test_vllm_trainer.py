@@ -25,7 +25,7 @@ from safetensors.torch import load_file
 from mrl_llm import worker as worker_mod
 from mrl_llm.config import config_from_mapping
 from mrl_llm.contract import learner_tokenizer_dir
-from mrl_llm.distributed.actors import learner_plans
+from mrl_llm.distributed.actors import fetch_learner_rows
 from mrl_llm.logprobs import response_logprobs
 from mrl_llm.rollout.base import RolloutEngine, Sample
 from mrl_llm.trainer import train
@@ -100,11 +100,14 @@ def decisions(run_dir, cfg):
         for step in range(cfg.steps):
             pids = ex.prompt_ids(step)
             for learner in NAMES:
-                plans, _ = learner_plans(ex, learner, cfg.regime_spec, pids, step, present=NAMES, seed=cfg.seed)
-                for p in plans:
-                    out[(step, learner, p.prompt_id)] = (
-                        [(it.record.record_id, it.record.reward, it.advantage, it.weight, it.is_peer) for it in p.pg_items],
-                        p.sgt_gate, [t.record_id for t in p.sgt_targets], p.sgt_weight)
+                rows, _ = fetch_learner_rows(ex, learner, cfg.regime_spec, pids, step, present=NAMES, seed=cfg.seed)
+                recs = rows.row_records()
+                for k, pid in enumerate(pids):
+                    mine = [n for n in range(len(rows)) if int(rows.prompt[n]) == k]
+                    out[(step, learner, pid)] = (
+                        [(recs[n].record_id, recs[n].reward, float(rows.advantages[n]), float(rows.sample_weight[n]),
+                          not bool(rows.own_mask[n])) for n in mine if rows.pg_mask[n]],
+                        bool(rows.sgt_gate[k]), [recs[n].record_id for n in mine if rows.sgt_mask[n]], rows.sgt_weight)
     finally:
         ex.close()
     return out

@@ -11,7 +11,7 @@ import torch
 import mrl_llm.update as update_mod
 from mrl_llm.config import PolicyConfig, TrainSection
 from mrl_llm.contract import learner_tokenizer_dir
-from mrl_llm.distributed.actors import learner_plans
+from mrl_llm.distributed.actors import fetch_learner_rows
 from mrl_llm.thl import align_trace
 from mrl_llm.update import minibatches, run_update
 from mrl_llm.worker import LLMPolicyWorker, WorkerConfig
@@ -66,21 +66,27 @@ class Spy:
         return self.real(*args, **kw)
 
 
-def plans_for(ex, learner, regime):
-    plans, _ = learner_plans(ex, learner, parse_regime(regime), ["p0"], 0, present=["A", "B"])
-    return plans
+def rows_for(ex, learner, regime):
+    rows, _ = fetch_learner_rows(ex, learner, parse_regime(regime), ["p0"], 0, present=["A", "B"])
+    return rows
+
+
+def kinds(rows) -> list[str]:
+    """Each row's behaviour kind: own, a PRP peer row under snapshot / thl, or none (an SGT-only row)."""
+    return ["own" if o else ("none" if not pg else "thl" if mu else "snapshot")
+            for o, pg, mu in zip(rows.own_mask.tolist(), rows.pg_mask.tolist(), rows.use_mu.tolist(), strict=True)]
 
 
 def test_prp_thl_peer_rows_take_mu_from_thl_and_sgt_rows_only_the_sgt_mask(pair, monkeypatch):
     a, b, ex = pair
-    plans = plans_for(ex, "A", "prp_thl+sgt")
-    assert plans[0].sgt_gate  # A failed everywhere, B has verified successes
-    batch = a.build_batch(plans)
-    behaviours = [r.behaviour for r in batch.rows]
+    rows = rows_for(ex, "A", "prp_thl+sgt")
+    assert rows.sgt_gate.tolist() == [True]  # A failed everywhere, B has verified successes
+    batch = a.build_batch(rows)
+    behaviours = kinds(batch.rows)
     assert behaviours == ["own"] * 3 + ["thl"] * 3  # the SGT target is a PRP row too: one row, both roles
-    for i, row in enumerate(batch.rows):
-        rec = row.record
-        if row.behaviour == "thl":
+    records = rows.row_records()
+    for i, rec in enumerate(records):
+        if behaviours[i] == "thl":
             want = align_trace(b.tokenizer, a.tokenizer, list(rec.token_ids), list(rec.token_logprobs),
                                prompt_text=PROMPT)
             assert batch.responses[i] == list(want.target_ids)
@@ -88,7 +94,7 @@ def test_prp_thl_peer_rows_take_mu_from_thl_and_sgt_rows_only_the_sgt_mask(pair,
             assert batch.responses[i] == list(rec.response_text.encode()) + [a.tokenizer.eos_token_id]
         else:
             assert batch.responses[i] == list(rec.token_ids) and batch.mu[i] == list(rec.token_logprobs)
-    assert [bool(x) for x in batch.sgt] == [r.record.record_id == plans[0].sgt_targets[0].record_id for r in batch.rows]
+    assert int(rows.sgt_mask.sum()) == 1 and records[int(rows.sgt_mask.nonzero())].policy_id == "B"
 
     spy = Spy()
     monkeypatch.setattr(update_mod, "regime_loss", spy)
@@ -99,23 +105,22 @@ def test_prp_thl_peer_rows_take_mu_from_thl_and_sgt_rows_only_the_sgt_mask(pair,
     for args, kw in spy.calls:
         logp, old, adv, pg_mask = args[0], args[1], args[2], args[3]
         n = logp.shape[0]
-        rows = batch.rows[seen : seen + n]
         idx = list(range(seen, seen + n))
         seen += n
-        assert torch.equal(adv, batch.advantages[idx]) and torch.equal(kw["sample_weight"], batch.weights[idx])
+        assert torch.equal(adv, rows.advantages[idx]) and torch.equal(kw["sample_weight"], rows.sample_weight[idx])
         assert kw["norm"] == batch.norm(list(range(len(batch))))
         coef = kw["behaviour_coef"]
-        for j, row in enumerate(rows):
-            L = len(batch.responses[seen - n + j])
-            assert bool(pg_mask[j, :L].all()) == row.in_pg and not pg_mask[j, L:].any()
-            assert bool(kw["sgt_mask"][j, :L].all()) == row.sgt and not kw["sgt_mask"][j, L:].any()
-            if row.behaviour == "thl":
-                mu = torch.tensor(batch.mu[seen - n + j])
-                want = torch.clamp(old[j, :L] - mu, max=math.log(row.ratio_cap)).exp()
+        for j, k in enumerate(idx):
+            L = len(batch.responses[k])
+            assert bool(pg_mask[j, :L].all()) == bool(rows.pg_mask[k]) and not pg_mask[j, L:].any()
+            assert bool(kw["sgt_mask"][j, :L].all()) == bool(rows.sgt_mask[k]) and not kw["sgt_mask"][j, L:].any()
+            if behaviours[k] == "thl":
+                mu = torch.tensor(batch.mu[k])
+                want = torch.clamp(old[j, :L] - mu, max=math.log(rows.ratio_cap)).exp()
                 torch.testing.assert_close(coef[j, :L], want)
             else:
                 assert torch.equal(coef[j, :L], torch.ones(L))
-        assert kw["sgt_weight"] == plans[0].sgt_weight and kw["ref_logp"] is not None
+        assert kw["sgt_weight"] == rows.sgt_weight == 1.0 and kw["ref_logp"] is not None
     assert seen == len(batch)
 
 
@@ -125,8 +130,8 @@ def test_snapshot_peers_have_coefficient_one_and_sgt_only_rows_are_not_in_pg(pai
     monkeypatch.setattr(update_mod, "regime_loss", spy)
     for regime, want in (("prp_snapshot", ["own"] * 3 + ["snapshot"] * 3), ("sgt", ["own"] * 3 + ["none"])):
         spy.calls.clear()
-        batch = a.build_batch(plans_for(ex, "A", regime))
-        assert [r.behaviour for r in batch.rows] == want
+        batch = a.build_batch(rows_for(ex, "A", regime))
+        assert kinds(batch.rows) == want
         run_update(a.model, torch.optim.SGD(a.model.parameters(), lr=0.0), batch, loss_cfg=a.cfg.loss,
                    temperature=1.0, micro_batch=8, grad_accum=None, grad_clip=None, pad_id=a.pad_id)
         (args, kw), = spy.calls
@@ -134,9 +139,9 @@ def test_snapshot_peers_have_coefficient_one_and_sgt_only_rows_are_not_in_pg(pai
         assert torch.equal(kw["behaviour_coef"][mask], torch.ones(int(mask.sum())))
         if regime == "sgt":
             assert not args[3][3].any() and kw["sgt_mask"][3].any()  # the SGT-only row: NLL term only
-            assert [bool(x) for x in batch.in_pg] == [True] * 3 + [False]
+            assert batch.rows.pg_mask.tolist() == [True] * 3 + [False]
     # B (all-success learner with a failing peer) gets no SGT term and no peer rows under plain sgt
-    assert [r.behaviour for r in b.build_batch(plans_for(ex, "B", "sgt")).rows] == ["own"] * 3
+    assert kinds(b.build_batch(rows_for(ex, "B", "sgt")).rows) == ["own"] * 3
 
 
 @pytest.mark.parametrize("grad_accum", [None, 2])
@@ -144,7 +149,7 @@ def test_micro_batches_accumulate_to_the_full_batch_update(pair, grad_accum):
     """Cutting each mini-batch into micro-batches of 1 row or into one micro-batch gives the same SGD update
     (the LossNorm contract); with grad_accum the step has two mini-batches (two updates) of h rows."""
     _, b, ex = pair
-    batch = b.build_batch(plans_for(ex, "B", "prp_thl+sgt"))
+    batch = b.build_batch(rows_for(ex, "B", "prp_thl+sgt"))
     n = len(batch)
     results = []
     h = n // 2
@@ -165,7 +170,7 @@ def test_micro_batches_accumulate_to_the_full_batch_update(pair, grad_accum):
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 def test_gradient_checkpointing_gives_the_same_update(pair, dtype):
     _, b, ex = pair
-    batch = b.build_batch(plans_for(ex, "B", "prp_thl+sgt"))
+    batch = b.build_batch(rows_for(ex, "B", "prp_thl+sgt"))
     params = []
     for ckpt in (False, True):
         pol = PolicyConfig(name="B", model_config=tiny("llama"), tokenizer_dir=learner_tokenizer_dir(), dtype=dtype,
@@ -204,11 +209,12 @@ def test_kl_own_rows_and_prompt_sgt_scale_reach_the_loss(pair, monkeypatch):
     per-row SGT scale computed over the whole batch; micro-batches still add up to the full update."""
     a, _, ex = pair
     spec = parse_regime("prp_thl+sgt", {"sgt": {"normalize": "prompt", "successes_per_prompt": 2}})
-    plans, _ = learner_plans(ex, "A", spec, ["p0"], 0, present=["A", "B"])
-    batch = a.build_batch(plans)
-    sgt_tokens = sum(len(r) for r, s in zip(batch.responses, batch.sgt, strict=True) if s)
-    assert batch.sgt.sum() == 2 and batch.sgt_pool.tolist() == [0] * len(batch)
-    assert batch.sgt_scale.tolist() == [1 / sgt_tokens if s else 0.0 for s in batch.sgt.tolist()]
+    rows, _ = fetch_learner_rows(ex, "A", spec, ["p0"], 0, present=["A", "B"])
+    batch = a.build_batch(rows)
+    sgt = rows.sgt_mask.tolist()
+    sgt_tokens = sum(len(r) for r, s in zip(batch.responses, sgt, strict=True) if s)
+    assert sum(sgt) == 2 and rows.prompt.tolist() == [0] * len(batch)
+    assert batch.sgt_scale.tolist() == [1 / sgt_tokens if s else 0.0 for s in sgt]
     spy = Spy()
     monkeypatch.setattr(update_mod, "regime_loss", spy)
     run_update(a.model, torch.optim.SGD(a.model.parameters(), lr=0.0), batch, loss_cfg=a.cfg.loss, temperature=1.0,
@@ -217,7 +223,7 @@ def test_kl_own_rows_and_prompt_sgt_scale_reach_the_loss(pair, monkeypatch):
     for _, kw in spy.calls:
         own += kw["own_mask"].tolist()
         scale += kw["sgt_scale"].tolist()
-    assert own == batch.own.tolist() and scale == batch.sgt_scale.tolist()
+    assert own == rows.own_mask.tolist() and scale == batch.sgt_scale.tolist()
     monkeypatch.undo()
     losses = []
     for mb in (1, len(batch)):

@@ -1,11 +1,11 @@
-"""learner_plans with the learner's own records in hand (only the peers' are fetched) plans exactly as
+"""fetch_learner_rows with the learner's own records in hand (only the peers' are fetched) plans exactly as
 with every record fetched from the exchange."""
 
 from __future__ import annotations
 
 import pytest
 
-from mrl_llm.distributed.actors import learner_plans
+from mrl_llm.distributed.actors import fetch_learner_rows
 from shared_interfaces.exchange import DiskLogExchange
 from shared_interfaces.regimes import parse_regime
 from tests.contract.cases import group
@@ -20,8 +20,8 @@ def test_own_records_in_hand_give_the_same_plans(tmp_path, regime):
     spec = parse_regime(regime)
     pids = ["q0", "q1", "q2"]
     for learner in ("A", "B"):
-        fetched = learner_plans(ex, learner, spec, pids, 0, present=["A", "B"])
-        in_hand = learner_plans(ex, learner, spec, pids, 0, present=["A", "B"], own=recs[learner])
+        fetched = fetch_learner_rows(ex, learner, spec, pids, 0, present=["A", "B"])
+        in_hand = fetch_learner_rows(ex, learner, spec, pids, 0, present=["A", "B"], own=recs[learner])
         assert in_hand == fetched
     with pytest.raises(ValueError, match="another policy or step"):
-        learner_plans(ex, "A", spec, pids, 0, present=["A", "B"], own=recs["B"])
+        fetch_learner_rows(ex, "A", spec, pids, 0, present=["A", "B"], own=recs["B"])
