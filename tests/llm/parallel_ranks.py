@@ -17,6 +17,7 @@ from mrl_llm.parallel.share import RankShare
 from mrl_llm.precision import Precision, lowp_copy
 from mrl_llm.update import run_update
 from shared_interfaces.regimes.config import LossConfig
+from shared_interfaces.regimes.rows import LearnerRows
 
 VOCAB = 96
 LOSS = LossConfig(kl_coef=0.05, max_response_len=12)
@@ -45,14 +46,15 @@ def synthetic_batch(n: int = 9, seed: int = 0) -> TrainBatch:
     peer = [i % 3 == 2 for i in range(n)]
     sgt = [i >= n - 2 for i in range(n)]
     in_pg = [not s for s in sgt]
-    return TrainBatch(
-        rows=[None] * n,  # type: ignore[list-item]  # the update reads only the tensors below
-        prompts=prompts, responses=responses, mu=mu,
+    rows = LearnerRows(
+        src=torch.arange(n), prompt=torch.zeros(n, dtype=torch.long),
         advantages=torch.tensor([rng.uniform(-1, 1) if p else 0.0 for p in in_pg], dtype=torch.float64),
-        weights=torch.ones(n, dtype=torch.float64),
-        in_pg=torch.tensor(in_pg), sgt=torch.tensor(sgt), use_mu=torch.tensor(peer),
-        own=torch.tensor([not p for p in peer]), sgt_weight=0.3, ratio_cap=2.0,
+        pg_mask=torch.tensor(in_pg), sample_weight=torch.ones(n, dtype=torch.float64),
+        sgt_mask=torch.tensor(sgt), own_mask=torch.tensor([not p for p in peer]), use_mu=torch.tensor(peer),
+        sgt_gate=torch.tensor([True]), sgt_weight=0.3, ratio_cap=2.0, denominator="thl",
     )
+    return TrainBatch(rows=rows, prompts=prompts, responses=responses, mu=mu,
+                      lengths=torch.tensor([len(r) for r in responses]))
 
 
 class RecordingAdamW(torch.optim.AdamW):
