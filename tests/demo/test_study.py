@@ -119,6 +119,16 @@ def test_run_curves_by_hand(tmp_path):
     assert a["reward"] == {0: 0.5, 2: 1.0}  # own-family pool prompts only (add:0+0), sampled
     assert a["entropy"][0] == pytest.approx(0.1) and a["entropy"][2] == pytest.approx(0.15)  # steps 0, 1
     assert a["kl"][2] == pytest.approx(0.005) and b["entropy"][2] is None
+    # sampled: successes / samples over the same prompts (2 samples each)
+    assert a["own_s"] == {0: 0.0, 2: 0.0} and a["excl_s"] == {0: 0.0, 2: 0.0}
+    assert a["overall_s"] == {0: pytest.approx(1 / 6), 2: pytest.approx(2 / 6)}
+
+
+def test_run_curves_sampled_is_none_without_samples(tmp_path):
+    rows = [_eval_row(0, "a", "add:1+1", 1, samples=0), _eval_row(0, "b", "add:1+1", 0, samples=0)]
+    _write_run(tmp_path / "r", rows, [])
+    c = run_curves(tmp_path / "r", {"a": "add", "b": "sub"}, {"add:1+1"}, window=1)
+    assert c["a"]["own"] == {0: 1.0} and c["a"]["own_s"] == {0: None} and c["a"]["overall_s"] == {0: None}
 
 
 def test_report_empty_and_missing_runs(tmp_path):
@@ -128,8 +138,11 @@ def test_report_empty_and_missing_runs(tmp_path):
         write_report(cfg, tmp_path, wall_s=0.0, load=((0, 0, 0), (0, 0, 0)), sft={}, say=lambda s: None)
 
 
-def _curves(own, excl, overall, reward, entropy=0.2, kl=0.1):
-    return {"p": {"own": own, "excl": excl, "overall": overall, "reward": reward,
+def _curves(own, excl, overall, reward, entropy=0.2, kl=0.1, sampled=None):
+    """Hand-made curves; the sampled accuracies equal the greedy ones unless ``sampled`` gives them."""
+    s = sampled or {}
+    return {"p": {"own": own, "excl": excl, "overall": overall, "reward": reward, "own_s": s.get("own", own),
+                  "excl_s": s.get("excl", excl), "overall_s": s.get("overall", overall),
                   "entropy": {0: entropy, 10: entropy}, "kl": {0: 0.0, 10: kl}}}
 
 
@@ -155,6 +168,15 @@ def test_acceptance_and_claims_lines():
     bad = {k: (_curves({0: 0.5, 10: 0.4}, {0: 0, 10: 0}, {0: 0.3, 10: 0.3}, {0: 0.5, 10: 0.4}) if k[0] == "grpo" else v)
            for k, v in res.items()}
     assert "FAIL" in acceptance(bad, seeds, ["p"], [0, 10])[0]
+    # the checks read the sampled accuracies: a greedy rise with a sampled fall fails, and the reverse passes
+    def flip(greedy_up):
+        up, down = {0: 0.5, 10: 0.7}, {0: 0.5, 10: 0.4}
+        own, own_s = (up, down) if greedy_up else (down, up)
+        return {k: (_curves(own, v["p"]["excl"], v["p"]["overall"], {0: 0.5, 10: 0.6 + 0.01 * k[1]},
+                            sampled={"own": {0: 0.5, 10: own_s[10] + 0.01 * k[1]}}) if k[0] == "grpo" else v)
+                for k, v in res.items()}
+    assert "FAIL" in acceptance(flip(True), seeds, ["p"], [0, 10])[0]
+    assert "PASS" in acceptance(flip(False), seeds, ["p"], [0, 10])[0]
 
 
 # -- end to end, tiny ----------------------------------------------------------------------------
