@@ -85,7 +85,7 @@ def main() -> None:
               lr=args.lr, kl_coef=args.kl_coef, sft_steps=args.sft_steps, first_seed=args.seed, regimes=("grpo",))
     pol = next(p for p in cfg.policies if p.name == args.policy)
     out = Path(args.out)
-    tok_dirs = save_demo_tokenizers(out / "tokenizers", cfg.task())
+    tok_dirs = save_demo_tokenizers(out / "tokenizers", cfg.task(), kinds=(pol.tokenizer,))
     sft_tag = "sft-study" if args.preset == "study" else f"sft{args.sft_steps}"
     sft_dir = out / f"seed{args.seed}" / sft_tag / pol.name
     rep = sft_job(cfg, pol, args.seed, str(tok_dirs[pol.tokenizer]), str(sft_dir))

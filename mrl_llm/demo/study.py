@@ -40,6 +40,11 @@ STUDY_POLICIES = (
 )
 
 
+#: the parameter-name glob of each architecture's normalisation layers (RMSNorm gains; GPT-2's LayerNorm
+#: gains and biases), for :attr:`StudyConfig.norm_lr`
+NORM_GLOBS = {"llama": "*norm*", "qwen2": "*norm*", "gpt2": "*ln_*"}
+
+
 @dataclass(frozen=True)
 class StudyConfig(DemoConfig):
     """The study's knobs: :class:`~mrl_llm.demo.setup.DemoConfig`'s (with the study's defaults) plus the
@@ -61,6 +66,10 @@ class StudyConfig(DemoConfig):
     policies: tuple[DemoPolicy, ...] = STUDY_POLICIES
     #: SFT steps per policy name (others: ``sft_steps``): the families differ in how fast they are learnt
     sft_steps_per_policy: tuple[tuple[str, int], ...] = (("qwen-add", 400), ("llama-sub", 200), ("gpt2-mul", 150))
+    #: RL learning rate of the normalisation layers' gains and biases (``train.lr_groups``; None: ``lr`` for
+    #: every parameter) -- the cheap, consistent direction of how sharply a policy samples, which Adam at
+    #: ``lr`` alone barely moves in the study's steps (``experiments/study/README.md``)
+    norm_lr: float | None = 1e-2
 
     def __post_init__(self) -> None:
         if self.seeds < 1 or self.steps < 1 or self.sft_steps < 1:
@@ -72,6 +81,12 @@ class StudyConfig(DemoConfig):
             raise ValueError(f"study: SFT families {missing} are not in the task families {self.task().family_names}")
         if self.optimizer not in ("adamw", "adam", "sgd"):
             raise ValueError(f"study: optimizer {self.optimizer!r} must be adamw, adam or sgd")
+        if self.norm_lr is not None and not self.norm_lr > 0:
+            raise ValueError(f"study: --norm-lr must be > 0 (or unset), got {self.norm_lr}")
+        unknown = sorted({p.arch for p in self.policies} - set(NORM_GLOBS))
+        if self.norm_lr is not None and unknown:
+            raise ValueError(f"study: no norm-parameter glob for architecture(s) {unknown}; add them to NORM_GLOBS "
+                             f"or unset --norm-lr")
 
 
     def sft_config(self, seed: int, policy: DemoPolicy | None = None) -> SFTConfig:
@@ -81,13 +96,17 @@ class StudyConfig(DemoConfig):
 
 
 def study_run_config(cfg: StudyConfig, regime: str, seed: int, policy_dirs: dict[str, str | Path]) -> dict[str, Any]:
-    """The demo's run config (:func:`~mrl_llm.demo.setup.run_config`) with the study's optimizer."""
+    """The demo's run config (:func:`~mrl_llm.demo.setup.run_config`) with the study's optimizer (and its
+    norm layers' own rate, :attr:`StudyConfig.norm_lr`)."""
     mapping = run_config(cfg, regime, seed, policy_dirs)
     mapping["name"] = f"study-seed{seed}"
+    arch = {p.name: p.arch for p in cfg.policies}
     for p in mapping["policies"]:
         p["train"]["optimizer"] = cfg.optimizer
         if cfg.optimizer != "sgd":
             p["train"]["betas"] = [0.9, cfg.beta2]
+        if cfg.norm_lr is not None:
+            p["train"]["lr_groups"] = [{"match": NORM_GLOBS[arch[p["name"]]], "lr": cfg.norm_lr}]
     return mapping
 
 

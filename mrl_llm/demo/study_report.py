@@ -289,7 +289,8 @@ def write_report(cfg: Any, out: Path, *, wall_s: float, load: tuple, sft: dict, 
         raise FileNotFoundError(f"no finished study run under {out}; run `python -m mrl_llm study --out {out}`")
     md = [f"# mutual-RL study\n\n{cfg.seeds} seed(s) {seeds}, {len(pols)} policies "
           f"({', '.join(f'{p.name}: {p.arch}/{p.tokenizer}/{p.family}' for p in cfg.policies)}), {cfg.steps} RL steps x "
-          f"{cfg.prompts_per_step} prompts x G={cfg.group_size}, {cfg.optimizer} lr {cfg.lr} (beta2 {cfg.beta2}), "
+          f"{cfg.prompts_per_step} prompts x G={cfg.group_size}, {cfg.optimizer} lr {cfg.lr} (beta2 {cfg.beta2}; norm "
+          f"layers lr {getattr(cfg, 'norm_lr', None) or cfg.lr}), eval {cfg.eval_k} samples/prompt every {cfg.eval_every} steps, "
           f"SFT steps {', '.join(f'{p.name} {cfg.sft_config(0, p).steps}' for p in cfg.policies)}, "
           f"pool {cfg.pool_per_family}/family, SGT λ {cfg.sgt_weight}; this invocation: "
           f"wall {wall_s:.0f} s on {os.cpu_count()} CPU(s), load average {load[0][0]:.2f} -> {load[1][0]:.2f}; "

@@ -68,6 +68,41 @@ def test_cli_parses_study_options(monkeypatch, tmp_path):
     assert (cfg.seeds, cfg.lr, cfg.regimes, seen["jobs"]) == (3, 1e-4, ("grpo", "sgt"), 2)
     assert all(cfg.sft_config(0, p).steps == 50 for p in STUDY_POLICIES)
     assert main(["study", "--out", str(tmp_path), "--regimes", "nonsense"]) == 2
+    assert cfg.norm_lr == StudyConfig().norm_lr
+    main(["study", "--out", str(tmp_path), "--norm-lr", "0.03"])
+    assert seen["cfg"].norm_lr == 0.03
+    main(["study", "--out", str(tmp_path), "--no-norm-lr"])
+    assert seen["cfg"].norm_lr is None
+
+
+def test_study_run_config_gives_each_architecture_its_norm_group():
+    from mrl_llm.config import config_from_mapping
+    from mrl_llm.demo.study import study_run_config
+
+    dirs = {p.name: f"/m/{p.name}" for p in STUDY_POLICIES}
+    m = study_run_config(StudyConfig(norm_lr=0.02), "grpo", 0, dirs)
+    groups = {p["name"]: p["train"]["lr_groups"] for p in m["policies"]}
+    assert groups == {"qwen-add": [{"match": "*norm*", "lr": 0.02}], "llama-sub": [{"match": "*norm*", "lr": 0.02}],
+                      "gpt2-mul": [{"match": "*ln_*", "lr": 0.02}]}
+    assert config_from_mapping(m).policies[2].train.lr_groups[0].match == "*ln_*"
+    one = study_run_config(StudyConfig(norm_lr=None), "grpo", 0, dirs)
+    assert all("lr_groups" not in p["train"] for p in one["policies"])
+
+
+def test_study_norm_globs_match_the_built_architectures():
+    """Each architecture's glob names its normalisation parameters and nothing else."""
+    from mrl_llm.config import PolicyConfig
+    from mrl_llm.demo.study import NORM_GLOBS
+    from mrl_llm.models import build_model
+    from mrl_llm.param_groups import LrGroup, split_param_groups
+
+    for p in STUDY_POLICIES:
+        model = build_model(PolicyConfig(name=p.name, model_config=arch_config(
+            p.arch, ArchSize(hidden=32, layers=1, heads=2, kv_heads=1))), build_tokenizer(p.tokenizer, TASK), seed=0)
+        (norms, _rest) = split_param_groups(model.named_parameters(), [LrGroup(NORM_GLOBS[p.arch], 1.0)], 0.1,
+                                            policy=p.name)
+        assert norms["names"] and all(("norm" in n or ".ln_" in n) for n in norms["names"]), norms["names"]
+        assert all(t.dim() == 1 for t in norms["params"])  # gains / biases, not matrices
 
 
 def test_study_policies_are_heterogeneous():
@@ -81,6 +116,9 @@ def test_study_policies_are_heterogeneous():
     ({"policies": (STUDY_POLICIES[0], replace(STUDY_POLICIES[1], family="add"))}, "own SFT family"),
     ({"families": ("add", "sub")}, "not in the task families"),
     ({"optimizer": "lion"}, "optimizer"),
+    ({"norm_lr": 0.0}, "norm-lr must be > 0"),
+    ({"norm_lr": -1e-2}, "norm-lr must be > 0"),
+    ({"policies": (STUDY_POLICIES[0], replace(STUDY_POLICIES[1], arch="mamba"))}, "no norm-parameter glob"),
 ])
 def test_study_config_rejects_malformed_settings(kw, msg):
     with pytest.raises(ValueError, match=msg):
