@@ -73,20 +73,26 @@ def main() -> None:
                     help="train.lr_groups entry (repeatable; first match wins; LR 0 freezes)")
     ap.add_argument("--agg", default="token-mean")
     ap.add_argument("--kl-coef", type=float, default=0.0)
-    ap.add_argument("--sft-steps", type=int, default=400)
+    ap.add_argument("--sft-steps", type=int, default=None,
+                    help="SFT steps (default: the demo's 400; the study's per-policy steps)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--k", type=int, default=8, help="samples per held-out prompt for the sampled accuracy")
     ap.add_argument("--tag", default=None, help="run directory name (default: from the knobs)")
     args = ap.parse_args()
     _quiet()
 
-    cls = StudyConfig if args.preset == "study" else DemoConfig
-    cfg = cls(steps=args.steps, prompts_per_step=args.prompts_per_step, group_size=args.group_size,
-              lr=args.lr, kl_coef=args.kl_coef, sft_steps=args.sft_steps, first_seed=args.seed, regimes=("grpo",))
+    knobs = {"steps": args.steps, "prompts_per_step": args.prompts_per_step, "group_size": args.group_size,
+             "lr": args.lr, "kl_coef": args.kl_coef, "first_seed": args.seed, "regimes": ("grpo",)}
+    if args.preset == "study":
+        if args.sft_steps is not None:
+            knobs.update(sft_steps=args.sft_steps, sft_steps_per_policy=())
+        cfg = StudyConfig(**knobs)
+    else:
+        cfg = DemoConfig(**knobs, sft_steps=args.sft_steps or 400)
     pol = next(p for p in cfg.policies if p.name == args.policy)
     out = Path(args.out)
     tok_dirs = save_demo_tokenizers(out / "tokenizers", cfg.task(), kinds=(pol.tokenizer,))
-    sft_tag = "sft-study" if args.preset == "study" else f"sft{args.sft_steps}"
+    sft_tag = f"sft-{args.preset}{args.sft_steps or ''}"
     sft_dir = out / f"seed{args.seed}" / sft_tag / pol.name
     rep = sft_job(cfg, pol, args.seed, str(tok_dirs[pol.tokenizer]), str(sft_dir))
     print(f"SFT {pol.name}: {json.dumps(rep['accuracy'])}")
@@ -119,7 +125,7 @@ def main() -> None:
         tr["eps"] = args.eps
     tr["lr_groups"] = [{"match": g.rpartition("=")[0], "lr": float(g.rpartition("=")[2])} for g in args.lr_group]
     tag = args.tag or (f"{pol.name}-p{args.prompts}-lr{args.lr:g}-{args.optimizer}-b1{args.beta1:g}-b2{args.beta2:g}-G{args.group_size}"
-                       f"-pps{args.prompts_per_step}-{args.agg}-kl{args.kl_coef:g}-s{args.steps}-eps{args.eps:g}"
+                       f"-pps{args.prompts_per_step}-{args.agg}-kl{args.kl_coef:g}-s{args.steps}-eps{args.eps:g}-sft{args.sft_steps}"
                        + "".join(f"-{g.replace('*', '').replace('.', '_')}" for g in args.lr_group))
     run_dir = out / f"seed{args.seed}" / (f"{args.preset}-" + tag)
     if run_dir.exists():
