@@ -53,7 +53,7 @@ class StudyConfig(DemoConfig):
     optimizer's. ``pool_per_family`` training prompts per family form the RL pool; evaluation covers the
     pool and every held-out prompt of each family."""
 
-    steps: int = 60
+    steps: int = 40
     prompts_per_step: int = 16
     group_size: int = 8
     lr: float = 1e-4
