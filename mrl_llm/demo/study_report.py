@@ -164,10 +164,12 @@ def claims(res: dict, regimes: Sequence[str], seeds: Sequence[int], policies: Se
         ent, kl = pv("sgt", "grpo", "entropy"), pv("sgt", "grpo", "kl")
         lines.append(f"SGT entropy comparable or higher than GRPO: {'agrees' if ent[0] + (ent[1] or 0) >= 0 else 'disagrees'}"
                      f" -- paired entropy SGT - GRPO (train rows of the last window before step {last}) {fmt(ent, 4)}.")
+        prps = [r for r in regimes if r.startswith("prp")]
+        verdict = ("not judged: no PRP regime in this report" if not prps else
+                   f"{'agrees' if all(pv('sgt', r, 'kl')[0] <= 0 for r in prps) else 'disagrees'}"
+                   " with 'low' read as below PRP's")
         lines.append(f"SGT KL low: KL to start SGT - GRPO {fmt(kl, 4)}"
-                     + "".join(f"; SGT - {r} {fmt(pv('sgt', r, 'kl'), 4)}" for r in regimes if r.startswith("prp"))
-                     + f" -- {'agrees' if all(pv('sgt', r, 'kl')[0] <= 0 for r in regimes if r.startswith('prp')) else 'disagrees'}"
-                     " with 'low' read as below PRP's.")
+                     + "".join(f"; SGT - {r} {fmt(pv('sgt', r, 'kl'), 4)}" for r in prps) + f" -- {verdict}.")
     if "xgrpo" in regimes and "grpo" in regimes:
         x = pv("xgrpo", "grpo", "overall")
         same = not _excludes_zero(x, 1) and not _excludes_zero(x, -1)

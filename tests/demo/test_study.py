@@ -202,6 +202,9 @@ def test_acceptance_and_claims_lines():
     assert any(x.startswith("SGT best average accuracy: agrees") for x in cl)
     assert any(x.startswith("PRP (prp_thl) lower entropy, larger KL, lower average accuracy than SGT: agrees")
                for x in cl)
+    # without a PRP regime the 'KL low' claim is not judged (it used to read as agreeing, vacuously)
+    kl_line = next(x for x in claims(res, ("grpo", "sgt"), seeds, ["p"], [0, 10]) if x.startswith("SGT KL low"))
+    assert "not judged" in kl_line and "agrees" not in kl_line
     # a GRPO that gets worse fails the first check
     bad = {k: (_curves({0: 0.5, 10: 0.4}, {0: 0, 10: 0}, {0: 0.3, 10: 0.3}, {0: 0.5, 10: 0.4}) if k[0] == "grpo" else v)
            for k, v in res.items()}
