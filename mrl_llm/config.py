@@ -22,7 +22,8 @@ Layout (every key optional unless marked; unknown keys are errors naming the key
         engine: hf                 # hf | vllm
         sampling: {temperature: 1.0, top_p: 1.0, max_new_tokens: 1024}
         train: {optimizer: adamw, lr: 1e-6, micro_batch: 4, grad_accum: null, grad_clip: 1.0,
-                gradient_checkpointing: true, max_tokens_per_micro_batch: 16384, logprob_chunk: 1024}
+                gradient_checkpointing: true, max_tokens_per_micro_batch: 16384, logprob_chunk: 1024,
+                lr_groups: [{match: "*norm*", lr: 1e-3}]}   # optional per-parameter-name rates; lr 0 freezes
     checkpoint_every: 1            # steps between checkpoints (0: only at the end)
     runtime: {backend: local}      # local | ray (see RuntimeConfig)
 
@@ -57,6 +58,7 @@ from typing import Any, Literal
 from mrl_llm.byte_tokenizer import BYTE_TOKENIZER_ID
 from mrl_llm.data import DataConfig
 from mrl_llm.hub import is_hub_id
+from mrl_llm.param_groups import LrGroup
 from mrl_llm.templates import TemplateConfig
 from shared_interfaces.config_io import ConfigError, from_mapping, load_yaml, to_mapping
 from shared_interfaces.regimes.config import LossConfig, RegimeSpec, parse_regime, parse_regime_config
@@ -146,6 +148,10 @@ class TrainSection:
     grad_accum`` rows. It must be >= ``max_prompt_len + sampling.max_new_tokens``. ``logprob_chunk``:
     positions per checkpointed LM-head + log-softmax chunk (:func:`mrl_llm.logprobs.forward_logprobs`;
     None: all positions at once).
+
+    ``lr_groups`` (opt-in): ``[{match: GLOB, lr: LR}, ...]`` -- parameters whose name matches ``GLOB``
+    train at ``LR`` (first match wins; ``lr: 0`` freezes them; the rest at ``lr``), e.g. a larger rate
+    for the norms' gains and a frozen embedding (:func:`mrl_llm.param_groups.split_param_groups`).
     """
 
     optimizer: Literal["adamw", "adam", "sgd"] = "adamw"
@@ -159,6 +165,8 @@ class TrainSection:
     gradient_checkpointing: bool = False
     max_tokens_per_micro_batch: int | None = None
     logprob_chunk: int | None = 1024
+    #: per-parameter-name learning rates (:mod:`mrl_llm.param_groups`): first matching glob wins, lr 0 freezes
+    lr_groups: tuple[LrGroup, ...] = ()
 
     def __post_init__(self) -> None:
         if self.max_tokens_per_micro_batch is not None and self.max_tokens_per_micro_batch < 2:

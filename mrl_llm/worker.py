@@ -62,6 +62,7 @@ from mrl_llm.parallel.checkpoint import gathered_optimizer_state, load_optimizer
 from mrl_llm.parallel.fsdp import full_state_dict, load_full_state_dict, shard_model
 from mrl_llm.parallel.group import GroupSpec, WorkerGroup
 from mrl_llm.parallel.share import RankShare
+from mrl_llm.param_groups import split_param_groups
 from mrl_llm.peer_check import PeerCheck
 from mrl_llm.precision import Precision, lowp_copy
 from mrl_llm.rollout import HFEngine, SamplingConfig
@@ -172,7 +173,13 @@ class LLMPolicyWorker:
     # -- construction ------------------------------------------------------------------------
     def _make_optimizer(self) -> torch.optim.Optimizer:
         t = self.policy.train
-        params = [p for p in self.model.parameters() if p.requires_grad]
+        params = split_param_groups(self.model.named_parameters(), t.lr_groups, t.lr, policy=self.name)
+        stepped = {id(p) for g in params for p in g["params"]}
+        for p in self.model.parameters():  # lr 0: frozen, so no gradient, and none in the clipping norm
+            if id(p) not in stepped:
+                p.requires_grad_(False)
+        for g in params:
+            g.pop("names")
         if t.optimizer in ("adamw", "adam"):
             cls = torch.optim.AdamW if t.optimizer == "adamw" else torch.optim.Adam
             return cls(params, lr=t.lr, betas=tuple(t.betas), eps=t.eps, weight_decay=t.weight_decay)

@@ -21,7 +21,8 @@ import time
 from pathlib import Path
 
 from mrl_llm.demo.run import _quiet, sft_job
-from mrl_llm.demo.setup import DemoConfig, run_config
+from mrl_llm.demo.setup import DemoConfig, rl_pool, run_config
+from mrl_llm.demo.study import StudyConfig
 from mrl_llm.demo.tokenizers import save_demo_tokenizers
 
 
@@ -56,8 +57,10 @@ def greedy(pdir: Path, problems: list, max_new_tokens: int) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
-    ap.add_argument("--policy", default="llama-sub", help="a demo policy name")
-    ap.add_argument("--prompts", default="all", help="N hardest training prompts of the family, or all")
+    ap.add_argument("--preset", default="demo", choices=("demo", "study"),
+                    help="whose policies, SFT and settings (study: mrl_llm.demo.study.StudyConfig)")
+    ap.add_argument("--policy", default="llama-sub", help="a policy name of the preset")
+    ap.add_argument("--prompts", default="all", help="N hardest training prompts of the family, all, or pool (the family's prompts of the seed's RL pool)")
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--prompts-per-step", type=int, default=16)
     ap.add_argument("--group-size", type=int, default=8)
@@ -65,22 +68,32 @@ def main() -> None:
     ap.add_argument("--optimizer", default="adamw", choices=("adamw", "adam", "sgd"))
     ap.add_argument("--beta1", type=float, default=0.9)
     ap.add_argument("--beta2", type=float, default=0.999)
+    ap.add_argument("--eps", type=float, default=1e-8, help="Adam's eps")
+    ap.add_argument("--lr-group", action="append", default=[], metavar="GLOB=LR",
+                    help="train.lr_groups entry (repeatable; first match wins; LR 0 freezes)")
     ap.add_argument("--agg", default="token-mean")
     ap.add_argument("--kl-coef", type=float, default=0.0)
-    ap.add_argument("--sft-steps", type=int, default=400)
+    ap.add_argument("--sft-steps", type=int, default=None,
+                    help="SFT steps (default: the demo's 400; the study's per-policy steps)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--k", type=int, default=8, help="samples per held-out prompt for the sampled accuracy")
     ap.add_argument("--tag", default=None, help="run directory name (default: from the knobs)")
     args = ap.parse_args()
     _quiet()
 
-    cfg = DemoConfig(steps=args.steps, prompts_per_step=args.prompts_per_step, group_size=args.group_size,
-                     lr=args.lr, kl_coef=args.kl_coef, sft_steps=args.sft_steps, first_seed=args.seed,
-                     regimes=("grpo",))
+    knobs = {"steps": args.steps, "prompts_per_step": args.prompts_per_step, "group_size": args.group_size,
+             "lr": args.lr, "kl_coef": args.kl_coef, "first_seed": args.seed, "regimes": ("grpo",)}
+    if args.preset == "study":
+        if args.sft_steps is not None:
+            knobs.update(sft_steps=args.sft_steps, sft_steps_per_policy=())
+        cfg = StudyConfig(**knobs)
+    else:
+        cfg = DemoConfig(**knobs, sft_steps=args.sft_steps or 400)
     pol = next(p for p in cfg.policies if p.name == args.policy)
     out = Path(args.out)
-    tok_dirs = save_demo_tokenizers(out / "tokenizers", cfg.task())
-    sft_dir = out / f"seed{args.seed}" / f"sft{args.sft_steps}" / pol.name
+    tok_dirs = save_demo_tokenizers(out / "tokenizers", cfg.task(), kinds=(pol.tokenizer,))
+    sft_tag = f"sft-{args.preset}{args.sft_steps or ''}"
+    sft_dir = out / f"seed{args.seed}" / sft_tag / pol.name
     rep = sft_job(cfg, pol, args.seed, str(tok_dirs[pol.tokenizer]), str(sft_dir))
     print(f"SFT {pol.name}: {json.dumps(rep['accuracy'])}")
 
@@ -89,6 +102,8 @@ def main() -> None:
     held = task.problems("eval", [pol.family])
     if args.prompts == "all":
         pool = train_probs
+    elif args.prompts == "pool":
+        pool = [p for p in rl_pool(task, cfg.pool_per_family, args.seed) if p.family == pol.family]
     else:
         succ = sampled_accuracy(sft_dir, train_probs, 16, cfg.max_new_tokens, args.seed)
         order = sorted(range(len(train_probs)), key=lambda i: (succ[i], train_probs[i].prompt_id))
@@ -107,9 +122,12 @@ def main() -> None:
     tr["optimizer"] = args.optimizer
     if args.optimizer != "sgd":
         tr["betas"] = [args.beta1, args.beta2]
+        tr["eps"] = args.eps
+    tr["lr_groups"] = [{"match": g.rpartition("=")[0], "lr": float(g.rpartition("=")[2])} for g in args.lr_group]
     tag = args.tag or (f"{pol.name}-p{args.prompts}-lr{args.lr:g}-{args.optimizer}-b1{args.beta1:g}-b2{args.beta2:g}-G{args.group_size}"
-                       f"-pps{args.prompts_per_step}-{args.agg}-kl{args.kl_coef:g}-s{args.steps}")
-    run_dir = out / f"seed{args.seed}" / tag
+                       f"-pps{args.prompts_per_step}-{args.agg}-kl{args.kl_coef:g}-s{args.steps}-eps{args.eps:g}-sft{args.sft_steps}"
+                       + "".join(f"-{g.replace('*', '').replace('.', '_')}" for g in args.lr_group))
+    run_dir = out / f"seed{args.seed}" / (f"{args.preset}-" + tag)
     if run_dir.exists():
         import shutil
 

@@ -8,6 +8,8 @@ evaluation step ``s``:
 * ``excl``: greedy accuracy on its peer-exclusive prompts (not solved by it at step 0, greedy or any
   sample, while another policy solved them; :func:`mrl_llm.evaluate.peer_exclusive_sets`);
 * ``overall``: greedy accuracy on every evaluation prompt (the RL pool and all held-out prompts);
+* ``own_s`` / ``excl_s`` / ``overall_s``: the same prompts' *sampled* accuracy (successes / samples over the
+  ``eval_k`` samples at the rollout temperature): the policy's expected reward, what GRPO maximises;
 * ``reward``: sampled success on the policy's own-family prompts of the RL pool (``eval_k`` samples each)
   -- the training reward on its own family measured at the checkpoint;
 * ``entropy`` / ``kl``: mean per-token entropy and k3 KL to the SFT start of the training rows of the
@@ -34,13 +36,25 @@ from mrl_llm.demo.results import fmt, mean_ci
 from mrl_llm.evaluate import peer_exclusive_sets, read_eval_rows
 from mrl_llm.report import render_table
 
-METRICS = ("own", "excl", "overall", "reward", "entropy", "kl")
-ACC = ("own", "excl", "overall")
+METRICS = ("own", "own_s", "excl", "excl_s", "overall", "overall_s", "reward", "entropy", "kl")
+ACC = ("own", "own_s", "excl", "excl_s", "overall", "overall_s")
+#: the acceptance checks read the sampled accuracies (the expected reward GRPO optimises; greedy decoding is
+#: invariant to the sharpening that is most of what GRPO does to these policies); greedy is printed beside
+ACCEPT = {"own": "own_s", "excl": "excl_s"}
+LABELS = {"own": "own held-out (greedy)", "own_s": "own held-out (sampled)", "excl": "peer-excl. (greedy)",
+          "excl_s": "peer-excl. (sampled)", "overall": "overall (greedy)", "overall_s": "overall (sampled)",
+          "reward": "own pool reward", "entropy": "entropy", "kl": "KL to start"}
 
 
 def _mean(xs: Sequence[float]) -> float | None:
     xs = [x for x in xs if x is not None and math.isfinite(x)]
     return float(np.mean(xs)) if xs else None
+
+
+def _sampled(rows: Sequence[dict]) -> float | None:
+    """Successes / samples over ``rows`` (None when none was sampled)."""
+    n = sum(r["samples"] for r in rows)
+    return sum(r["successes"] for r in rows) / n if n else None
 
 
 def run_curves(run_dir: str | Path, families: dict[str, str], heldout_ids: set[str], window: int) -> dict[str, dict]:
@@ -68,9 +82,12 @@ def run_curves(run_dir: str | Path, families: dict[str, str], heldout_ids: set[s
             own = [r["greedy_correct"] for r in at if r["family"] == fam and r["prompt_id"] in heldout_ids]
             ex = [r["greedy_correct"] for r in at if r["prompt_id"] in excl.get(pol, set())]
             pool = [r for r in at if r["family"] == fam and r["prompt_id"] not in heldout_ids and r["samples"]]
+            own_rows = [r for r in at if r["family"] == fam and r["prompt_id"] in heldout_ids]
+            ex_rows = [r for r in at if r["prompt_id"] in excl.get(pol, set())]
             cur["own"][s] = _mean(own)
             cur["excl"][s] = _mean(ex)
             cur["overall"][s] = _mean([r["greedy_correct"] for r in at])
+            cur["own_s"][s], cur["excl_s"][s], cur["overall_s"][s] = (_sampled(x) for x in (own_rows, ex_rows, at))
             cur["reward"][s] = (sum(r["successes"] for r in pool) / sum(r["samples"] for r in pool)) if pool else None
             tr = [r for r in train if r["policy"] == pol and (s - window <= r["step"] < s or r["step"] == s == 0)]
             cur["entropy"][s] = _mean([r.get("entropy") for r in tr])
@@ -147,10 +164,12 @@ def claims(res: dict, regimes: Sequence[str], seeds: Sequence[int], policies: Se
         ent, kl = pv("sgt", "grpo", "entropy"), pv("sgt", "grpo", "kl")
         lines.append(f"SGT entropy comparable or higher than GRPO: {'agrees' if ent[0] + (ent[1] or 0) >= 0 else 'disagrees'}"
                      f" -- paired entropy SGT - GRPO (train rows of the last window before step {last}) {fmt(ent, 4)}.")
+        prps = [r for r in regimes if r.startswith("prp")]
+        verdict = ("not judged: no PRP regime in this report" if not prps else
+                   f"{'agrees' if all(pv('sgt', r, 'kl')[0] <= 0 for r in prps) else 'disagrees'}"
+                   " with 'low' read as below PRP's")
         lines.append(f"SGT KL low: KL to start SGT - GRPO {fmt(kl, 4)}"
-                     + "".join(f"; SGT - {r} {fmt(pv('sgt', r, 'kl'), 4)}" for r in regimes if r.startswith("prp"))
-                     + f" -- {'agrees' if all(pv('sgt', r, 'kl')[0] <= 0 for r in regimes if r.startswith('prp')) else 'disagrees'}"
-                     " with 'low' read as below PRP's.")
+                     + "".join(f"; SGT - {r} {fmt(pv('sgt', r, 'kl'), 4)}" for r in prps) + f" -- {verdict}.")
     if "xgrpo" in regimes and "grpo" in regimes:
         x = pv("xgrpo", "grpo", "overall")
         same = not _excludes_zero(x, 1) and not _excludes_zero(x, -1)
@@ -174,25 +193,30 @@ def acceptance(res: dict, seeds: Sequence[int], policies: Sequence[str], steps: 
         ok = True
         parts = []
         for p in policies:
-            own = paired(res, "grpo", None, "own", last, 0, seeds, [p])
+            own = paired(res, "grpo", None, ACCEPT["own"], last, 0, seeds, [p])
             rew = paired(res, "grpo", None, "reward", last, 0, seeds, [p])
+            greedy = paired(res, "grpo", None, "own", last, 0, seeds, [p])
             ok &= _excludes_zero(own, 1) and _excludes_zero(rew, 1)
-            parts.append(f"{p}: own held-out {fmt(own)}, own-family pool reward {fmt(rew)}")
+            parts.append(f"{p}: own held-out sampled {fmt(own)}, own-family pool reward {fmt(rew)} "
+                         f"(own held-out greedy {fmt(greedy)}, not checked)")
         lines.append(f"GRPO improves every policy (start -> final, paired, 95 % interval excludes 0): "
                      f"{'PASS' if ok else 'FAIL'} -- " + "; ".join(parts) + ".")
     if any(k[0] == "sgt" for k in res) and any(k[0] == "grpo" for k in res):
-        ex = paired(res, "sgt", "grpo", "excl", last, last, seeds, policies)
-        own = paired(res, "sgt", "grpo", "own", last, last, seeds, policies)
+        ex = paired(res, "sgt", "grpo", ACCEPT["excl"], last, last, seeds, policies)
+        own = paired(res, "sgt", "grpo", ACCEPT["own"], last, last, seeds, policies)
+        gex = paired(res, "sgt", "grpo", "excl", last, last, seeds, policies)
+        gown = paired(res, "sgt", "grpo", "own", last, last, seeds, policies)
         ok = _excludes_zero(ex, 1) and own[2] > 0 and own[0] >= -0.05
-        lines.append(f"SGT vs GRPO (final, paired): {'PASS' if ok else 'FAIL'} -- peer-exclusive {fmt(ex)} (needs > 0, "
-                     f"interval excluding 0); own held-out {fmt(own)} (needs mean >= -0.05).")
+        lines.append(f"SGT vs GRPO (final, paired): {'PASS' if ok else 'FAIL'} -- peer-exclusive sampled {fmt(ex)} "
+                     f"(needs > 0, interval excluding 0); own held-out sampled {fmt(own)} (needs mean >= -0.05); "
+                     f"greedy, not checked: peer-exclusive {fmt(gex)}, own held-out {fmt(gown)}.")
     return lines
 
 
 def checkpoint_tables(res: dict, regimes: Sequence[str], seeds: Sequence[int], policies: Sequence[str],
                       steps: Sequence[int]) -> str:
     """Per regime and checkpoint: the metrics (mean over policies, ± over seeds), then paired vs GRPO."""
-    head = ["regime", "step", "own held-out", "peer-excl.", "overall", "own pool reward", "entropy", "KL to start"]
+    head = ["regime", "step", *(LABELS[m] for m in METRICS)]
     body = []
     for reg in regimes:
         for s in steps:
@@ -214,30 +238,30 @@ def checkpoint_tables(res: dict, regimes: Sequence[str], seeds: Sequence[int], p
 def per_policy_table(res: dict, regimes: Sequence[str], seeds: Sequence[int], policies: Sequence[str],
                      steps: Sequence[int]) -> str:
     """Final own held-out / peer-exclusive / overall per regime and policy, with the step-0 value."""
-    head = ["regime", "policy", "own held-out (start)", "own held-out (final)", "peer-excl. (final)", "overall (final)"]
+    head = ["regime", "policy", "own held-out greedy / sampled (start)", "own held-out greedy / sampled (final)",
+            "peer-excl. greedy / sampled (final)", "overall greedy / sampled (final)"]
     body = []
     for reg in regimes:
         for p in policies:
             def mc(m, s, p=p, reg=reg):
                 return mean_ci([x for sd in seeds if (c := res.get((reg, sd))) and (x := seed_value(c, m, s, [p]))
                                 is not None])
-            body.append([reg, p, fmt(mc("own", 0)), fmt(mc("own", steps[-1])), fmt(mc("excl", steps[-1])),
-                         fmt(mc("overall", steps[-1]))])
+            body.append([reg, p, *(f"{fmt(mc(m, s))} / {fmt(mc(m + '_s', s))}" for m, s in
+                                   (("own", 0), ("own", steps[-1]), ("excl", steps[-1]), ("overall", steps[-1])))])
     return render_table(head, body)
 
 
 def plot(res: dict, regimes: Sequence[str], seeds: Sequence[int], policies: Sequence[str], steps: Sequence[int],
          path: Path) -> None:
-    """Six panels, one metric each, mean over policies and seeds per regime and checkpoint."""
+    """Nine panels, one metric each, mean over policies and seeds per regime and checkpoint."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    titles = {"own": "own-family held-out accuracy", "excl": "peer-exclusive accuracy", "overall": "overall accuracy",
-              "reward": "own-family pool reward (sampled)", "entropy": "entropy (train rows)",
+    titles = {**LABELS, "reward": "own-family pool reward (sampled)", "entropy": "entropy (train rows)",
               "kl": "KL to the SFT start (train rows)"}
-    fig, axes = plt.subplots(2, 3, figsize=(14, 7.5))
+    fig, axes = plt.subplots(3, 3, figsize=(14, 10.5))
     for ax, m in zip(axes.flat, METRICS, strict=True):
         for reg in regimes:
             ys = [_mean([seed_value(res[(reg, sd)], m, s, policies) for sd in seeds if (reg, sd) in res]) for s in steps]
@@ -267,7 +291,8 @@ def write_report(cfg: Any, out: Path, *, wall_s: float, load: tuple, sft: dict, 
         raise FileNotFoundError(f"no finished study run under {out}; run `python -m mrl_llm study --out {out}`")
     md = [f"# mutual-RL study\n\n{cfg.seeds} seed(s) {seeds}, {len(pols)} policies "
           f"({', '.join(f'{p.name}: {p.arch}/{p.tokenizer}/{p.family}' for p in cfg.policies)}), {cfg.steps} RL steps x "
-          f"{cfg.prompts_per_step} prompts x G={cfg.group_size}, {cfg.optimizer} lr {cfg.lr} (beta2 {cfg.beta2}), "
+          f"{cfg.prompts_per_step} prompts x G={cfg.group_size}, {cfg.optimizer} lr {cfg.lr} (beta2 {cfg.beta2}; norm "
+          f"layers lr {getattr(cfg, 'norm_lr', None) or cfg.lr}), eval {cfg.eval_k} samples/prompt every {cfg.eval_every} steps, "
           f"SFT steps {', '.join(f'{p.name} {cfg.sft_config(0, p).steps}' for p in cfg.policies)}, "
           f"pool {cfg.pool_per_family}/family, SGT λ {cfg.sgt_weight}; this invocation: "
           f"wall {wall_s:.0f} s on {os.cpu_count()} CPU(s), load average {load[0][0]:.2f} -> {load[1][0]:.2f}; "
@@ -275,7 +300,9 @@ def write_report(cfg: Any, out: Path, *, wall_s: float, load: tuple, sft: dict, 
           "## SFT start (greedy accuracy train / held-out per family)\n",
           *[f"- seed {s} {n}: " + ", ".join(f"{f} {a['train']:.2f}/{a['eval']:.2f}" for f, a in rep["accuracy"].items())
             for s, reps in sft.items() for n, rep in reps.items()],
-          "\n## Acceptance\n", *[f"- {x}" for x in acceptance(res, seeds, pols, steps)],
+          "\n## Acceptance\n", f"Accuracies checked: sampled (successes / samples, {cfg.eval_k} samples per prompt at the "
+          "rollout temperature): the policy's expected reward, what GRPO maximises; greedy accuracy is printed beside "
+          "and not checked.\n", *[f"- {x}" for x in acceptance(res, seeds, pols, steps)],
           "\n## The paper's claims\n", *[f"- {x}" for x in claims(res, cfg.regimes, seeds, pols, steps)],
           "\n## Per regime and checkpoint (mean over policies; ± 95 % t-interval over seeds)\n",
           checkpoint_tables(res, cfg.regimes, seeds, pols, steps),

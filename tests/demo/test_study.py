@@ -68,6 +68,41 @@ def test_cli_parses_study_options(monkeypatch, tmp_path):
     assert (cfg.seeds, cfg.lr, cfg.regimes, seen["jobs"]) == (3, 1e-4, ("grpo", "sgt"), 2)
     assert all(cfg.sft_config(0, p).steps == 50 for p in STUDY_POLICIES)
     assert main(["study", "--out", str(tmp_path), "--regimes", "nonsense"]) == 2
+    assert cfg.norm_lr == StudyConfig().norm_lr
+    main(["study", "--out", str(tmp_path), "--norm-lr", "0.03"])
+    assert seen["cfg"].norm_lr == 0.03
+    main(["study", "--out", str(tmp_path), "--no-norm-lr"])
+    assert seen["cfg"].norm_lr is None
+
+
+def test_study_run_config_gives_each_architecture_its_norm_group():
+    from mrl_llm.config import config_from_mapping
+    from mrl_llm.demo.study import study_run_config
+
+    dirs = {p.name: f"/m/{p.name}" for p in STUDY_POLICIES}
+    m = study_run_config(StudyConfig(norm_lr=0.02), "grpo", 0, dirs)
+    groups = {p["name"]: p["train"]["lr_groups"] for p in m["policies"]}
+    assert groups == {"qwen-add": [{"match": "*norm*", "lr": 0.02}], "llama-sub": [{"match": "*norm*", "lr": 0.02}],
+                      "gpt2-mul": [{"match": "*ln_*", "lr": 0.02}]}
+    assert config_from_mapping(m).policies[2].train.lr_groups[0].match == "*ln_*"
+    one = study_run_config(StudyConfig(norm_lr=None), "grpo", 0, dirs)
+    assert all("lr_groups" not in p["train"] for p in one["policies"])
+
+
+def test_study_norm_globs_match_the_built_architectures():
+    """Each architecture's glob names its normalisation parameters and nothing else."""
+    from mrl_llm.config import PolicyConfig
+    from mrl_llm.demo.study import NORM_GLOBS
+    from mrl_llm.models import build_model
+    from mrl_llm.param_groups import LrGroup, split_param_groups
+
+    for p in STUDY_POLICIES:
+        model = build_model(PolicyConfig(name=p.name, model_config=arch_config(
+            p.arch, ArchSize(hidden=32, layers=1, heads=2, kv_heads=1))), build_tokenizer(p.tokenizer, TASK), seed=0)
+        (norms, _rest) = split_param_groups(model.named_parameters(), [LrGroup(NORM_GLOBS[p.arch], 1.0)], 0.1,
+                                            policy=p.name)
+        assert norms["names"] and all(("norm" in n or ".ln_" in n) for n in norms["names"]), norms["names"]
+        assert all(t.dim() == 1 for t in norms["params"])  # gains / biases, not matrices
 
 
 def test_study_policies_are_heterogeneous():
@@ -81,6 +116,9 @@ def test_study_policies_are_heterogeneous():
     ({"policies": (STUDY_POLICIES[0], replace(STUDY_POLICIES[1], family="add"))}, "own SFT family"),
     ({"families": ("add", "sub")}, "not in the task families"),
     ({"optimizer": "lion"}, "optimizer"),
+    ({"norm_lr": 0.0}, "norm-lr must be > 0"),
+    ({"norm_lr": -1e-2}, "norm-lr must be > 0"),
+    ({"policies": (STUDY_POLICIES[0], replace(STUDY_POLICIES[1], arch="mamba"))}, "no norm-parameter glob"),
 ])
 def test_study_config_rejects_malformed_settings(kw, msg):
     with pytest.raises(ValueError, match=msg):
@@ -119,6 +157,16 @@ def test_run_curves_by_hand(tmp_path):
     assert a["reward"] == {0: 0.5, 2: 1.0}  # own-family pool prompts only (add:0+0), sampled
     assert a["entropy"][0] == pytest.approx(0.1) and a["entropy"][2] == pytest.approx(0.15)  # steps 0, 1
     assert a["kl"][2] == pytest.approx(0.005) and b["entropy"][2] is None
+    # sampled: successes / samples over the same prompts (2 samples each)
+    assert a["own_s"] == {0: 0.0, 2: 0.0} and a["excl_s"] == {0: 0.0, 2: 0.0}
+    assert a["overall_s"] == {0: pytest.approx(1 / 6), 2: pytest.approx(2 / 6)}
+
+
+def test_run_curves_sampled_is_none_without_samples(tmp_path):
+    rows = [_eval_row(0, "a", "add:1+1", 1, samples=0), _eval_row(0, "b", "add:1+1", 0, samples=0)]
+    _write_run(tmp_path / "r", rows, [])
+    c = run_curves(tmp_path / "r", {"a": "add", "b": "sub"}, {"add:1+1"}, window=1)
+    assert c["a"]["own"] == {0: 1.0} and c["a"]["own_s"] == {0: None} and c["a"]["overall_s"] == {0: None}
 
 
 def test_report_empty_and_missing_runs(tmp_path):
@@ -128,8 +176,11 @@ def test_report_empty_and_missing_runs(tmp_path):
         write_report(cfg, tmp_path, wall_s=0.0, load=((0, 0, 0), (0, 0, 0)), sft={}, say=lambda s: None)
 
 
-def _curves(own, excl, overall, reward, entropy=0.2, kl=0.1):
-    return {"p": {"own": own, "excl": excl, "overall": overall, "reward": reward,
+def _curves(own, excl, overall, reward, entropy=0.2, kl=0.1, sampled=None):
+    """Hand-made curves; the sampled accuracies equal the greedy ones unless ``sampled`` gives them."""
+    s = sampled or {}
+    return {"p": {"own": own, "excl": excl, "overall": overall, "reward": reward, "own_s": s.get("own", own),
+                  "excl_s": s.get("excl", excl), "overall_s": s.get("overall", overall),
                   "entropy": {0: entropy, 10: entropy}, "kl": {0: 0.0, 10: kl}}}
 
 
@@ -151,10 +202,22 @@ def test_acceptance_and_claims_lines():
     assert any(x.startswith("SGT best average accuracy: agrees") for x in cl)
     assert any(x.startswith("PRP (prp_thl) lower entropy, larger KL, lower average accuracy than SGT: agrees")
                for x in cl)
+    # without a PRP regime the 'KL low' claim is not judged (it used to read as agreeing, vacuously)
+    kl_line = next(x for x in claims(res, ("grpo", "sgt"), seeds, ["p"], [0, 10]) if x.startswith("SGT KL low"))
+    assert "not judged" in kl_line and "agrees" not in kl_line
     # a GRPO that gets worse fails the first check
     bad = {k: (_curves({0: 0.5, 10: 0.4}, {0: 0, 10: 0}, {0: 0.3, 10: 0.3}, {0: 0.5, 10: 0.4}) if k[0] == "grpo" else v)
            for k, v in res.items()}
     assert "FAIL" in acceptance(bad, seeds, ["p"], [0, 10])[0]
+    # the checks read the sampled accuracies: a greedy rise with a sampled fall fails, and the reverse passes
+    def flip(greedy_up):
+        up, down = {0: 0.5, 10: 0.7}, {0: 0.5, 10: 0.4}
+        own, own_s = (up, down) if greedy_up else (down, up)
+        return {k: (_curves(own, v["p"]["excl"], v["p"]["overall"], {0: 0.5, 10: 0.6 + 0.01 * k[1]},
+                            sampled={"own": {0: 0.5, 10: own_s[10] + 0.01 * k[1]}}) if k[0] == "grpo" else v)
+                for k, v in res.items()}
+    assert "FAIL" in acceptance(flip(True), seeds, ["p"], [0, 10])[0]
+    assert "PASS" in acceptance(flip(False), seeds, ["p"], [0, 10])[0]
 
 
 # -- end to end, tiny ----------------------------------------------------------------------------
