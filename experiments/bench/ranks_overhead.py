@@ -55,17 +55,11 @@ def main(argv: list[str] | None = None) -> int:
 
     import ray
 
-    from experiments.bench.step_overhead import demo_config
-    from mrl_llm.config import load_config
+    from experiments.bench.step_overhead import bench_config
     from mrl_llm.distributed.ray_trainer import train_on_ray
     from mrl_llm.metrics import read_metrics
 
-    problems = None
-    if args.demo:
-        cfg, problems = demo_config(Path(args.demo))
-        args.config = f"the CPU demo (seed 0, {args.demo})"
-    else:
-        cfg = load_config(args.config)
+    cfg, problems = bench_config(args)
     cfg = replace(cfg, steps=args.steps, tensorboard=False, progress=False, eval=replace(cfg.eval, enabled=False),
                   runtime=replace(cfg.runtime, backend="ray", mode="sync", max_staleness=0))
     ray.init(address="local", num_cpus=args.num_cpus, include_dashboard=False, log_to_driver=False)

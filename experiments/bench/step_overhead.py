@@ -67,6 +67,17 @@ def demo_config(d: Path):
     return config_from_mapping(run_config(demo, "grpo", 0, dirs)), rl_pool(demo.task(), demo.pool_per_family, 0)
 
 
+def bench_config(args: argparse.Namespace):
+    """``(config, problems)`` of a bench's ``--config FILE`` or ``--demo DIR`` (problems None: the config's
+    own); ``args.config`` becomes the label printed with the numbers."""
+    from mrl_llm.config import load_config
+
+    if args.demo:
+        args.config = f"the CPU demo (seed 0, {args.demo})"
+        return demo_config(Path(args.demo))
+    return load_config(args.config), None
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     src = ap.add_mutually_exclusive_group()
@@ -84,16 +95,10 @@ def main(argv: list[str] | None = None) -> int:
 
     import ray
 
-    from mrl_llm.config import load_config
     from mrl_llm.distributed.ray_trainer import train_on_ray
     from mrl_llm.metrics import read_metrics
 
-    problems = None
-    if args.demo:
-        cfg, problems = demo_config(Path(args.demo))
-        args.config = f"the CPU demo (seed 0, {args.demo})"
-    else:
-        cfg = load_config(args.config)
+    cfg, problems = bench_config(args)
     if args.regime != "config":
         cfg = cfg.with_regime(args.regime)
     cfg = replace(cfg, steps=args.steps, tensorboard=False, progress=False, eval=replace(cfg.eval, enabled=False),
