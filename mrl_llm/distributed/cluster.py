@@ -8,12 +8,16 @@ A cluster file (``experiments/configs/clusters/*.yaml``)::
     memory_model: {usable_fraction: 0.9}      # optional, see memory.MemoryModel
 
 Unknown keys are errors naming the key. Without a file, :func:`detect_local_cluster` reads this
-machine (``torch.cuda`` devices, ``os.cpu_count``, ``/proc/meminfo``).
+machine (``torch.cuda`` devices, ``os.cpu_count``, ``/proc/meminfo``), and :func:`live_ray_cluster` a
+running Ray cluster: CPUs, GPUs and RAM from each node's Ray resources, and each GPU node's GPU memory
+measured on that node (a task pinned to it, holding its GPUs, reads them with ``torch.cuda``), so a head
+without GPUs, or with smaller ones, plans its workers' GPUs right.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -136,3 +140,53 @@ def detect_local_cluster() -> ClusterSpec:
     except Exception:  # a broken CUDA install plans as CPU-only
         gpus = 0
     return ClusterSpec("local", (NodeSpec(gpus=gpus, gpu_memory_gib=gpu_mem, cpus=cpus, ram_gib=ram),))
+
+
+def node_hardware() -> NodeSpec:
+    """The machine this runs on as one :class:`NodeSpec` (what :func:`detect_local_cluster` reads)."""
+    return detect_local_cluster().nodes[0]
+
+
+def live_ray_cluster(probe: Callable[[], NodeSpec] = node_hardware, *, timeout_s: float = 120.0) -> ClusterSpec:
+    """The live Ray cluster's alive nodes as a :class:`ClusterSpec`: CPUs, GPUs and RAM (Ray's schedulable
+    memory) from each node's resources; the GPU memory of a node with GPUs from ``probe`` run on that node
+    (pinned to it, holding all its GPUs). A node whose probe does not answer within ``timeout_s`` (its
+    GPUs busy) or sees fewer GPUs than Ray lists is a :class:`ConfigError` saying to describe the
+    cluster in a YAML file (``runtime.cluster``)."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    alive = [n for n in ray.nodes() if n.get("Alive", True)]
+    if not alive:
+        raise ConfigError("the Ray cluster has no alive node; start one (ray start) or set runtime.cluster")
+    refs = {}
+    for n in alive:
+        gpus = int(n["Resources"].get("GPU", 0))
+        if gpus:
+            on_node = NodeAffinitySchedulingStrategy(node_id=n["NodeID"], soft=False)
+            refs[n["NodeID"]] = ray.remote(probe).options(num_cpus=0, num_gpus=gpus, scheduling_strategy=on_node,
+                                                          max_retries=0).remote()
+    fix = "describe the cluster in a YAML file (experiments/configs/clusters/) and set runtime.cluster"
+    nodes = []
+    for n in alive:
+        r, where = n["Resources"], f"Ray node {n.get('NodeManagerAddress', '?')} ({n['NodeID'][:8]})"
+        gpus, gpu_mem = int(r.get("GPU", 0)), 0.0
+        if gpus:
+            ready, _ = ray.wait([refs[n["NodeID"]]], timeout=timeout_s)
+            if not ready:
+                ray.cancel(refs[n["NodeID"]], force=True)
+                raise ConfigError(f"{where}: could not read its {gpus} GPUs' memory within {timeout_s:g} s (are they "
+                                  f"in use?); {fix}")
+            try:
+                seen = ray.get(ready[0])
+            except Exception as err:
+                cause = getattr(err, "cause", None) or err  # a RayTaskError wraps the probe's own exception
+                raise ConfigError(f"{where}: reading its GPUs' memory failed ({type(cause).__name__}: "
+                                  f"{str(cause).strip().splitlines()[0] if str(cause).strip() else ''}); {fix}") from None
+            if seen.gpus < gpus or seen.gpu_memory_gib <= 0:
+                raise ConfigError(f"{where}: Ray lists {gpus} GPUs but torch there sees {seen.gpus}; check the node's "
+                                  f"CUDA install and its --num-gpus, or {fix}")
+            gpu_mem = seen.gpu_memory_gib
+        nodes.append(NodeSpec(gpus=gpus, gpu_memory_gib=gpu_mem, cpus=max(1, int(r.get("CPU", 1))),
+                              ram_gib=max(float(r.get("memory", GiB)) / GiB, 1e-3)))
+    return ClusterSpec("ray", tuple(nodes))

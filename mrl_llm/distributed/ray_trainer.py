@@ -40,9 +40,9 @@ from typing import Any
 from mrl_llm.config import RunConfig
 from mrl_llm.data import DataCursor, Problem
 from mrl_llm.distributed.actors import FaultInjection, PolicyActorSpec
-from mrl_llm.distributed.cluster import ClusterSpec, NodeSpec, detect_local_cluster, load_cluster
+from mrl_llm.distributed.cluster import ClusterSpec, live_ray_cluster, load_cluster
 from mrl_llm.distributed.driver import Membership, RayDriver, wait_status
-from mrl_llm.distributed.memory import GiB, PolicyFootprint
+from mrl_llm.distributed.memory import PolicyFootprint
 from mrl_llm.distributed.plan_cli import footprints_from_config
 from mrl_llm.distributed.planner import PlacementPlan, plan_placement
 from mrl_llm.metrics import MetricsLog, clean, train_row
@@ -53,26 +53,9 @@ log = logging.getLogger("mrl_llm.ray_trainer")
 
 
 def ray_cluster_spec(cluster_file: str | None = None) -> ClusterSpec:
-    """The cluster to plan for: ``cluster_file``, else the live Ray cluster's nodes (CPUs, GPUs, Ray's
-    schedulable memory as RAM; GPU memory from this machine's GPUs, the only ones it can see)."""
-    import ray
-
-    if cluster_file:
-        return load_cluster(cluster_file)
-    local = detect_local_cluster().nodes[0]
-    nodes = []
-    for n in ray.nodes():
-        if not n.get("Alive", True):
-            continue
-        r = n["Resources"]
-        gpus = int(r.get("GPU", 0))
-        if gpus and not local.gpu_memory_gib:
-            raise ConfigError("the Ray cluster has GPUs this machine cannot see; describe it in a cluster YAML and "
-                              "set runtime.cluster (see experiments/configs/clusters/)")
-        ram = float(r.get("memory", local.ram_gib * GiB)) / GiB
-        nodes.append(NodeSpec(gpus=gpus, gpu_memory_gib=local.gpu_memory_gib if gpus else 0.0,
-                              cpus=max(1, int(r.get("CPU", 1))), ram_gib=ram))
-    return ClusterSpec("ray", tuple(nodes))
+    """The cluster to plan for: ``cluster_file``, else the live Ray cluster's nodes, each GPU node's memory
+    read on that node (:func:`mrl_llm.distributed.cluster.live_ray_cluster`)."""
+    return load_cluster(cluster_file) if cluster_file else live_ray_cluster()
 
 
 def footprints(config: RunConfig) -> list[PolicyFootprint]:
