@@ -12,7 +12,9 @@ position ``k`` predict token ``k + 1``, so the response tokens' log-probs are re
 Chunked (``chunk_size``, :func:`chunked_forward_logprobs`): the backbone runs once; the LM head, the
 log-softmax and the gather run over the response positions only, ``chunk_size`` at a time, each chunk
 under activation checkpointing, so at most one chunk's ``[chunk, V]`` logits are alive (forward and
-backward) instead of ``[B, L, V]``. The numbers are the unchunked ones (a test pins 1e-6 in fp32).
+backward) instead of ``[B, L, V]``. The numbers are the unchunked ones (a test pins 1e-6 in fp32). An FSDP2-sharded
+model takes the same path as a registered forward method of its root unit (a test pins 2 ranks chunked against
+one process unchunked, 1e-6 in gradients).
 """
 
 from __future__ import annotations
@@ -107,17 +109,33 @@ LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", 
 
 
 def chunkable(model: torch.nn.Module) -> bool:
-    """Whether ``model`` is backbone (``model.base_model``) + output head and nothing after the head, and not
-    FSDP-sharded (the chunked path calls the backbone and the head apart, outside the root unit's hooks that
-    gather their shards; a sharded model takes the unchunked path)."""
-    from torch.distributed.fsdp import FSDPModule
-
-    if isinstance(model, FSDPModule):
-        return False
+    """Whether ``model`` is backbone (``model.base_model``) + output head and nothing after the head. An
+    FSDP2-sharded model qualifies too: the chunked pass then runs as a registered forward method of the root
+    unit (:func:`_sharded_chunked`), so the root's hooks gather its shards (embeddings, final norm, head) for
+    the pass and its backward, and reduce their gradients, as they do around ``forward``."""
     head, base = model.get_output_embeddings(), getattr(model, "base_model", model)
     cfg = getattr(model, "config", None)
     return (head is not None and base is not model
             and not any(getattr(cfg, k, None) not in (None, 1, 1.0) for k in LOGIT_TRANSFORMS))
+
+
+#: the root unit's forward method for the chunked pass, registered with FSDP2 on first use
+SHARDED_METHOD = "mrl_chunked_logprobs"
+
+
+def _sharded_chunked(model: torch.nn.Module, batch: PackedBatch, temperature: float, *, with_entropy: bool,
+                     chunk_size: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The chunked pass of an FSDP2 root module, through ``register_fsdp_forward_method`` (FSDP2 runs its
+    pre-/post-forward hooks around the method as around ``forward``: gather before, reshard after, the
+    pre-backward gather and the gradient reduce-scatter of the root's parameters)."""
+    import types
+
+    from torch.distributed.fsdp import register_fsdp_forward_method
+
+    if not hasattr(model, SHARDED_METHOD):
+        setattr(model, SHARDED_METHOD, types.MethodType(_chunked, model))
+        register_fsdp_forward_method(model, SHARDED_METHOD)
+    return getattr(model, SHARDED_METHOD)(batch, temperature, with_entropy=with_entropy, chunk_size=chunk_size)
 
 
 def _chunk_logp(head: torch.nn.Module, h: torch.Tensor, targets: torch.Tensor, temperature: float,
@@ -139,6 +157,15 @@ def chunked_forward_logprobs(
     the entropy from the same logits without a graph. ``[B, L - 1]`` outputs, 0 off the response."""
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    from torch.distributed.fsdp import FSDPModule
+
+    if isinstance(model, FSDPModule):
+        return _sharded_chunked(model, batch, temperature, with_entropy=with_entropy, chunk_size=chunk_size)
+    return _chunked(model, batch, temperature, with_entropy=with_entropy, chunk_size=chunk_size)
+
+
+def _chunked(model: torch.nn.Module, batch: PackedBatch, temperature: float, *, with_entropy: bool,
+             chunk_size: int) -> tuple[torch.Tensor, torch.Tensor | None]:
     device = next(model.parameters()).device
     B, L = batch.input_ids.shape
     hidden = model.base_model(input_ids=batch.input_ids.to(device), attention_mask=batch.attention_mask.to(device),
@@ -163,6 +190,8 @@ def chunked_forward_logprobs(
         flat_ent = torch.cat(ents) if ents else flat.detach()
         ent = torch.zeros((B, L - 1), dtype=flat_ent.dtype, device=device).masked_scatter(mask, flat_ent)
     return logp, ent
+
+
 
 
 def response_logprobs(

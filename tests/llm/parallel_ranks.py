@@ -77,9 +77,9 @@ def _full(t: torch.Tensor) -> torch.Tensor:
 
 def update_once(group: WorkerGroup, *, dtype: str = "fp32", steps: int = 1, micro_batch: int = 2,
                 grad_accum: int | None = None, grad_clip: float | None = 1.0, eps: float = 1e-6,
-                max_tokens: int | None = None) -> dict[str, Any]:
+                max_tokens: int | None = None, logprob_chunk: int | None = None) -> dict[str, Any]:
     """``steps`` updates of :func:`tiny_model` on :func:`synthetic_batch` over ``group``: the full weights after,
-    each optimizer step's full gradients, and the metrics. ``eps``: AdamW's (at the default 1e-8 a first step
+    each optimizer step's full gradients, and the metrics (``logprob_chunk``: the LM head in chunks). ``eps``: AdamW's (at the default 1e-8 a first step
     is ``lr * sign(g)`` for a gradient element of ~1e-8, so float noise in such elements moves it by ~lr)."""
     precision = Precision(dtype)
     model = tiny_model()
@@ -92,9 +92,12 @@ def update_once(group: WorkerGroup, *, dtype: str = "fp32", steps: int = 1, micr
         with precision.autocast("cpu"):
             res = run_update(model, opt, synthetic_batch(seed=step), loss_cfg=LOSS, temperature=1.0,
                              micro_batch=micro_batch, grad_accum=grad_accum, grad_clip=grad_clip, pad_id=0,
-                             ref_model=ref, max_tokens=max_tokens, share=RankShare(group))
+                             ref_model=ref, max_tokens=max_tokens, share=RankShare(group), logprob_chunk=logprob_chunk)
         metrics.append(res.metrics)
+    from mrl_llm.logprobs import SHARDED_METHOD
+
     return {"state": full_state_dict(model), "metrics": metrics, "grads": opt.grads,
+            "sharded_chunked": hasattr(model, SHARDED_METHOD),
             "dtypes": sorted({str(p.dtype) for p in model.parameters()}),
             "opt_dtypes": sorted({str(v.dtype) for st in opt.state.values() for v in st.values()
                                   if torch.is_tensor(v) and v.numel() > 1})}

@@ -1,7 +1,8 @@
 """Worker groups (:mod:`mrl_llm.parallel`): a policy's update on 2 FSDP2 ranks (gloo, two processes) equals
 the one-process update — gradients and weights to 1e-6 in fp32, with fillers (ranks with fewer micro-batches),
 several mini-batches (the snapshot pass), token-budget micro-batches, the reference model sharded too and
-grad-norm clipping over the shards; ``dtype: bf16`` keeps fp32 master weights and fp32 optimizer state."""
+grad-norm clipping over the shards, the LM head in log-prob chunks (the root's registered forward method);
+``dtype: bf16`` keeps fp32 master weights and fp32 optimizer state."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ VARIANTS = [
     {},  # one mini-batch, micro-batches of 2 rows (9 rows: 3 micro-batches on one rank, 2 + a filler on the other)
     {"steps": 2, "micro_batch": 2, "grad_accum": 2, "max_tokens": 40},  # 3 mini-batches a step, token budget
     {"dtype": "bf16"},
+    {"logprob_chunk": 5},  # the LM head in chunks of 5 response positions (the root's registered forward method)
 ]
 
 
@@ -43,6 +45,15 @@ def test_two_fsdp_ranks_update_like_one_process(one_and_two, v):
     for m1, m2 in zip(one["metrics"], two["metrics"], strict=True):  # the logged loss is the global one
         assert m2["loss"] == pytest.approx(m1["loss"], abs=1e-6)
         assert m2["grad_norm"] == pytest.approx(m1["grad_norm"], rel=1e-5)
+
+
+def test_chunked_logprobs_on_two_ranks_update_like_one_unchunked_process(one_and_two):
+    one, two = one_and_two[0][0], one_and_two[1][3]
+    assert two["sharded_chunked"] and not one_and_two[0][3]["sharded_chunked"]  # the sharded chunked path ran
+    for a, b in zip(one["grads"][0], two["grads"][0], strict=True):
+        torch.testing.assert_close(b, a, atol=1e-6, rtol=0)
+    assert _max_diff(one["state"], two["state"]) < 1e-6
+    assert two["metrics"][0]["loss"] == pytest.approx(one["metrics"][0]["loss"], abs=1e-6)
 
 
 def test_bf16_on_two_ranks_keeps_fp32_masters_and_follows_one_process(one_and_two):
