@@ -20,7 +20,8 @@ A group of one is not sharded: the models are returned unchanged (the one-proces
 
 :func:`full_state_dict` gathers every parameter and buffer to a full CPU tensor on every rank (each rank must
 call it; HF names, so ``save_pretrained(state_dict=...)`` writes the HF layout); :func:`load_full_state_dict`
-copies a full state dict into the shards.
+copies a full state dict into the shards; :func:`gather_into` copies the sharded weights into an unsharded copy
+(a rank's rollout model) one tensor at a time, so the gather never holds a second whole model.
 """
 
 from __future__ import annotations
@@ -97,3 +98,24 @@ def load_full_state_dict(model: torch.nn.Module, state: dict[str, torch.Tensor])
                 v.to_local().copy_(local.to_local())
             else:
                 v.copy_(full.to(v.dtype))
+
+
+def gather_into(sharded: torch.nn.Module, full: torch.nn.Module) -> int:
+    """Copy ``sharded``'s parameters and buffers into ``full`` (the same architecture, unsharded), one tensor at a
+    time: each is all-gathered, copied into ``full`` and freed before the next, so the transient memory is one
+    full tensor, not a whole model (:func:`full_state_dict` would hold all of them at once). A collective when
+    sharded: every rank calls it. Returns the number of tensors copied (0 for modules without any); names or
+    shapes that differ are a ``KeyError`` naming them, before anything is copied."""
+    src, dst = sharded.state_dict(), full.state_dict()
+    missing, extra = sorted(set(dst) - set(src)), sorted(set(src) - set(dst))
+    if missing or extra:
+        raise KeyError(f"the rollout copy does not match the trained model: missing {missing[:5]}, unexpected {extra[:5]}")
+    bad = [n for n, v in src.items() if tuple(v.shape) != tuple(dst[n].shape)]
+    if bad:
+        raise KeyError(f"weights {bad[:5]} differ in shape between the trained model and its rollout copy")
+    with torch.no_grad():
+        for name, v in src.items():
+            part = v.full_tensor() if isinstance(v, DTensor) else v
+            dst[name].copy_(part.detach().to(dst[name].device, dst[name].dtype))
+            del part
+    return len(src)

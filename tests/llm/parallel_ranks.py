@@ -196,3 +196,32 @@ def run_policy_group(k: int, out: Path, ckpt: Path) -> dict[str, Any]:
     spec = GroupSpec(rank=0, world_size=k, addr=addr, port=port, backend="gloo", timeout_s=120)
     mp.spawn(policy_rank_main, args=(spec, str(out), str(ckpt)), nprocs=k, join=True)
     return torch.load(out, weights_only=False)
+
+
+def gather_rank_main(rank: int, spec: GroupSpec, out: str) -> None:
+    """One rank: shard :func:`tiny_model` (seed 0), gather it into an unsharded seed-1 copy with
+    :func:`mrl_llm.parallel.fsdp.gather_into`; rank 0 saves the copy's weights and the tensor count to ``out``."""
+    from mrl_llm.parallel.fsdp import gather_into
+
+    torch.set_num_threads(1)
+    group = WorkerGroup.join(spec.for_rank(rank))
+    try:
+        model, copy = tiny_model(0), tiny_model(1)
+        shard_model(model, Precision("fp32"), group)
+        n = gather_into(model, copy)
+        if rank == 0:
+            torch.save({"state": copy.state_dict(), "n": n}, Path(out))
+    finally:
+        group.close()
+
+
+def run_gather(k: int, out: Path) -> dict[str, Any]:
+    """Rank 0's result of :func:`gather_rank_main` on a spawned group of ``k`` gloo ranks."""
+    import torch.multiprocessing as mp
+
+    from mrl_llm.parallel.group import rendezvous
+
+    addr, port = rendezvous("127.0.0.1")
+    spec = GroupSpec(rank=0, world_size=k, addr=addr, port=port, backend="gloo", timeout_s=120)
+    mp.spawn(gather_rank_main, args=(spec, str(out)), nprocs=k, join=True)
+    return torch.load(out, weights_only=False)

@@ -9,8 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from mrl_llm.parallel.fsdp import gather_into
 from mrl_llm.parallel.group import GroupSpec, WorkerGroup, backend_for, rendezvous
-from tests.llm.parallel_ranks import run_group, tiny_model, update_once
+from tests.llm.parallel_ranks import run_gather, run_group, tiny_model, update_once
 
 VARIANTS = [
     {},  # one mini-batch, micro-batches of 2 rows (9 rows: 3 micro-batches on one rank, 2 + a filler on the other)
@@ -78,3 +79,20 @@ def test_group_spec_malformed_and_group_of_one():
     host, port = rendezvous("127.0.0.1")
     assert host == "127.0.0.1" and 0 < port < 65536
     assert backend_for("cpu") == "gloo" and backend_for("cuda:0") == "nccl"
+
+
+def test_gather_into_copies_the_shards_tensor_by_tensor(tmp_path):
+    got = run_gather(2, tmp_path / "gather.pt")
+    want = tiny_model(0).state_dict()
+    assert got["n"] == len(want) and _max_diff(got["state"], want) == 0.0
+    assert _max_diff(tiny_model(1).state_dict(), want) > 1e-3  # the copy started elsewhere
+
+
+def test_gather_into_unsharded_empty_and_mismatched():
+    a, b = tiny_model(0), tiny_model(1)
+    assert gather_into(a, b) == len(a.state_dict()) and _max_diff(a.state_dict(), b.state_dict()) == 0.0
+    assert gather_into(torch.nn.Module(), torch.nn.Module()) == 0
+    with pytest.raises(KeyError, match="missing"):
+        gather_into(torch.nn.Linear(2, 2, bias=False), torch.nn.Linear(2, 2))
+    with pytest.raises(KeyError, match="differ in shape"):
+        gather_into(torch.nn.Linear(2, 3), torch.nn.Linear(2, 2))
