@@ -9,7 +9,10 @@ Layouts (``mode``):
   that GPU's estimated memory (fractional GPUs for small models).
 * ``split`` — separate pools: each policy gets at least 2 whole GPUs, half (rounded down) for its rollout
   engines and the rest for its trainer. Preferred for asynchronous training, where generation and
-  training overlap; ``colocated`` is preferred for synchronous steps, where they alternate.
+  training overlap; ``colocated`` is preferred for synchronous steps, where they alternate. On a cluster
+  without GPUs (``mode="split"`` asked for) the pools are CPU slots: each policy gets ``ranks`` trainer
+  slots (its shards) and ``ranks`` rollout slots (an engine each, with a full copy of the weights), each on
+  the node with most free RAM, and its CPUs are shared over all of them as in ``cpu`` mode.
 * ``cpu`` — no GPUs: each policy gets ``ranks`` CPU slots (its worker group, ``policies[].ranks``), each on
   the node with most free RAM, and its share of CPUs split over them (whole CPUs, largest remainder, at least
   one each, or with fewer CPUs than slots a fractional share and one thread). A rank holds its shard of the
@@ -92,6 +95,8 @@ class PolicyPlacement:
     def rank_roles(self) -> list[str]:
         """One line per bundle: the rank that runs there, its role, device and resources."""
         what = {"colocated": "train + rollout", "cpu": "train + rollout (CPU)", "train": "train", "rollout": "rollout"}
+        if self.bundles and not any("GPU" in b for b in self.bundles):  # CPU slots of split pools
+            what |= {"train": "train (CPU)", "rollout": "rollout (CPU)"}
         return [f"{self.policy} rank {r}/{len(self.bundles)}: {what.get(role, role)} on {dev}, "
                 + ", ".join(f"{v:.2f} {k}" for k, v in sorted(b.items()))
                 for r, (role, dev, b) in enumerate(zip(self.bundle_roles, self.bundle_devices, self.bundles, strict=True))]
@@ -155,6 +160,8 @@ def _slot_memory(fp: PolicyFootprint, slot: _Slot, n_train: int, seqs: int, clus
     over = MemoryBreakdown(overhead=mm.process_overhead_gib * GiB)
     if slot.role == "colocated":
         return training_bytes(fp, n_train) + rollout_bytes(fp, seqs, own_weights=fp.engine != "hf") + over
+    if slot.device.kind == "ram":  # a CPU process: its own host overhead
+        over = MemoryBreakdown(overhead=mm.host_process_gib * GiB)
     if slot.role == "train":
         return training_bytes(fp, n_train) + over
     if slot.role == "rollout":
@@ -263,23 +270,28 @@ def _gpu_slots(fps: Sequence[PolicyFootprint], cluster: ClusterSpec, mode: str, 
     return sorted(slots, key=lambda s: s.policy)
 
 
-def _cpu_slots(fps: Sequence[PolicyFootprint], cluster: ClusterSpec) -> list[_Slot]:
+def _cpu_slots(fps: Sequence[PolicyFootprint], cluster: ClusterSpec, *, split: bool = False) -> list[_Slot]:
+    """``ranks`` CPU slots per policy (``split``: ``ranks`` trainer slots, then ``ranks`` rollout slots), each on
+    the node with most free RAM."""
     rams, used = cluster.rams(), defaultdict(float)
     slots = []
     for i, fp in enumerate(fps):
-        for _ in range(fp.ranks):
-            d = max(rams, key=lambda r: (r.capacity_bytes - used[r.name], -r.node))
-            used[d.name] += _slot_memory(fp, _Slot(i, d, "cpu"), fp.ranks, 1, cluster).total
-            slots.append(_Slot(i, d, "cpu"))
+        for role in ("train", "rollout") if split else ("cpu",):
+            for _ in range(fp.ranks):
+                d = max(rams, key=lambda r: (r.capacity_bytes - used[r.name], -r.node))
+                used[d.name] += _slot_memory(fp, _Slot(i, d, role), fp.ranks, 1, cluster).total
+                slots.append(_Slot(i, d, role))
     return slots
 
 
 def _plan_mode(fps: Sequence[PolicyFootprint], cluster: ClusterSpec, mode: str) -> PlacementPlan:
     costs = [fp.step_cost for fp in fps]
     shares = [c / sum(costs) for c in costs]
-    slots = _cpu_slots(fps, cluster) if mode == "cpu" else _gpu_slots(fps, cluster, mode, shares)
+    on_cpus = mode == "cpu" or cluster.n_gpus == 0
+    slots = (_cpu_slots(fps, cluster, split=mode == "split") if on_cpus
+             else _gpu_slots(fps, cluster, mode, shares))
     loads, conc = _evaluate(fps, slots, cluster, mode)
-    if mode != "cpu":
+    if not on_cpus:
         loads += _host_loads(fps, slots, cluster)
     nodes = cluster.expanded()
     # CPUs: each node's CPUs go to the slots on it, by share (whole CPUs when there are enough)
@@ -343,8 +355,10 @@ def plan_placement(
         raise AllocationError(f"policy names must be unique, got {names}")
     if mode == "cpu" or (mode == "auto" and cluster.n_gpus == 0):
         return _plan_mode(footprints, cluster, "cpu")
-    if cluster.n_gpus == 0:
-        raise AllocationError(f"mode {mode!r} needs GPUs; cluster {cluster.name!r} has none (use --mode cpu)")
+    if cluster.n_gpus == 0 and mode != "split":
+        raise AllocationError(f"mode {mode!r} needs GPUs; cluster {cluster.name!r} has none (use --mode cpu or split)")
+    if cluster.n_gpus == 0:  # split pools of CPU slots
+        return _plan_mode(footprints, cluster, "split")
     if mode != "auto":
         return _plan_mode(footprints, cluster, mode)
     order = ["split", "colocated"] if prefer_split else ["colocated", "split"]

@@ -1,6 +1,7 @@
 """Worker groups in the MWRA plan (``policies[].ranks``): CPU mode plans one CPU slot per rank, splits the
 policy's CPUs over them (fractional on 2 CPUs), shards the training estimate over the ranks, prints each
-rank's role; a malformed ``ranks`` is refused naming the policy."""
+rank's role; split pools on CPUs plan trainer and rollout slots per rank; a malformed ``ranks`` is refused
+naming the policy."""
 
 from __future__ import annotations
 
@@ -61,3 +62,33 @@ def test_malformed_ranks_are_refused_naming_the_policy():
     fps = footprints_from_config({"policies": [{"name": "a", "model_config": mc, "ranks": 3}, {"name": "b", "model_config": mc}]})
     assert [f.ranks for f in fps] == [3, 1]
     assert isinstance(fps[0], PolicyFootprint)
+
+
+def test_split_on_cpus_plans_trainer_and_rollout_slots_per_rank():
+    fps = [replace(f, ranks=2) for f in cpu_demo()]
+    plan = plan_placement(fps, EIGHT_CPUS, mode="split")
+    assert plan.mode == "split"
+    for p in plan.policies:
+        assert p.bundle_roles == ("train", "train", "rollout", "rollout") and p.num_gpus == 0
+        assert all(b["CPU"] == 1 for b in p.bundles) and p.threads == 1  # 8 slots on 8 CPUs
+        assert len(p.train_devices) == len(p.rollout_devices) == 2
+    text = plan.render()
+    assert "qwen-tiny rank 0/4: train (CPU) on node0/ram" in text and "rank 3/4: rollout (CPU) on node0/ram" in text
+    parts = {(part.policy, part.role): part.memory for load in plan.devices for part in load.parts}
+    name = plan.policies[0].policy
+    assert parts[(name, "train")].kv_cache == 0 and parts[(name, "rollout")].optimizer == 0  # each pool its own state
+    cpu = plan_placement(fps, EIGHT_CPUS, mode="cpu")
+    cpu_part = next(part for load in cpu.devices for part in load.parts if part.policy == name)
+    assert parts[(name, "train")].optimizer == pytest.approx(cpu_part.memory.optimizer)  # the same 2-way sharding
+    small = plan_placement(cpu_demo(), TWO_CPUS, mode="split")  # 4 slots on 2 CPUs: fractions, one thread
+    assert [p.bundle_roles for p in small.policies] == [("train", "rollout")] * 2
+    assert math.isclose(sum(b["CPU"] for p in small.policies for b in p.bundles), 2.0)
+
+
+def test_colocated_on_a_cpu_cluster_is_refused_pointing_at_cpu_or_split():
+    from shared_interfaces.mwra import AllocationError
+
+    with pytest.raises(AllocationError, match=r"needs GPUs.*use --mode cpu or split"):
+        plan_placement(cpu_demo(), TWO_CPUS, mode="colocated")
+    with pytest.raises(AllocationError, match="no policies to place"):
+        plan_placement([], TWO_CPUS, mode="split")
