@@ -303,7 +303,8 @@ class RuntimeConfig:
     the synchronous schedule). ``address``: an existing Ray cluster (``auto``, ``ray://host:10001``);
     null starts a local one with ``num_cpus`` CPUs (null: all). ``cluster``: a cluster YAML to plan
     for (default: the Ray cluster's resources); ``placement``: the plan's layout (auto, colocated,
-    split, cpu). The workers of an existing cluster must be able to import this package (install it
+    split — trainer and rollout actors on their own bundles, :mod:`mrl_llm.distributed.split_group` —, cpu).
+    The workers of an existing cluster must be able to import this package (install it
     there); a local cluster inherits this process's environment."""
 
     backend: Literal["local", "ray"] = "local"

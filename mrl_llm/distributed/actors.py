@@ -75,6 +75,18 @@ class PolicyActorSpec:
     fault: FaultInjection | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
     ranks: int = 1  # the policy's worker-group size (mrl_llm.distributed.rank_group); config["group"]: this rank
+    role: str = "colocated"  # colocated | train | rollout (placement: split, mrl_llm.distributed.split_group)
+    rollouts: int = 1  # split: the policy's rollout actors; rollout_rank: this one's index among them
+    rollout_rank: int = 0
+
+    def __post_init__(self) -> None:
+        if self.role not in ROLES:
+            raise ValueError(f"policy {self.name!r}: actor role must be one of {ROLES}, got {self.role!r}")
+        if not 0 <= self.rollout_rank < self.rollouts:
+            raise ValueError(f"policy {self.name!r}: rollout_rank {self.rollout_rank} is not in [0, {self.rollouts})")
+
+
+ROLES = ("colocated", "train", "rollout")
 
 
 def load_factory(path: str) -> Any:
@@ -195,7 +207,8 @@ class PolicyActor:
         self.rank = int((spec.config.get("group") or {}).get("rank", 0))  # rank 0 writes checkpoints
         # a worker group with per-sample seeds splits the step's prompts over its ranks; else rank 0 samples all
         sampling = (spec.config.get("policy") or {}).get("sampling") or {}
-        self.split_rollouts = spec.ranks > 1 and sampling.get("seeding") == "sample"
+        self.sample_seeded = sampling.get("seeding") == "sample"
+        self.split_rollouts = spec.ranks > 1 and self.sample_seeded
         self.exchange = exchange
         self.regime = parse_regime_config(dict(spec.regime))
         random.seed(spec.seed)
@@ -237,14 +250,26 @@ class PolicyActor:
         """Sample this step's records and publish them; returns what the driver tracks. In a worker group every
         rank renders all the step's prompts and keeps its problems for the peer check (``worker.prepare``), so
         the ranks' plans are equal; rank ``r`` samples and publishes prompts ``r, r + k, ...`` with
-        ``sampling.seeding: sample`` (a record does not depend on the split), else rank 0 samples them all."""
-        if self.spec.ranks > 1:
+        ``sampling.seeding: sample`` (a record does not depend on the split), else rank 0 samples them all. A split
+        policy's trainer samples nothing; its rollout actors share the prompts the same way (module docstring)."""
+        nothing = {"policy": self.spec.name, "step": step, "version": int(self.worker.version), "records": 0,
+                   "timings": {}}
+        if self.spec.role == "train":  # split pools: the rollout actors sample; a trainer keeps what it needs
+            prepare = getattr(self.worker, "prepare", None)  # (a worker that renders prompts has it)
+            if prepare is not None:
+                prepare(list(problems))
+            return nothing
+        if self.spec.role == "rollout" and self.spec.rollouts > 1:  # the same split as a worker group's ranks
+            r, m = self.spec.rollout_rank, self.spec.rollouts
+            problems = list(problems)[r::m] if self.sample_seeded else (list(problems) if r == 0 else [])
+            if not problems:
+                return nothing
+        elif self.spec.ranks > 1:
             self.worker.prepare(list(problems))
             if self.split_rollouts:
                 problems = list(problems)[self.rank::self.spec.ranks]
             if not problems or (self.rank != 0 and not self.split_rollouts):
-                return {"policy": self.spec.name, "step": step, "version": int(self.worker.version), "records": 0,
-                        "timings": {}}
+                return nothing
         recs = self.worker.generate(list(problems), step)
         self._maybe_crash("generate", step)
         bad = [r.record_id for r in recs if r.policy_id != self.spec.name or r.step != step]
@@ -304,7 +329,7 @@ class PolicyActor:
             del self._own[k]
         parts: dict[str, float] = {"publish_wait_s": publish_wait}
         expect_peers = {p: n for p, n in counts.items() if p in present and p != self.spec.name}
-        if self.spec.ranks > 1:  # a worker group: the own records are the ranks' together; fetch them all
+        if self.spec.ranks > 1 or self.spec.role == "train":  # the own records came from other actors: fetch them
             own = None
             expect_peers = {p: n for p, n in counts.items() if p in present}
         dropped: dict[str, int] = dict.fromkeys(PEER_CHECK_OUTCOMES, 0)
@@ -338,11 +363,33 @@ class PolicyActor:
         os.replace(tmp, self.ckpt / "LATEST")
         return str(d)
 
+    def weights(self) -> dict[str, Any] | None:
+        """The full current weights and version, for a split policy's rollout actors (a collective in a worker
+        group: every trainer rank gathers; rank 0 answers, the others ``None``)."""
+        from mrl_llm.parallel.fsdp import full_state_dict
+
+        state = full_state_dict(self.worker.model)
+        return {"state": state, "version": int(self.worker.version)} if self.rank == 0 else None
+
+    def load_weights(self, payload: Mapping[str, Any]) -> int:
+        """Take the trainers' weights (:meth:`weights`) into this rollout actor's model and engine (a vllm engine
+        reloads them and runs its drift check); its records then carry the trainers' version. Returns it."""
+        from mrl_llm.parallel.fsdp import load_full_state_dict
+
+        if self.spec.role != "rollout":
+            raise RuntimeError(f"policy {self.spec.name!r}: load_weights is for rollout actors, this one is "
+                               f"{self.spec.role}")
+        load_full_state_dict(self.worker.model, payload["state"])
+        self.worker.version = int(payload["version"])
+        self.worker.sync_engine()
+        return self.worker.version
+
     def probe_run_dir(self, run_dir: str, token: str) -> dict[str, Any]:
         """Whether this actor's node sees the driver's run directory (:mod:`mrl_llm.distributed.shared_dir`)."""
         from mrl_llm.distributed.shared_dir import probe
 
-        return probe(run_dir, token, self.spec.name, self.rank)
+        who = f"rollout-{self.spec.rollout_rank}" if self.spec.role == "rollout" else self.rank
+        return probe(run_dir, token, self.spec.name, who)
 
     def status(self) -> dict[str, Any]:
         return {"policy": self.spec.name, "version": int(self.worker.version), "pid": os.getpid(),

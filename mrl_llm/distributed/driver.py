@@ -31,7 +31,8 @@ group made of its planned bundles (``{"GPU": fraction, "CPU": c}`` per device; s
 actor is scheduled into bundle 0 with that bundle's CPUs and (fractional) GPUs (:func:`actor_options`). A
 policy with ``spec.ranks = k > 1`` is a worker group: k actors, rank ``r`` in bundle ``r``, one
 ``torch.distributed`` group, driven through one handle (:mod:`mrl_llm.distributed.rank_group`; no bundle
-idles; ``ranks`` must equal the plan's bundle count;
+idles; ``ranks`` must equal the plan's bundle count; under ``placement: split`` the trainers and the
+rollout actors take their own bundles, :mod:`mrl_llm.distributed.split_group`;
 the plan's thread count goes into the specs' ``threads``, see
 :func:`mrl_llm.distributed.ray_trainer.ray_specs`). Only planned policies can join. A placement group
 that cannot be reserved within ``placement_timeout_s`` is an error naming the policy and its bundles.
@@ -60,6 +61,7 @@ from mrl_llm.distributed.exchange_actor import RemoteExchange, start_exchange
 from mrl_llm.distributed.planner import PlacementPlan, PolicyPlacement
 from mrl_llm.distributed.rank_group import RankGroup, start_rank_group
 from mrl_llm.distributed.shared_dir import check_answer, remove_token, write_token
+from mrl_llm.distributed.split_group import start_split_group
 from shared_interfaces.exchange import InMemoryExchange
 
 
@@ -221,6 +223,11 @@ class RayDriver:
         import ray
 
         spec = self.specs[name]
+        roles = self.placement.for_policy(name).bundle_roles if self.placement is not None else ()
+        if "rollout" in roles:  # placement: split — trainers and rollout actors on their own bundles
+            gpu = self.placement is not None and self.placement.for_policy(name).num_gpus > 0
+            return start_split_group(spec, lambda: RemoteExchange(self.exchange_handle, producer=name),
+                                     lambda b: self._actor_options(name, b), roles, gpu=gpu)
         if spec.ranks == 1:
             return ray.remote(PolicyActor).options(**self._actor_options(name)).remote(
                 spec, RemoteExchange(self.exchange_handle, producer=name))

@@ -30,7 +30,7 @@ from mrl_llm.parallel.group import GroupSpec
 from shared_interfaces.config_io import to_mapping
 
 #: Methods every rank runs (collectives, or state every rank needs); the rest go to rank 0 alone.
-ALL_RANKS = frozenset({"generate", "train", "save", "status", "close", "probe_run_dir"})
+ALL_RANKS = frozenset({"generate", "train", "save", "status", "close", "probe_run_dir", "weights"})
 
 
 def _rank0(*answers: Any) -> Any:

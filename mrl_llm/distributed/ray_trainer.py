@@ -74,8 +74,10 @@ def footprints(config: RunConfig) -> list[PolicyFootprint]:
 def plan_run(config: RunConfig, cluster: ClusterSpec) -> PlacementPlan:
     """The MWRA plan of ``config``'s policies on ``cluster`` (``runtime.placement`` layout)."""
     if config.runtime.placement == "split":
-        raise ConfigError("runtime.placement split needs a rollout actor per policy apart from its trainer, which the "
-                          "Ray runtime does not have yet; use colocated (or auto)")
+        vllm = [p.name for p in config.policies if p.engine == "vllm"]
+        if vllm:  # a trainer actor builds the whole worker, engine included: vLLM would run twice
+            raise ConfigError(f"runtime.placement split runs HF engines only so far; policies {vllm} use engine vllm "
+                              "(set engine: hf, or placement colocated)")
     fps = footprints(config)
     mode = config.runtime.placement
     if mode == "auto":
@@ -107,7 +109,7 @@ def ray_specs(config: RunConfig, plan: PlacementPlan, ckpt_root: Path,
             cfg["engine_args"] = vllm_memory(plan, fps[s.name]).engine_args()  # policies[].engine_args win
         out.append(replace(s, config=cfg, threads=min(config.threads or p.threads, p.threads),
                            checkpoint_every=config.checkpoint_every, fault=(faults or {}).get(s.name),
-                           ranks=len(p.bundles)))
+                           ranks=sum(role != "rollout" for role in p.bundle_roles) or len(p.bundles)))
     return out
 
 

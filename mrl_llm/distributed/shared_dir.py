@@ -27,9 +27,10 @@ def write_token(run_dir: str | Path) -> str:
     return token
 
 
-def probe(run_dir: str | Path, token: str, policy: str, rank: int) -> dict[str, Any]:
-    """What an actor sees of the run directory: ``ok`` when it reads ``token`` there and wrote its answer."""
-    where = f"policy {policy!r} rank {rank} on node {socket.gethostname()}"
+def probe(run_dir: str | Path, token: str, policy: str, rank: int | str) -> dict[str, Any]:
+    """What an actor sees of the run directory: ``ok`` when it reads ``token`` there and wrote its answer.
+    ``rank``: the actor's rank in its policy's worker group, or a name (a split policy's ``rollout-<i>``)."""
+    where = f"policy {policy!r} {f'rank {rank}' if isinstance(rank, int) else rank} on node {socket.gethostname()}"
     d = Path(run_dir) / PROBE_DIR
     try:
         ok = (d / token).read_text() == token

@@ -44,3 +44,13 @@ def test_the_policy_actor_probes_as_its_rank(tmp_path):
     token = write_token(tmp_path)
     got = actor.probe_run_dir(str(tmp_path), token)
     assert got["ok"] and got["policy"] == "A" and got["rank"] == 0
+
+
+def test_a_split_policys_trainer_and_rollout_actor_answer_apart(tmp_path):
+    base = dict(name="A", factory="tests.distributed.toy_worker:build", config={"good_on": 0, "n_prompts": 4}, seed=1,
+                regime={"name": "grpo"}, checkpoint_dir=str(tmp_path / "ckpt"))
+    token = write_token(tmp_path)
+    answers = [PolicyActor(PolicyActorSpec(**base, role=role), InMemoryExchange()).probe_run_dir(str(tmp_path), token)
+               for role in ("train", "rollout")]
+    assert [a["rank"] for a in answers] == [0, "rollout-0"] and "policy 'A' rollout-0 on node" in answers[1]["where"]
+    check_answer(tmp_path, token, answers)  # both answer files there, neither overwrote the other

@@ -1,0 +1,41 @@
+"""A split policy's actor roles in-process (:mod:`mrl_llm.distributed.actors`, ``spec.role``): a trainer renders
+and samples nothing; rollout actor ``r`` of ``m`` samples prompts ``r, r + m, ...`` with per-sample seeds, else
+rollout 0 samples all; only a rollout actor takes weights."""
+
+from __future__ import annotations
+
+import pytest
+
+from mrl_llm.distributed.actors import PolicyActor, PolicyActorSpec
+from shared_interfaces.exchange import InMemoryExchange
+
+PROMPTS = ["p0", "p1", "p2", "p3", "p4"]
+
+
+def _actor(tmp_path, *, seeding: str = "call", **kw) -> PolicyActor:
+    cfg = {"good_on": 0, "n_prompts": 6, "policy": {"sampling": {"seeding": seeding}}}
+    spec = PolicyActorSpec(name="A", factory="tests.distributed.toy_worker:build", config=cfg, seed=1,
+                           regime={"name": "grpo"}, checkpoint_dir=str(tmp_path / "ckpt"), **kw)
+    return PolicyActor(spec, InMemoryExchange())
+
+
+def _sampled(actor: PolicyActor) -> list[str]:
+    got = actor.generate(PROMPTS, 0)
+    return sorted({r.prompt_id for r in actor._own[0]}) if got["records"] else []
+
+
+@pytest.mark.parametrize("seeding,want", [("sample", [["p0", "p2", "p4"], ["p1", "p3"]]),
+                                          ("call", [PROMPTS, []])])
+def test_rollout_actors_share_the_prompts(tmp_path, seeding, want):
+    got = [_sampled(_actor(tmp_path / str(r), seeding=seeding, role="rollout", rollouts=2, rollout_rank=r))
+           for r in range(2)]
+    assert got == want
+
+
+def test_a_trainer_samples_nothing_and_only_rollout_actors_take_weights(tmp_path):
+    trainer = _actor(tmp_path / "t", role="train")
+    assert trainer.generate(PROMPTS, 0)["records"] == 0 and 0 not in trainer._own
+    assert _sampled(_actor(tmp_path / "one", role="rollout")) == PROMPTS  # one rollout actor samples all
+    with pytest.raises(RuntimeError, match="load_weights is for rollout actors, this one is train"):
+        trainer.load_weights({"state": {}, "version": 1})
+    assert trainer.generate([], 1)["records"] == 0  # empty step
