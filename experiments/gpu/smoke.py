@@ -24,7 +24,12 @@ response tokens / update time), and the process's peak memory (``torch.cuda.max_
 the trainer; a vLLM engine's own memory is its configured share, ``gpu_memory_utilization``, in its
 own process; on CPU the peak RSS of this process and its children).
 
-    experiments/gpu/smoke.sh [--cpu] [--steps 4] [--out DIR] [--engine auto|hf|vllm]
+    experiments/gpu/smoke.sh [--cpu] [--steps 4] [--out DIR] [--engine auto|hf|vllm] [--ranks K]
+
+``--ranks K`` (K > 1) runs :mod:`experiments.gpu.smoke_ranks` instead: the pair's ``qwen2.5-like`` policy as a
+worker group of K FSDP2 ranks (one GPU each; gloo processes with ``--cpu``) against one rank, in the same
+invocation, with the HF engine: step time ratio, tokens/s, peak memory per rank (``OUT/smoke_ranks.json``). A
+machine with one GPU runs K = 1, the default.
 """
 
 from __future__ import annotations
@@ -174,7 +179,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--engine", choices=["auto", "hf", "vllm"], default="auto",
                     help="rollout engine (auto: vllm when installed, else hf)")
     ap.add_argument("--out", default="runs/gpu-smoke", help="output directory (a new one each run)")
+    ap.add_argument("--ranks", type=int, default=1,
+                    help="K > 1: one policy on K FSDP2 ranks (K GPUs, or gloo processes with --cpu) against 1 rank")
     args = ap.parse_args(argv)
+    if args.ranks < 1:
+        print(f"smoke: --ranks must be >= 1, got {args.ranks}", file=sys.stderr)
+        return 2
 
     import torch
 
@@ -185,6 +195,17 @@ def main(argv: list[str] | None = None) -> int:
     steps = args.steps if args.steps is not None else (2 if args.cpu else 4)
     out = Path(args.out)
     run_dir = out / f"run-{time.strftime('%Y%m%d-%H%M%S')}"
+    if args.ranks > 1:
+        gpus = 0 if args.cpu else torch.cuda.device_count()
+        if not args.cpu and gpus < args.ranks:
+            print(f"smoke: --ranks {args.ranks} needs {args.ranks} GPUs, torch sees {gpus}; run --ranks {gpus or 1}",
+                  file=sys.stderr)
+            return 2
+        from experiments.gpu.smoke_ranks import main as ranks_main
+
+        out.mkdir(parents=True, exist_ok=True)
+        ranks_main(args.ranks, smoke_config(out, cpu=args.cpu, steps=steps, engine="hf"), out, cuda=not args.cpu)
+        return 0
     if not args.cpu:
         torch.cuda.reset_peak_memory_stats()
 

@@ -10,6 +10,7 @@
 #   experiments/gpu/smoke.sh                 # on the GPU (about a minute or two on an H200-class GPU)
 #   experiments/gpu/smoke.sh --cpu           # tiny sizes on the CPU (what CI runs)
 #   experiments/gpu/smoke.sh --steps 6 --out /tmp/smoke --engine hf
+#   experiments/gpu/smoke.sh --ranks 2       # one policy on 2 FSDP2 ranks (2 GPUs) vs 1 rank; --cpu: gloo
 #
 # PYTHON selects the interpreter (default: python3).
 set -euo pipefail

@@ -76,3 +76,28 @@ def test_smoke_sh_cpu_mode_runs_end_to_end_without_them(tmp_path):
         assert p["padding_waste_mean"] >= 1.0 and p["checkpoint_dtypes"] == p["export_dtypes"] == ["F32"]
     assert got["peak_memory"]["host_max_rss_gib"] > 0
     assert "gen tok/s" in res.stdout and "written:" in res.stdout
+
+
+@pytest.mark.slow
+def test_smoke_sh_ranks_2_on_cpu_runs_one_policy_on_two_gloo_ranks_against_one(tmp_path):
+    out = tmp_path / "smoke"
+    res = subprocess.run([str(REPO / "experiments" / "gpu" / "smoke.sh"), "--cpu", "--ranks", "2", "--steps", "2",
+                          "--out", str(out)], env=_env(tmp_path), cwd=tmp_path, capture_output=True, text=True,
+                         timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert json.loads((tmp_path / "imports.json").read_text()) == []  # no Ray, vLLM, ... on this path either
+    got = json.loads((out / "smoke_ranks.json").read_text())
+    one, two = got["runs"]
+    assert (one["ranks"], two["ranks"]) == (1, 2) and one["steps"] == two["steps"] == 2
+    assert one["records_per_step"] == two["records_per_step"] and all(n > 0 for n in two["records_per_step"])
+    assert one["reward_mean"] == two["reward_mean"]  # per-sample seeds: the same records whatever the split
+    assert len(two["peak_gib_per_rank"]) == 2 and two["training_tokens_per_s"] > 0
+    assert got["final_weights_max_abs_diff"] < 1e-5  # the gathered sharded weights equal the one-rank run's
+    assert got["step_time_ratio"] > 0 and "step time with 2 ranks / 1 rank" in res.stdout
+
+
+def test_smoke_refuses_bad_ranks(tmp_path):
+    res = subprocess.run([str(REPO / "experiments" / "gpu" / "smoke.sh"), "--cpu", "--ranks", "0", "--out",
+                          str(tmp_path / "o")], env=_env(tmp_path), cwd=tmp_path, capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 2 and "--ranks must be >= 1, got 0" in res.stderr
