@@ -24,8 +24,8 @@ counted per outcome in the train result (``peer_verdict_rejected``, ``peer_rewar
 
 Checkpoints: ``<checkpoint_dir>/step_<s>/`` (the worker's files, their ``manifest.json`` of digests —
 :func:`mrl_llm.runstate.write_manifest` — then ``actor.json``) and a ``LATEST`` pointer written last; a
-(re)started actor verifies and loads ``LATEST`` if present, so Ray's restart of a dead actor brings it
-back with its last checkpoint's weights (a checkpoint that fails its manifest is a
+(re)started actor verifies and loads ``LATEST`` if present, so Ray's restart of a dead actor (or a worker
+group's restart of all its ranks, :mod:`.rank_group`) brings it back with its last checkpoint's weights (a checkpoint that fails its manifest is a
 :class:`~mrl_llm.runstate.CheckpointError` naming the file).
 """
 
