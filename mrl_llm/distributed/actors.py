@@ -24,8 +24,8 @@ counted per outcome in the train result (``peer_verdict_rejected``, ``peer_rewar
 
 Checkpoints: ``<checkpoint_dir>/step_<s>/`` (the worker's files, their ``manifest.json`` of digests —
 :func:`mrl_llm.runstate.write_manifest` — then ``actor.json``) and a ``LATEST`` pointer written last; a
-(re)started actor verifies and loads ``LATEST`` if present, so Ray's restart of a dead actor brings it
-back with its last checkpoint's weights (a checkpoint that fails its manifest is a
+(re)started actor verifies and loads ``LATEST`` if present, so Ray's restart of a dead actor (or a worker
+group's restart of all its ranks, :mod:`.rank_group`) brings it back with its last checkpoint's weights (a checkpoint that fails its manifest is a
 :class:`~mrl_llm.runstate.CheckpointError` naming the file).
 """
 
@@ -50,14 +50,28 @@ from shared_interfaces.regimes.config import RegimeSpec, parse_regime_config
 from shared_interfaces.regimes.plan import plan_groups
 from shared_interfaces.regimes.rows import LearnerRows
 
+#: The phases a :class:`FaultInjection` can crash in.
+FAULT_PHASES = ("generate", "train")
+
 
 @dataclass(frozen=True)
 class FaultInjection:
     """Crash the actor's process (``os._exit``) in ``phase`` (``generate``/``train``) of ``step``, once:
-    a marker file in the checkpoint directory keeps the restarted process from crashing again."""
+    a marker file in the checkpoint directory keeps the restarted process from crashing again. In a worker
+    group only rank ``rank`` crashes (in ``train``: before its update, so the other ranks are left in the
+    update's collectives); a single-rank policy is rank 0."""
 
     step: int
     phase: str = "train"
+    rank: int = 0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.step, bool) or not isinstance(self.step, int) or self.step < 0:
+            raise ValueError(f"fault injection: step must be an integer >= 0, got {self.step!r}")
+        if self.phase not in FAULT_PHASES:
+            raise ValueError(f"fault injection: phase must be one of {list(FAULT_PHASES)}, got {self.phase!r}")
+        if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 0:
+            raise ValueError(f"fault injection: rank must be an integer >= 0, got {self.rank!r}")
 
 
 @dataclass(frozen=True)
@@ -84,6 +98,9 @@ class PolicyActorSpec:
             raise ValueError(f"policy {self.name!r}: actor role must be one of {ROLES}, got {self.role!r}")
         if not 0 <= self.rollout_rank < self.rollouts:
             raise ValueError(f"policy {self.name!r}: rollout_rank {self.rollout_rank} is not in [0, {self.rollouts})")
+        if self.fault is not None and self.fault.rank >= self.ranks:
+            raise ValueError(f"policy {self.name!r}: the fault injection names rank {self.fault.rank}, but the policy "
+                             f"has {self.ranks} rank(s) (0..{self.ranks - 1}); name one of its ranks")
 
 
 ROLES = ("colocated", "train", "rollout")
@@ -236,9 +253,9 @@ class PolicyActor:
     # -- fault injection (tests) -------------------------------------------------------------
     def _maybe_crash(self, phase: str, step: int) -> None:
         f = self.spec.fault
-        if f is None or f.phase != phase or f.step != step:
+        if f is None or f.phase != phase or f.step != step or f.rank != self.rank:
             return
-        marker = self.ckpt / f".crashed-{phase}-{step}"
+        marker = self.ckpt / f".crashed-{phase}-{step}-rank{f.rank}"
         if marker.exists():
             return
         self.ckpt.mkdir(parents=True, exist_ok=True)
@@ -269,6 +286,7 @@ class PolicyActor:
             if self.split_rollouts:
                 problems = list(problems)[self.rank::self.spec.ranks]
             if not problems or (self.rank != 0 and not self.split_rollouts):
+                self._maybe_crash("generate", step)
                 return nothing
         recs = self.worker.generate(list(problems), step)
         self._maybe_crash("generate", step)

@@ -59,7 +59,7 @@ from typing import Any, Literal
 from mrl_llm.distributed.actors import PolicyActor, PolicyActorSpec, problem_id
 from mrl_llm.distributed.exchange_actor import RemoteExchange, start_exchange
 from mrl_llm.distributed.planner import PlacementPlan, PolicyPlacement
-from mrl_llm.distributed.rank_group import RankGroup, start_rank_group
+from mrl_llm.distributed.rank_group import RankGroup, RankGroupDied, start_rank_group
 from mrl_llm.distributed.shared_dir import check_answer, remove_token, write_token
 from mrl_llm.distributed.split_group import start_split_group
 from shared_interfaces.exchange import InMemoryExchange
@@ -88,13 +88,14 @@ class RunResult:
 
 
 def _is_actor_failure(err: BaseException) -> bool:
+    """A dead actor, or a worker group with a dead rank (restarted whole, :mod:`.rank_group`)."""
     import ray.exceptions as rex
 
-    return isinstance(err, (rex.RayActorError, rex.ActorDiedError, rex.ActorUnavailableError))
+    return isinstance(err, (rex.RayActorError, rex.ActorDiedError, rex.ActorUnavailableError, RankGroupDied))
 
 
 def wait_status(actor: Any, timeout_s: float = 300.0) -> dict[str, Any]:
-    """``actor.status()``, retried while Ray is restarting the actor."""
+    """``actor.status()``, retried while Ray is restarting the actor (a worker group restarts on the call)."""
     import ray
     import ray.exceptions as rex
 
@@ -102,7 +103,7 @@ def wait_status(actor: Any, timeout_s: float = 300.0) -> dict[str, Any]:
     while True:
         try:
             return ray.get(actor.status.remote())
-        except (rex.ActorUnavailableError, rex.RayActorError):
+        except (rex.ActorUnavailableError, rex.RayActorError, RankGroupDied):
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.2)

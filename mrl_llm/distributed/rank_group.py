@@ -11,16 +11,31 @@ Rollouts: with ``sampling.seeding: sample`` each rank samples and publishes its 
 
 :class:`RankGroup` has the actor's methods: ``group.train.remote(...)`` sends the call to every rank in
 the same order (every training step, checkpoint save and weight sync is a collective) and returns one
-object ref that resolves, once every rank has answered, to rank 0's answer (``generate``: the ranks'
-records and counts summed, :func:`_generated`). Calls that need no collective
+object ref, a zero-CPU task's (:func:`_gather`), that resolves once every rank has answered to rank 0's
+answer (``generate``: the ranks' records and counts summed, :func:`_generated`). Calls that need no collective
 and whose answer is rank 0's alone (``evaluate``, ``export``, ``state``) go to rank 0 only.
 
-Not done yet: a rank that dies is not restarted (its actors have ``max_restarts=0``; the run stops with
-the error) — restarting the whole group from its last checkpoint is the issue's fault-tolerance item.
+Fault tolerance — the group restarts whole. When a rank dies during a call, :func:`_gather` does not wait for
+the others (they may hang in a collective with the dead rank, or fail out of it: an error from one rank waits
+up to ``grace_s`` for a dead rank among the others) and raises :class:`RankGroupDied`, which the driver treats
+as an actor failure (a ``gap``). The next call on the group (the driver's ``status``, waiting for the policy
+to come back) first restarts it (:meth:`RankGroup.ensure_up`): the surviving ranks are killed (not waited
+for), a fresh rendezvous is taken and k new rank actors start in the same bundles, one new process group;
+each loads the policy's last complete checkpoint (``LATEST``; any k loads it, :mod:`mrl_llm.parallel.checkpoint`),
+and ``status`` answers once every new rank is up. The driver then logs ``rejoin`` exactly as for a single
+actor that Ray restarted. A rank that fails while starting (e.g. a checkpoint that does not verify) is a
+``RuntimeError`` naming the policy and rank, not a restart: a new start would fail the same way.
+
+Group ranks are created with ``max_restarts=0``: Ray's own restart of a lone rank would rebuild it with the
+old rendezvous, and it would wait for a group that no longer exists (its peers are gone or in the old group),
+so the group, not Ray, restarts its ranks. Single-rank policies keep Ray's restart (``max_restarts=-1``).
 """
 
 from __future__ import annotations
 
+import functools
+import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
@@ -29,8 +44,19 @@ from mrl_llm.distributed.actors import PolicyActor, PolicyActorSpec
 from mrl_llm.parallel.group import GroupSpec
 from shared_interfaces.config_io import to_mapping
 
+log = logging.getLogger("mrl_llm.rank_group")
+
 #: Methods every rank runs (collectives, or state every rank needs); the rest go to rank 0 alone.
 ALL_RANKS = frozenset({"generate", "train", "save", "status", "close", "probe_run_dir", "weights"})
+
+#: Seconds :func:`_gather` waits, after one rank's error, for the others to answer (a dead rank among them
+#: makes the error a :class:`RankGroupDied`; ranks that hang past it are not waited for).
+FAILURE_GRACE_S = 30.0
+
+
+class RankGroupDied(RuntimeError):
+    """A rank of a policy's worker group died during a call: the group restarts whole from its last
+    checkpoint (module docstring). The driver counts it as an actor failure."""
 
 
 def _rank0(*answers: Any) -> Any:
@@ -53,10 +79,67 @@ def _generated(*answers: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+COMBINE: dict[str, Callable[..., Any]] = {"generate": _generated, "probe_run_dir": _every_rank}
+
+
 def _rendezvous() -> tuple[str, int]:
     from mrl_llm.parallel.group import rendezvous
 
     return rendezvous()
+
+
+def _gather(policy: str, method: str, refs: list[Any], grace_s: float) -> Any:
+    """The ranks' answers to one call, combined (:data:`COMBINE`, else rank 0's); run as a zero-CPU Ray task
+    with ``refs`` (rank ``r``'s call, in rank order) nested in a list so that Ray does not wait for them all.
+
+    A rank that died (a ``RayActorError``) raises :class:`RankGroupDied` at once, without waiting for the
+    others; a rank that failed while starting raises a ``RuntimeError`` naming it; another error waits up
+    to ``grace_s`` for the remaining ranks (a dead one among them still makes it a :class:`RankGroupDied`:
+    the survivors of a dead rank fail out of their collectives) and is then raised as it is."""
+    import ray
+    import ray.exceptions as rex
+
+    rank_of = {ref: r for r, ref in enumerate(refs)}
+    answers: dict[int, Any] = {}
+    pending, first, deadline = list(refs), None, None
+    while pending:
+        timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+        ready, pending = ray.wait(pending, num_returns=1, timeout=timeout)
+        if not ready:
+            break  # grace_s is over and the other ranks have not answered (hung in a collective?)
+        r = rank_of[ready[0]]
+        try:
+            answers[r] = ray.get(ready[0])
+        except rex.RayActorError as err:
+            if err.actor_init_failed:
+                raise RuntimeError(f"policy {policy!r}: rank {r} of its worker group failed to start: "
+                                   f"{str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__}"
+                                   ) from None
+            raise RankGroupDied(f"policy {policy!r}: rank {r} of {len(refs)} died during {method!r} "
+                                f"({type(err).__name__}); its worker group restarts from its last checkpoint"
+                                ) from None
+        except Exception as err:  # noqa: BLE001 - raised below once the other ranks are known
+            if first is None:  # the rank's own exception (a RayTaskError re-raised here would nest)
+                cause = getattr(err, "cause", None) if isinstance(err, rex.RayTaskError) else None
+                first, deadline = cause if isinstance(cause, BaseException) else err, time.monotonic() + grace_s
+    if first is not None:
+        raise first
+    return COMBINE.get(method, _rank0)(*(answers[r] for r in range(len(refs))))
+
+
+@functools.cache
+def _remote(fn: Callable[..., Any]) -> Any:
+    """``fn`` as a zero-CPU Ray remote function, made once per process."""
+    import ray
+
+    return ray.remote(num_cpus=0)(fn)
+
+
+def is_rank_failure(err: BaseException) -> bool:
+    """Whether ``err`` (from a call on a group or one of its ranks) means a rank died: the group must restart."""
+    import ray.exceptions as rex
+
+    return isinstance(err, RankGroupDied) or (isinstance(err, rex.RayActorError) and not err.actor_init_failed)
 
 
 class _Call:
@@ -66,45 +149,97 @@ class _Call:
     def remote(self, *args: Any, **kwargs: Any) -> Any:
         import ray
 
-        targets = self.group.actors if self.method in ALL_RANKS else self.group.actors[:1]
+        g = self.group
+        if self.method == "close" and g.failed():  # a broken group is closed by killing its ranks
+            g.kill()
+            return ray.put(None)
+        g.ensure_up()
+        targets = g.actors if self.method in ALL_RANKS else g.actors[:1]
         refs = [getattr(a, self.method).remote(*args, **kwargs) for a in targets]
-        if len(refs) == 1:
-            return refs[0]
-        combine = {"generate": _generated, "probe_run_dir": _every_rank}.get(self.method, _rank0)
-        return ray.remote(num_cpus=0)(combine).remote(*refs)
+        out = refs[0] if len(refs) == 1 else _remote(_gather).remote(g.policy, self.method, refs, g.grace_s)
+        g.pending.append(out)
+        return out
 
 
 class RankGroup:
-    """The k rank actors of one policy behind one actor's interface (module docstring)."""
+    """The k rank actors of one policy behind one actor's interface, restarted whole when a rank dies
+    (module docstring). ``start()`` starts k new rank actors (a fresh rendezvous; :func:`start_rank_group`);
+    ``restarts`` counts the group's restarts."""
 
-    def __init__(self, actors: Sequence[Any]) -> None:
+    def __init__(self, actors: Sequence[Any], *, policy: str = "", start: Callable[[], list[Any]] | None = None,
+                 grace_s: float = FAILURE_GRACE_S) -> None:
         self.actors = list(actors)
+        self.policy = policy
+        self.start = start
+        self.grace_s = grace_s
+        self.restarts = 0
+        self.pending: list[Any] = []  # refs of calls on the current ranks, until seen answered
+        self.broken = False
 
     def __getattr__(self, method: str) -> _Call:
         if method.startswith("_"):
             raise AttributeError(method)
         return _Call(self, method)
 
+    def failed(self) -> bool:
+        """Whether a call on the current ranks has failed because a rank died (does not block)."""
+        import ray
+
+        if not self.broken and self.pending:
+            ready, self.pending = ray.wait(self.pending, num_returns=len(self.pending), timeout=0)
+            for ref in ready:
+                try:
+                    ray.get(ref)
+                except Exception as err:  # noqa: BLE001 - the caller of that call sees it; here: a dead rank?
+                    self.broken = self.broken or is_rank_failure(err)
+        return self.broken
+
+    def ensure_up(self) -> None:
+        """Restart the group when a rank has died (:meth:`failed`): kill every rank, start k new ones."""
+        if not self.failed():
+            return
+        if self.start is None:
+            raise RankGroupDied(f"policy {self.policy!r}: a rank of its worker group died and the group cannot "
+                                "be restarted (no start function)")
+        self.kill()
+        log.warning("policy %s: a rank died; restarting its %d ranks from the last checkpoint", self.policy,
+                    len(self.actors))
+        self.actors = self.start()
+        self.pending, self.broken = [], False
+        self.restarts += 1
+
     def kill(self) -> None:
+        """Kill every rank now (a rank hung in a collective is not waited for)."""
         import ray
 
         for a in self.actors:
-            ray.kill(a)
+            ray.kill(a, no_restart=True)
 
 
-def start_rank_group(spec: PolicyActorSpec, make_exchange: Callable[[], Any],
-                     options: Callable[[int], dict[str, Any]], *, gpu: bool) -> RankGroup:
-    """Start ``spec.ranks`` actors of ``spec`` (module docstring); ``options(r)``: rank ``r``'s Ray actor options
-    (its bundle), ``make_exchange()``: an exchange client per rank."""
+def _start_ranks(spec: PolicyActorSpec, make_exchange: Callable[[], Any],
+                 options: Callable[[int], dict[str, Any]], *, gpu: bool) -> list[Any]:
+    """``spec.ranks`` new rank actors of ``spec`` on a fresh rendezvous, rank ``r`` with ``options(r)``."""
     import ray
 
     k = spec.ranks
     first = {key: v for key, v in options(0).items() if key == "scheduling_strategy"}
-    addr, port = ray.get(ray.remote(num_cpus=0)(_rendezvous).options(**first).remote())
+    addr, port = ray.get(_remote(_rendezvous).options(**first).remote())
     actors = []
     for r in range(k):
         group = GroupSpec(rank=r, world_size=k, addr=addr, port=port, backend="nccl" if gpu else "gloo")
         rank_spec = replace(spec, config={**dict(spec.config), "group": to_mapping(group)})
-        opts = {**options(r), "max_restarts": 0}
+        opts = {**options(r), "max_restarts": 0}  # the group restarts its ranks, not Ray (module docstring)
         actors.append(ray.remote(PolicyActor).options(**opts).remote(rank_spec, make_exchange()))
-    return RankGroup(actors)
+    return actors
+
+
+def start_rank_group(spec: PolicyActorSpec, make_exchange: Callable[[], Any],
+                     options: Callable[[int], dict[str, Any]], *, gpu: bool,
+                     grace_s: float = FAILURE_GRACE_S) -> RankGroup:
+    """Start ``spec.ranks`` actors of ``spec`` (module docstring); ``options(r)``: rank ``r``'s Ray actor options
+    (its bundle), ``make_exchange()``: an exchange client per rank. The group restarts on the same terms."""
+
+    def start() -> list[Any]:
+        return _start_ranks(spec, make_exchange, options, gpu=gpu)
+
+    return RankGroup(start(), policy=spec.name, start=start, grace_s=grace_s)

@@ -17,8 +17,9 @@ run-directory files (``config.json``, ``metrics.jsonl``, ``eval.jsonl``, ``summa
    their ``join_step`` / ``leave_step``. Evaluation runs on the actors before training, every
    ``eval.every`` steps and at the end (the driver drains its pipeline there). Each actor checkpoints
    its policy every ``checkpoint_every`` steps (0: never, so a crashed actor restarts from its initial
-   weights), which is where Ray restarts a crashed actor from
-   (the ``gap`` / ``rejoin`` events go to ``events.jsonl``). A policy that leaves is exported to
+   weights), which is where Ray restarts a crashed actor from, and where a worker group with a dead rank
+   restarts all its ranks from (:mod:`mrl_llm.distributed.rank_group`; the ``gap`` / ``rejoin`` events go
+   to ``events.jsonl``). A policy that leaves is exported to
    ``policies/<name>/`` as it leaves, the others at the end; the last step is always checkpointed.
 4. ``resume=True`` (``train --resume DIR``) continues after the newest step every policy active at it
    has a checkpoint of (:mod:`mrl_llm.distributed.resume`); in ``mode: sync`` the result equals an
@@ -89,10 +90,15 @@ def ray_specs(config: RunConfig, plan: PlacementPlan, ckpt_root: Path,
               faults: Mapping[str, FaultInjection] | None = None) -> list[PolicyActorSpec]:
     """The policies' actor specs: the local trainer's, with the plan's threads (``threads``, when set,
     may lower them), checkpoints every ``checkpoint_every`` steps, a vllm engine's memory settings, and one
-    rank per planned bundle (a worker group, :mod:`mrl_llm.distributed.rank_group`; each rank's role is logged)."""
+    rank per planned bundle (a worker group, :mod:`mrl_llm.distributed.rank_group`; each rank's role is logged).
+    ``faults`` (tests) must name the config's policies and their ranks (a ``ConfigError`` / ``ValueError``)."""
     from mrl_llm.rollout.vllm_memory import vllm_memory
     from mrl_llm.trainer import actor_specs
 
+    unknown = sorted(set(faults or {}) - set(config.policy_names))
+    if unknown:
+        raise ConfigError(f"fault injection for {unknown}, which the config has no policies of; name one of "
+                          f"{list(config.policy_names)}")
     fps = {f.name: f for f in footprints(config)}
     out = []
     for s in actor_specs(config, ckpt_root):

@@ -74,11 +74,15 @@ class ToyWorker:
                           sgt_weight=rows.sgt_weight)
         self.opt.zero_grad()
         out.loss.backward()
+        self.reduce_grads()
         self.opt.step()
         self.version += 1
         own = [r.reward for r, o in zip(recs, (rows.own_mask & rows.pg_mask).tolist(), strict=True) if o]
         return {"loss": float(out.loss.detach()), "rows": float(len(rows)), "reward": sum(own) / max(1, len(own)),
                 "accuracy": self.accuracy()}
+
+    def reduce_grads(self) -> None:
+        """Nothing for one process (a worker group's ranks average theirs, :mod:`.toy_group_worker`)."""
 
     def accuracy(self) -> float:
         with torch.no_grad():
