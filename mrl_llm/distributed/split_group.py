@@ -17,23 +17,26 @@ ranks, one ``torch.distributed`` group, FSDP2-sharded for ``k > 1``) and ``m`` r
 * ``save``, ``export``, ``state`` — the trainers (they hold the masters and the optimizer); ``evaluate`` —
   rollout actor 0; ``status``, ``close``, ``probe_run_dir`` — every actor.
 
-A (re)started rollout actor loads the policy's ``LATEST`` checkpoint as any actor does. The actors are started
-with ``max_restarts=0``: a failure of any of them stops the run (restarting a split policy as a whole is not
-built yet).
+Fault tolerance — the policy restarts whole, like a worker group (:mod:`mrl_llm.distributed.rank_group`).
+Every actor is started with ``max_restarts=0``. When a trainer rank or a rollout actor dies during a call,
+the call fails (the driver logs a ``gap``) and the next call on the policy (the driver's ``status``) first
+kills every trainer and rollout actor and starts them all again in their bundles; each loads the policy's
+``LATEST`` checkpoint, so trainers and rollout actors hold the same weights and version again, and the driver
+logs ``rejoin`` as for any actor. A fault injected into a split policy (tests) crashes a rollout actor in
+``generate`` (``fault.rank``: which one) or a trainer rank in ``train``.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
 from mrl_llm.distributed.actors import PolicyActor, PolicyActorSpec
-from mrl_llm.distributed.rank_group import RankGroup, _generated, _rank0, start_rank_group
+from mrl_llm.distributed.rank_group import RankGroup, _generated, _rank0, _start_ranks
 
-
-def _answers(*answers: Any) -> list[Any]:
-    return list(answers)
+log = logging.getLogger("mrl_llm.split_group")
 
 
 class _SplitCall:
@@ -44,19 +47,23 @@ class _SplitCall:
         import ray
 
         g, m = self.group, self.method
+        if m == "close" and g.failed():  # a broken policy is closed by killing its actors
+            g.kill()
+            return ray.put(None)
+        g.ensure_up()
         if m == "evaluate":
-            return g.rollouts[0].evaluate.remote(*args, **kwargs)
+            return g.track(g.rollouts[0].evaluate.remote(*args, **kwargs))
         if m in ("save", "export", "state", "weights"):
             return getattr(g.trainers, m).remote(*args, **kwargs)
         if m == "train":
             out = g.trainers.train.remote(*args, **kwargs)
             weights = g.trainers.weights.remote()  # behind the update on every trainer rank (a collective)
             for r in g.rollouts:
-                r.load_weights.remote(weights)  # queued before whatever the driver sends this actor next
+                g.track(r.load_weights.remote(weights))  # queued before whatever the driver sends this actor next
             return out
         if m in ("generate", "status", "close", "probe_run_dir"):
             refs = [getattr(g.trainers, m).remote(*args, **kwargs)]
-            refs += [getattr(r, m).remote(*args, **kwargs) for r in g.rollouts]
+            refs += [g.track(getattr(r, m).remote(*args, **kwargs)) for r in g.rollouts]
             combine = {"generate": _generated, "probe_run_dir": _flatten}.get(m, _rank0)
             return ray.remote(num_cpus=0)(combine).remote(*refs)
         raise AttributeError(f"a split policy's actors have no method {m!r}")
@@ -70,16 +77,46 @@ def _flatten(*answers: Any) -> list[Any]:
 
 
 class SplitGroup(RankGroup):
-    """A split policy's trainers (a :class:`RankGroup`) and rollout actors behind one actor's interface."""
+    """A split policy's trainers (a :class:`RankGroup`) and rollout actors behind one actor's interface, restarted
+    together (module docstring). ``start()`` starts them all: ``(trainers, rollouts)``."""
 
-    def __init__(self, trainers: RankGroup, rollouts: Sequence[Any]) -> None:
-        super().__init__([*trainers.actors, *rollouts])
-        self.trainers, self.rollouts = trainers, list(rollouts)
+    def __init__(self, start: Callable[[], tuple[RankGroup, list[Any]]], *, policy: str = "") -> None:
+        trainers, rollouts = start()
+        super().__init__([*trainers.actors, *rollouts], policy=policy)
+        self.trainers, self.rollouts, self.start_all = trainers, rollouts, start
 
     def __getattr__(self, method: str) -> _SplitCall:  # type: ignore[override]
         if method.startswith("_"):
             raise AttributeError(method)
         return _SplitCall(self, method)
+
+    def track(self, ref: Any) -> Any:
+        """Keep ``ref`` (a rollout actor's call) for :meth:`failed`; returns it."""
+        self.pending.append(ref)
+        return ref
+
+    def failed(self) -> bool:
+        """Whether a trainer rank or a rollout actor has died in a call (does not block)."""
+        return bool(super().failed() or self.trainers.failed())
+
+    def ensure_up(self) -> None:
+        """After a death anywhere in the policy: kill every actor, start trainers and rollout actors anew."""
+        if not self.failed():
+            return
+        self.kill()
+        log.warning("policy %s: an actor died; restarting its trainers and rollout actors from the last checkpoint",
+                    self.policy)
+        self.trainers, self.rollouts = self.start_all()
+        self.actors = [*self.trainers.actors, *self.rollouts]
+        self.pending, self.broken = [], False
+        self.restarts += 1
+
+    def kill(self) -> None:
+        import ray
+
+        self.trainers.kill()
+        for a in self.rollouts:
+            ray.kill(a, no_restart=True)
 
 
 def start_split_group(spec: PolicyActorSpec, make_exchange: Callable[[], Any], options: Callable[[int], dict[str, Any]],
@@ -94,15 +131,26 @@ def start_split_group(spec: PolicyActorSpec, make_exchange: Callable[[], Any], o
         raise ValueError(f"policy {spec.name!r}: a split plan needs train and rollout bundles only, got {list(roles)}")
     if spec.ranks != len(train_b):
         raise ValueError(f"policy {spec.name!r} has {spec.ranks} trainer ranks but its plan {len(train_b)} train bundles")
-    trainer_spec = replace(spec, role="train")
-    if spec.ranks == 1:
-        opts = {**options(train_b[0]), "max_restarts": 0}
-        trainers = RankGroup([ray.remote(PolicyActor).options(**opts).remote(trainer_spec, make_exchange())])
-    else:
-        trainers = start_rank_group(trainer_spec, make_exchange, lambda r: options(train_b[r]), gpu=gpu)
-    rollouts = []
-    for i, b in enumerate(roll_b):
-        rspec = replace(spec, role="rollout", ranks=1, rollouts=len(roll_b), rollout_rank=i, fault=None,
-                        config={k: v for k, v in spec.config.items() if k != "group"})
-        rollouts.append(ray.remote(PolicyActor).options(**{**options(b), "max_restarts": 0}).remote(rspec, make_exchange()))
-    return SplitGroup(trainers, rollouts)
+    fault = spec.fault
+    train_fault = fault if fault is not None and fault.phase == "train" else None
+    trainer_spec = replace(spec, role="train", fault=train_fault)
+
+    def start() -> tuple[RankGroup, list[Any]]:
+        if spec.ranks == 1:
+            opts = {**options(train_b[0]), "max_restarts": 0}
+            trainers = RankGroup([ray.remote(PolicyActor).options(**opts).remote(trainer_spec, make_exchange())],
+                                 policy=spec.name)
+        else:
+            trainers = RankGroup(_start_ranks(trainer_spec, make_exchange, lambda r: options(train_b[r]), gpu=gpu),
+                                 policy=spec.name)
+        rollouts = []
+        for i, b in enumerate(roll_b):
+            mine = fault if fault is not None and fault.phase == "generate" and fault.rank == i else None
+            rspec = replace(spec, role="rollout", ranks=1, rollouts=len(roll_b), rollout_rank=i,
+                            fault=None if mine is None else replace(mine, rank=0),
+                            config={k: v for k, v in spec.config.items() if k != "group"})
+            opts = {**options(b), "max_restarts": 0}
+            rollouts.append(ray.remote(PolicyActor).options(**opts).remote(rspec, make_exchange()))
+        return trainers, rollouts
+
+    return SplitGroup(start, policy=spec.name)

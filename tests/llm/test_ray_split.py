@@ -85,3 +85,35 @@ def test_actor_spec_roles_are_validated():
         PolicyActorSpec(**base, role="both")
     with pytest.raises(ValueError, match=r"rollout_rank 2 is not in \[0, 2\)"):
         PolicyActorSpec(**base, role="rollout", rollouts=2, rollout_rank=2)
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_dead_rollout_actor_restarts_its_split_policy_from_the_last_checkpoint(ray_llm, tmp_path):
+    """b's rollout actor dies in step 3's generate, after b's checkpoint of step 1: b's trainer and rollout actor
+    restart from it (gap at 3, rejoin at 4: lost steps 2 and 3, step 2's row rolled back), a goes on, the run
+    finishes — with the same events, rows, records and weights as the colocated run whose b dies at that point."""
+    from mrl_llm.distributed.actors import FaultInjection
+    from mrl_llm.distributed.ray_trainer import train_on_ray
+
+    def run(placement: str):
+        pols = [policy("a", "llama", "utf8-bytes", 4), policy("b", "qwen2", learner_tokenizer_dir(), 16)]
+        cfg = config(pols, steps=5, eval={"enabled": False}, checkpoint_every=2,
+                     runtime={"backend": "ray", "placement": placement})
+        d = tmp_path / placement
+        train_on_ray(cfg, d, problems=PROBLEMS, faults={"b": FaultInjection(step=3, phase="generate")})
+        events = [json.loads(x) for x in (d / "events.jsonl").read_text().splitlines()]
+        return [{k: v for k, v in e.items() if k != "error"} for e in events if e["event"] in ("gap", "rejoin")], *_files(d)
+
+    ev2, rows2, recs2, w2 = run("split")
+    assert [(e["event"], e["step"], e["policy"]) for e in ev2] == [("gap", 3, "b"), ("rejoin", 4, "b")]
+    assert ev2[1]["checkpoint_step"] == 1 and ev2[1]["lost_steps"] == [2, 3] and ev2[1]["rolled_back_steps"] == [2]
+    assert rows2[(2, "b")].get("rolled_back") is True and all((s, "a") in rows2 for s in range(5))
+    assert {r["policy_version"] for r in recs2 if r["policy_id"] == "b" and r["step"] == 4} == {2}
+    ev1, rows1, recs1, w1 = run("cpu")
+    assert ev2 == ev1 and sorted(rows2) == sorted(rows1)
+    for key, r1 in rows1.items():
+        assert {k: rows2[key].get(k) for k in DECISIONS} == {k: r1.get(k) for k in DECISIONS}, key
+    assert [r["record_id"] for r in recs2] == [r["record_id"] for r in recs1]
+    for n in "ab":
+        assert max(float((w2[n][k] - w1[n][k]).abs().max()) for k in w1[n]) < 1e-5, n
