@@ -10,5 +10,8 @@
 * :mod:`.alignment` — peers' records in this policy's tokens (THL, cached by record id);
 * :mod:`.scoring` — the verifiers, built once per name; :mod:`.evaluation` — the fixed eval protocol;
 * :mod:`.checkpoint` — exports and checkpoints (full fp32 weights, gathered optimizer state, RNG state);
-* :mod:`.seeds` — the seeds every part derives from (run seed, policy, purpose, ...).
+* :mod:`.seeds` — the seeds every part derives from (run seed, policy, purpose, ...);
+* :mod:`.config` — :class:`~mrl_llm.rank.config.WorkerConfig`, what a rank is built from.
+
+The parts import nothing from :mod:`mrl_llm.worker`; they are tested alone in ``tests/llm/rank/``.
 """
