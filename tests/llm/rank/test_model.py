@@ -48,8 +48,10 @@ def test_make_optimizer_freezes_what_no_group_steps():
     pm = model(pol, with_ref=False)
     frozen = [n for n, p in pm.model.named_parameters() if not p.requires_grad]
     assert frozen == ["model.embed_tokens.weight"]
-    opt = make_optimizer(pm.model, pol)
-    assert isinstance(opt, torch.optim.SGD) and [g["lr"] for g in opt.param_groups] == [0.5, 0.1]
+    assert isinstance(pm.optimizer, torch.optim.SGD) and [g["lr"] for g in pm.optimizer.param_groups] == [0.5, 0.1]
+    assert sum(len(g["params"]) for g in pm.optimizer.param_groups) == len(list(pm.model.parameters())) - 1
+    adam = make_optimizer(model(policy(lr=0.2), with_ref=False).model, policy(lr=0.2))
+    assert isinstance(adam, torch.optim.AdamW) and [g["lr"] for g in adam.param_groups] == [0.2]
 
 
 def test_update_flops_count_6n_per_trained_and_2n_per_reference_or_snapshot_token():

@@ -48,9 +48,9 @@ def test_empty_and_too_long_prompts_are_refused_naming_the_fix():
 
 def test_the_oldest_prompt_is_dropped_beyond_max_entries():
     c = cache(max_prompt_len=64, max_entries=2)
-    for pid in ("p0", "p1"):
-        c.set_prompt(pid, pid)
-    c.render(problem("p0", "x"))  # p0 used again: p1 is now the oldest
+    c.render(problem("p0", "x"))
+    c.set_prompt("p1", "p1")
+    c.render(problem("p0", "x"))  # a hit: p0 is the newest, p1 now the oldest
     c.set_prompt("p2", "p2")
     assert len(c) == 2 and c.text("p2") == "p2" and c.text("p0") == "Q: x"
     with pytest.raises(KeyError):
