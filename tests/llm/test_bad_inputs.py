@@ -131,12 +131,12 @@ def test_cheap_model_config_checks_at_config_load(tmp_path, capsys, change, expe
     ],
 )
 def test_model_errors_are_one_line_before_any_model_is_built(tmp_path, capsys, monkeypatch, change, expect):
-    import mrl_llm.worker
+    import mrl_llm.rank.model
 
     def no_build(*a, **k):
         raise AssertionError("a model was built before the inputs were checked")
 
-    monkeypatch.setattr(mrl_llm.worker, "build_model", no_build)
+    monkeypatch.setattr(mrl_llm.rank.model, "build_model", no_build)
     cfg = config_with(tmp_path, change)
     line = one_line_error(capsys, ["train", "--config", str(cfg), "--out", str(tmp_path / "o")])
     assert all(e in line for e in expect), line
@@ -193,12 +193,12 @@ def test_non_utf8_dataset_names_file_and_line(tmp_path, capsys):
 
 # ---- item 12: prompts longer than max_prompt_len ---------------------------------------------------------
 def test_too_long_prompt_found_before_models_load(tmp_path, capsys, monkeypatch):
-    import mrl_llm.worker
+    import mrl_llm.rank.model
 
     def no_build(*a, **k):
         raise AssertionError("a model was built before the prompts were checked")
 
-    monkeypatch.setattr(mrl_llm.worker, "build_model", no_build)
+    monkeypatch.setattr(mrl_llm.rank.model, "build_model", no_build)
     data = tmp_path / "train.jsonl"
     rows = [{"id": f"p{i}", "question": f"What is {i}+1?", "answer": str(i + 1)} for i in range(5)]
     rows.insert(3, {"id": "long", "question": "What is " + "1+" * 40 + "1?", "answer": "41"})

@@ -82,7 +82,7 @@ def test_peer_row_is_the_learners_encoding_of_prompt_and_response(tok_dirs, lear
     text, own_ids = w.set_prompt("p0", w.template.render("What is 2+2?"))
     assert w.template.uses_chat == (template.chat != "never")
     rec = _record("P", load_tokenizer_dir(peer_dir), "\nThe answer is \\boxed{4}.")
-    prompt, response, lps, _ = w._align(rec)
+    prompt, response, lps, _ = w.alignment.align(rec)
     response_text = w.trace_cache.get_or_compute(rec.record_id, w.tok_id, lambda: None).text
     assert response_text.startswith("\n")
     joint = w.tokenizer(text + response_text, add_special_tokens=w.template.add_special_tokens)["input_ids"]
@@ -101,11 +101,11 @@ def test_peer_generation_config_eos_reaches_the_learner(tok_dirs):
     rec = _record("Q", qwen, "The answer is 4.", extra_ids=[im_end])
     with_ids = _worker("L", tok_dirs["llama2"], [tok_dirs["qwen-chat"]], peer_eos={"Q": [im_end]})
     with_ids.set_prompt("p0", "What is 2+2?\n")
-    _, response, lps, residual = with_ids._align(rec)
+    _, response, lps, residual = with_ids.alignment.align(rec)
     assert response[-1] == with_ids.tokenizer.eos_token_id and lps[-1] == -0.5 and residual.unaligned_mass == 0.0
     without = _worker("L", tok_dirs["llama2"], [tok_dirs["qwen-chat"]])
     without.set_prompt("p0", "What is 2+2?\n")
-    _, response, _, residual = without._align(rec)
+    _, response, _, residual = without.alignment.align(rec)
     assert response[-1] != without.tokenizer.eos_token_id and residual.unaligned_mass == -0.5
 
 

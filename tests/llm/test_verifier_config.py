@@ -3,13 +3,11 @@ checked at load, handed to every policy's worker, and used by the verifier the w
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 
 from mrl_llm.config import config_from_mapping
+from mrl_llm.rank.scoring import Scorer
 from mrl_llm.trainer import train, verifier_options, worker_config
-from mrl_llm.worker import LLMPolicyWorker, WorkerConfig
 from shared_interfaces.config_io import ConfigError
 from tests.llm.helpers import tiny
 
@@ -59,13 +57,11 @@ def test_a_conflicting_verifier_setting_fails_before_the_run_directory_is_made(t
 
 
 def test_the_worker_builds_its_verifier_with_the_runs_options():
-    wc = WorkerConfig(policy=cfg().policies[0],
-                      verifier_options={"math": {"answer_format": "boxed_or_answer_line", "n_workers": 1}})
-    fake = SimpleNamespace(cfg=wc, verifiers={})
-    v = LLMPolicyWorker.verifier(fake, "math")
+    scorer = Scorer({"math": {"answer_format": "boxed_or_answer_line", "n_workers": 1}})  # the worker's part
+    v = scorer.verifier("math")
     try:
         assert (v.answer_format, v.n_workers) == ("boxed_or_answer_line", 1)
-        assert LLMPolicyWorker.verifier(fake, "math") is v  # built once
+        assert scorer.verifier("math") is v  # built once
         assert v.score("The answer is: 4", "4").correct
     finally:
         v.close()

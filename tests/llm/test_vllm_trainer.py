@@ -22,11 +22,11 @@ from dataclasses import replace
 import pytest
 from safetensors.torch import load_file
 
-from mrl_llm import worker as worker_mod
 from mrl_llm.config import config_from_mapping
 from mrl_llm.contract import learner_tokenizer_dir
 from mrl_llm.distributed.actors import fetch_learner_rows
 from mrl_llm.logprobs import response_logprobs
+from mrl_llm.rank import engine as engine_mod
 from mrl_llm.rollout.base import RolloutEngine, Sample
 from mrl_llm.trainer import train
 from mrl_llm.worker import derive_seed
@@ -119,7 +119,7 @@ def test_vllm_run_equals_the_hf_engine_path_on_the_same_responses(tmp_path, monk
     cfg_v = run_config("vllm")
     train(cfg_v, tmp_path / "vllm", problems=PROBLEMS)
     table = replay_table(tmp_path / "vllm", cfg_v.seed)
-    monkeypatch.setattr(worker_mod, "HFEngine", lambda model, tok, **_: ReplayEngine(model, tok, table))
+    monkeypatch.setattr(engine_mod, "HFEngine", lambda model, tok, **_: ReplayEngine(model, tok, table))
     cfg_h = run_config("hf")
     train(cfg_h, tmp_path / "hf", problems=PROBLEMS)
 

@@ -192,8 +192,8 @@ def test_batched_thl_prefetch_equals_one_by_one_alignment(pair):
     a, b, ex = pair
     for learner, peer in ((a, b), (b, a)):
         recs = [r for r in ex.records() if r.policy_id == peer.name]
-        learner.trace_cache = TraceCache(max_entries=64)
-        learner._prefetch(recs)
+        learner.alignment.trace_cache = TraceCache(max_entries=64)
+        learner.alignment.prefetch(recs)
         assert learner.trace_cache.misses == len(recs)
         for rec in recs:
             got = learner.trace_cache.get_or_compute(rec.record_id, learner.tok_id, lambda: pytest.fail("not cached"))

@@ -1,0 +1,84 @@
+"""Peer alignment (:mod:`mrl_llm.rank.alignment`) alone: tokenizers and a prompt cache, no model."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from mrl_llm.byte_tokenizer import BYTE_TOKENIZER_ID, byte_tokenizer
+from mrl_llm.contract import learner_tokenizer_dir
+from mrl_llm.models import load_tokenizer_dir, tokenizer_id
+from mrl_llm.rank.alignment import PeerAlignment, run_tokenizers
+from mrl_llm.rank.prompts import PromptCache
+from mrl_llm.templates import PromptTemplate, TemplateConfig
+from mrl_llm.thl import align_trace
+from shared_interfaces.records import ExperienceRecord, make_record_id
+
+PROMPT = "Question: what is 2+2? Put the answer in \\boxed{}."
+
+
+@pytest.fixture(scope="module")
+def learner_dir() -> str:
+    return learner_tokenizer_dir()
+
+
+def record(policy: str, g: int, text: str, *, prompt_id: str = "p0") -> ExperienceRecord:
+    ids = list(text.encode()) + [byte_tokenizer().eos_token_id]
+    return ExperienceRecord(
+        record_id=make_record_id(policy, 0, prompt_id, g), policy_id=policy, policy_version=0, step=0,
+        prompt_id=prompt_id, sample_index=g, prompt_text="peer prompt", response_text=text, token_ids=ids,
+        token_logprobs=[-0.1 * (k + 1) for k in range(len(ids))], tokenizer_id=BYTE_TOKENIZER_ID, reward=1.0,
+        verified=True, verifier="math", finish_reason="stop")
+
+
+def alignment(learner_dir: str, **kw) -> PeerAlignment:
+    tok = load_tokenizer_dir(learner_dir)
+    prompts = PromptCache("L", tok, PromptTemplate(TemplateConfig(), tok), max_prompt_len=256)
+    prompts.set_prompt("p0", PROMPT)
+    return PeerAlignment("L", tok, prompts, tokenizers=run_tokenizers("L", tok, learner_dir, [BYTE_TOKENIZER_ID]),
+                         peer_eos_ids={}, **kw)
+
+
+def test_run_tokenizers_hold_the_own_the_byte_and_each_peer_once(learner_dir):
+    tok = load_tokenizer_dir(learner_dir)
+    assert run_tokenizers("L", tok, learner_dir, []) == {tokenizer_id(tok): tok, BYTE_TOKENIZER_ID: byte_tokenizer()}
+    got = run_tokenizers("L", tok, learner_dir, [learner_dir, BYTE_TOKENIZER_ID, learner_dir])
+    assert got.keys() == {tokenizer_id(tok), BYTE_TOKENIZER_ID} and got[tokenizer_id(tok)] is tok
+
+
+def test_a_peer_record_aligns_into_the_learners_tokens_once_per_record(learner_dir):
+    a = alignment(learner_dir)
+    rec = record("P", 0, "The answer is \\boxed{4}.")
+    prompt, response, lps, residual = a.align(rec)
+    want = align_trace(byte_tokenizer(), a.tokenizer, list(rec.token_ids), list(rec.token_logprobs), prompt_text=PROMPT)
+    assert (prompt, response, lps) == (want.prompt_ids.tolist(), want.target_ids.tolist(), want.target_logprobs.tolist())
+    assert residual == want.residual and response[-1] == a.tokenizer.eos_token_id
+    a.align(rec)
+    assert (a.trace_cache.misses, a.trace_cache.hits) == (1, 1)
+
+
+def test_prefetch_batches_the_peer_records_and_skips_the_learners_own(learner_dir):
+    batched, single = alignment(learner_dir), alignment(learner_dir)
+    peers = [record("P", g, t) for g, t in enumerate(["So \\boxed{4}", "It is 3.", "five?"])]
+    own = replace(record("L", 0, "mine"), tokenizer_id=batched.tok_id)
+    batched.prefetch([own, *peers])
+    assert batched.trace_cache.misses == len(peers) and len(batched.trace_cache) == len(peers)
+    for rec in peers:
+        assert batched.align(rec) == single.align(rec)
+    assert batched.trace_cache.misses == len(peers)  # every align above was a hit
+
+
+def test_prefetch_of_no_records_aligns_nothing(learner_dir):
+    a = alignment(learner_dir)
+    a.prefetch([])
+    assert len(a.trace_cache) == 0 and a.trace_cache.misses == 0
+
+
+def test_unknown_tokenizer_and_unrendered_prompt_are_errors_naming_learner_and_record(learner_dir):
+    a = alignment(learner_dir)
+    stranger = replace(record("P", 0, "x"), tokenizer_id="vocab9-0000")
+    with pytest.raises(KeyError, match="policy 'L' cannot read record .* tokenizer 'vocab9-0000'"):
+        a.align(stranger)
+    with pytest.raises(KeyError, match="policy 'L' has not rendered prompt 'p9'"):
+        a.prefetch([record("P", 0, "x", prompt_id="p9")])
