@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from mrl_llm.config import PolicyConfig
-from mrl_llm.parallel.fsdp import full_state_dict, load_full_state_dict
+from mrl_llm.parallel.fsdp import gather_into
 from mrl_llm.precision import Precision
 from mrl_llm.rank.seeds import derive_seed
 from mrl_llm.rollout import HFEngine, Sample, SamplingConfig
@@ -82,9 +82,9 @@ class RankEngine:
 
     def sync(self) -> None:
         """The engine gets the trained weights (the vllm engine runs its drift check); for k > 1 gathered from
-        the shards into the full rollout copy first (a collective: every rank calls it)."""
+        the shards into the full rollout copy first, one tensor at a time (a collective: every rank calls it)."""
         if self.rollout is not self.trained:
-            load_full_state_dict(self.rollout, full_state_dict(self.trained))
+            gather_into(self.trained, self.rollout)
         with self.precision.autocast(self.device):
             self.engine.sync_weights(self.rollout)
 
