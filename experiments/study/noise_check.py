@@ -8,6 +8,13 @@ the pooled ``k * repeats`` samples. If the two agree, the report's "eval s.e." i
 
     python -m experiments.study.noise_check eval --policy runs/study/seed0/sft/qwen-add --family add --k 8 --repeats 6
 
+``bound``: for a finished study's ``study.json`` (also one written before the report printed its own
+evaluation noise), each GRPO start -> final difference's seed sd beside the binomial upper bound
+``p (1 - p) / (n k)`` of the evaluation's variance at both ends (``p``: the accuracy, ``n`` prompts, ``k``
+samples each; the bound is reached when every prompt has the same success rate)::
+
+    python -m experiments.study.noise_check bound --report experiments/study/acceptance/study.json
+
 ``power``: the probability that an ``n``-seed 95 % t-interval of a paired difference excludes 0 when its true
 mean is ``d`` seed-to-seed sds (simulated, normal differences), and the chance that ``m`` such checks all pass
 (the GRPO check is 6: two metrics x three policies)::
@@ -45,6 +52,35 @@ def _power(args: argparse.Namespace) -> None:
         print(f"{d:15.1f} {p:20.3f} {p ** args.checks:18.3f}")
 
 
+def _bound(args: argparse.Namespace) -> None:
+    import json
+    from pathlib import Path
+
+    from mrl_llm.demo.study import StudyConfig
+
+    doc = json.loads(Path(args.report).read_text())
+    k, steps = doc["config"]["eval_k"], doc["steps"]
+    cfg = StudyConfig()
+    task = cfg.task()
+    n_pool = doc["config"]["pool_per_family"]
+    for pol in cfg.policies:
+        n_held = len(task.problems("eval", [pol.family]))
+        for metric, n in (("own_s", n_held), ("reward", n_pool)):
+            diffs, evs = [], []
+            for key, run in sorted(doc["runs"].items()):
+                if not key.startswith("grpo/"):
+                    continue
+                c = run[pol.name][metric]
+                a0, a1 = c[str(steps[0])], c[str(steps[-1])]
+                diffs.append(a1 - a0)
+                evs.append((a0 * (1 - a0) + a1 * (1 - a1)) / (n * k))
+            if len(diffs) < 2:
+                raise SystemExit(f"{args.report}: fewer than 2 GRPO seeds")
+            sd, se = float(np.std(diffs, ddof=1)), math.sqrt(float(np.mean(evs)))
+            print(f"{pol.name:10s} {metric:7s} ({n} prompts x {k}): mean {np.mean(diffs):+.3f}, seed sd {sd:.3f}, "
+                  f"binomial bound of the evaluation s.e. {se:.3f} ({se * se / (sd * sd):.0%} of the seed variance)")
+
+
 def _eval(args: argparse.Namespace) -> None:
     from experiments.study.grpo_probe import sampled_accuracy
     from mrl_llm.demo.run import _quiet
@@ -78,6 +114,8 @@ def main() -> None:
     e.add_argument("--family", required=True, help="its family: add, sub or mul_small")
     e.add_argument("--k", type=int, default=8)
     e.add_argument("--repeats", type=int, default=6)
+    b = sub.add_parser("bound", help="binomial upper bound of a finished study's evaluation noise")
+    b.add_argument("--report", required=True, help="a study.json")
     p = sub.add_parser("power", help="pass probability of n-seed t-interval checks")
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--checks", type=int, default=6)
@@ -87,7 +125,7 @@ def main() -> None:
         raise SystemExit("eval: --k and --repeats must be >= 2")
     if args.cmd == "power" and args.seeds < 2:
         raise SystemExit("power: --seeds must be >= 2")
-    (_eval if args.cmd == "eval" else _power)(args)
+    {"eval": _eval, "power": _power, "bound": _bound}[args.cmd](args)
 
 
 if __name__ == "__main__":
