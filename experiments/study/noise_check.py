@@ -15,6 +15,11 @@ samples each; the bound is reached when every prompt has the same success rate):
 
     python -m experiments.study.noise_check bound --report experiments/study/acceptance/study.json
 
+``split``: per finished run of a study directory, its wall time beside the time its training steps took
+(the rest is evaluation and setup) -- what a larger ``--eval-k`` costs::
+
+    python -m experiments.study.noise_check split --out runs/study
+
 ``power``: the probability that an ``n``-seed 95 % t-interval of a paired difference excludes 0 when its true
 mean is ``d`` seed-to-seed sds (simulated, normal differences), and the chance that ``m`` such checks all pass
 (the GRPO check is 6: two metrics x three policies)::
@@ -81,6 +86,22 @@ def _bound(args: argparse.Namespace) -> None:
                   f"binomial bound of the evaluation s.e. {se:.3f} ({se * se / (sd * sd):.0%} of the seed variance)")
 
 
+def _split(args: argparse.Namespace) -> None:
+    import json
+    from pathlib import Path
+
+    out = Path(args.out)
+    done = sorted(out.glob("seed*/*/done.json"))
+    if not done:
+        raise SystemExit(f"{out}: no finished study run (seed*/<regime>/done.json)")
+    for d in done:
+        wall = json.loads(d.read_text())["wall_s"]
+        rows = [json.loads(x) for x in (d.parent / "metrics.jsonl").read_text().splitlines() if x.strip()]
+        tr = sum(r.get("step_s", 0.0) for r in rows if isinstance(r, dict) and r.get("kind") == "train")
+        print(f"{d.parent.relative_to(out)}: wall {wall:.0f} s, training steps {tr:.0f} s, "
+              f"rest (evaluation, setup) {wall - tr:.0f} s = {(wall - tr) / wall:.0%}")
+
+
 def _eval(args: argparse.Namespace) -> None:
     from experiments.study.grpo_probe import sampled_accuracy
     from mrl_llm.demo.run import _quiet
@@ -116,6 +137,8 @@ def main() -> None:
     e.add_argument("--repeats", type=int, default=6)
     b = sub.add_parser("bound", help="binomial upper bound of a finished study's evaluation noise")
     b.add_argument("--report", required=True, help="a study.json")
+    sp = sub.add_parser("split", help="training vs evaluation time of a study directory's runs")
+    sp.add_argument("--out", required=True, help="a study directory")
     p = sub.add_parser("power", help="pass probability of n-seed t-interval checks")
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--checks", type=int, default=6)
@@ -125,7 +148,7 @@ def main() -> None:
         raise SystemExit("eval: --k and --repeats must be >= 2")
     if args.cmd == "power" and args.seeds < 2:
         raise SystemExit("power: --seeds must be >= 2")
-    {"eval": _eval, "power": _power, "bound": _bound}[args.cmd](args)
+    {"eval": _eval, "power": _power, "bound": _bound, "split": _split}[args.cmd](args)
 
 
 if __name__ == "__main__":

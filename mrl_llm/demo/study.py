@@ -61,7 +61,7 @@ class StudyConfig(DemoConfig):
     prompts_per_step: int = 16
     group_size: int = 8
     lr: float = 1e-4
-    sgt_weight: float = 0.1
+    sgt_weight: float = 0.02
     optimizer: str = "adamw"
     beta2: float = 0.999
     sft_steps: int = 150
