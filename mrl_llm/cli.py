@@ -166,9 +166,11 @@ def _study(args: argparse.Namespace) -> int:
 
     over = {k: getattr(args, k) for k in ("seeds", "first_seed", "steps", "prompts_per_step", "group_size", "lr",
                                           "optimizer", "sgt_weight", "kl_coef", "pool_per_family", "eval_every",
-                                          "eval_k", "sft_steps", "norm_lr") if getattr(args, k) is not None}
+                                          "eval_k", "sft_steps", "norm_lr", "embed_lr") if getattr(args, k) is not None}
     if args.no_norm_lr:
         over["norm_lr"] = None
+    if args.no_embed_lr:
+        over["embed_lr"] = None
     if args.regimes:
         from shared_interfaces.regimes.config import parse_regime
 
@@ -255,7 +257,9 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--eval-k", type=int)
     st.add_argument("--sft-steps", type=int, help="SFT steps of every policy (default: per policy)")
     st.add_argument("--norm-lr", type=float, help="RL learning rate of the norm layers (train.lr_groups)")
-    st.add_argument("--no-norm-lr", action="store_true", help="one learning rate (--lr) for every parameter")
+    st.add_argument("--no-norm-lr", action="store_true", help="the norm layers train at --lr")
+    st.add_argument("--embed-lr", type=float, help="RL learning rate of the token embeddings (0 freezes them)")
+    st.add_argument("--no-embed-lr", action="store_true", help="the token embeddings train at --lr")
     st.add_argument("--regimes", help="comma-separated regimes (default: grpo,xgrpo,prp_snapshot,prp_thl,sgt)")
     st.add_argument("--jobs", type=int, default=5, help="worker processes (0: all in this process)")
     return ap

@@ -46,6 +46,10 @@ STUDY_POLICIES = (
 #: gains and biases), for :attr:`StudyConfig.norm_lr`
 NORM_GLOBS = {"llama": "*norm*", "qwen2": "*norm*", "gpt2": "*ln_*"}
 
+#: the parameter-name glob of each architecture's token embedding (tied to the output head in every study
+#: architecture), for :attr:`StudyConfig.embed_lr`
+EMBED_GLOBS = {"llama": "*embed_tokens*", "qwen2": "*embed_tokens*", "gpt2": "*.wte.*"}
+
 
 @dataclass(frozen=True)
 class StudyConfig(DemoConfig):
@@ -57,7 +61,7 @@ class StudyConfig(DemoConfig):
     prompts_per_step: int = 16
     group_size: int = 8
     lr: float = 1e-4
-    sgt_weight: float = 0.1
+    sgt_weight: float = 0.02
     optimizer: str = "adamw"
     beta2: float = 0.999
     sft_steps: int = 150
@@ -73,6 +77,9 @@ class StudyConfig(DemoConfig):
     #: every parameter) -- the cheap, consistent direction of how sharply a policy samples, which Adam at
     #: ``lr`` alone barely moves in the study's steps (``experiments/study/README.md``)
     norm_lr: float | None = 3e-2
+    #: RL learning rate of the token embeddings (tied output head); 0 freezes them, None: ``lr``. The
+    #: PG gradient is largest there (as large as the weights, ``experiments/study/README.md`` 1a)
+    embed_lr: float | None = None
 
     def __post_init__(self) -> None:
         if self.seeds < 1 or self.steps < 1 or self.sft_steps < 1:
@@ -90,6 +97,12 @@ class StudyConfig(DemoConfig):
         if self.norm_lr is not None and unknown:
             raise ValueError(f"study: no norm-parameter glob for architecture(s) {unknown}; add them to NORM_GLOBS "
                              f"or unset --norm-lr")
+        if self.embed_lr is not None and not self.embed_lr >= 0:
+            raise ValueError(f"study: --embed-lr must be >= 0 (0 freezes the embeddings) or unset, got {self.embed_lr}")
+        unknown = sorted({p.arch for p in self.policies} - set(EMBED_GLOBS))
+        if self.embed_lr is not None and unknown:
+            raise ValueError(f"study: no embedding glob for architecture(s) {unknown}; add them to EMBED_GLOBS "
+                             f"or unset --embed-lr")
 
 
     def sft_config(self, seed: int, policy: DemoPolicy | None = None) -> SFTConfig:
@@ -99,8 +112,8 @@ class StudyConfig(DemoConfig):
 
 
 def study_run_config(cfg: StudyConfig, regime: str, seed: int, policy_dirs: dict[str, str | Path]) -> dict[str, Any]:
-    """The demo's run config (:func:`~mrl_llm.demo.setup.run_config`) with the study's optimizer (and its
-    norm layers' own rate, :attr:`StudyConfig.norm_lr`)."""
+    """The demo's run config (:func:`~mrl_llm.demo.setup.run_config`) with the study's optimizer (and the
+    norm layers' and the embeddings' own rates, :attr:`StudyConfig.norm_lr`, :attr:`StudyConfig.embed_lr`)."""
     mapping = run_config(cfg, regime, seed, policy_dirs)
     mapping["name"] = f"study-seed{seed}"
     arch = {p.name: p.arch for p in cfg.policies}
@@ -108,8 +121,10 @@ def study_run_config(cfg: StudyConfig, regime: str, seed: int, policy_dirs: dict
         p["train"]["optimizer"] = cfg.optimizer
         if cfg.optimizer != "sgd":
             p["train"]["betas"] = [0.9, cfg.beta2]
-        if cfg.norm_lr is not None:
-            p["train"]["lr_groups"] = [{"match": NORM_GLOBS[arch[p["name"]]], "lr": cfg.norm_lr}]
+        groups = [{"match": globs[arch[p["name"]]], "lr": lr}
+                  for globs, lr in ((NORM_GLOBS, cfg.norm_lr), (EMBED_GLOBS, cfg.embed_lr)) if lr is not None]
+        if groups:
+            p["train"]["lr_groups"] = groups
     return mapping
 
 

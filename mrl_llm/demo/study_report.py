@@ -14,6 +14,9 @@ evaluation step ``s``:
   -- the training reward on its own family measured at the checkpoint;
 * ``entropy`` / ``kl``: mean per-token entropy and k3 KL to the SFT start of the training rows of the
   ``eval_every`` steps before ``s`` (the step-0 point: step 0's own row).
+* ``own_s_var`` / ``excl_s_var`` / ``reward_var``: the evaluation's own (binomial) variance of ``own_s`` /
+  ``excl_s`` / ``reward`` given the policy, :func:`sampled_var` -- how much of a seed's number is sampling
+  noise of the evaluation rather than a property of the policy.
 
 A seed's value of a regime is the mean over the policies; intervals are 95 % Student-t over seeds
 (:func:`mrl_llm.demo.results.mean_ci`); *paired* means the per-seed difference is taken first (same
@@ -57,6 +60,23 @@ def _sampled(rows: Sequence[dict]) -> float | None:
     return sum(r["successes"] for r in rows) / n if n else None
 
 
+def sampled_var(rows: Sequence[dict]) -> float | None:
+    """Unbiased estimate of the sampling variance of :func:`_sampled` over ``rows`` given the policy: with
+    ``k_i`` samples and success rate ``q_i`` on prompt ``i``, ``sum_i k_i^2 q_i (1 - q_i) / (k_i - 1) / (sum_i k_i)^2``
+    (each prompt's successes are binomial(k_i, p_i); ``q_i (1 - q_i) k_i / (k_i - 1)`` estimates ``p_i (1 - p_i)``
+    without bias). None when nothing was sampled or a prompt has a single sample (no estimate)."""
+    n = sum(r["samples"] for r in rows)
+    if not n or any(0 < r["samples"] < 2 for r in rows):
+        return None
+    tot = 0.0
+    for r in rows:
+        k = r["samples"]
+        if k:
+            q = r["successes"] / k
+            tot += k * k * q * (1 - q) / (k - 1)
+    return tot / (n * n)
+
+
 def run_curves(run_dir: str | Path, families: dict[str, str], heldout_ids: set[str], window: int) -> dict[str, dict]:
     """``{policy: {metric: {step: value}}}`` of one run (module docstring). ``families``: policy -> own family."""
     run_dir = Path(run_dir)
@@ -89,6 +109,8 @@ def run_curves(run_dir: str | Path, families: dict[str, str], heldout_ids: set[s
             cur["overall"][s] = _mean([r["greedy_correct"] for r in at])
             cur["own_s"][s], cur["excl_s"][s], cur["overall_s"][s] = (_sampled(x) for x in (own_rows, ex_rows, at))
             cur["reward"][s] = (sum(r["successes"] for r in pool) / sum(r["samples"] for r in pool)) if pool else None
+            for key, x in (("own_s_var", own_rows), ("excl_s_var", ex_rows), ("reward_var", pool)):
+                cur.setdefault(key, {})[s] = sampled_var(x)
             tr = [r for r in train if r["policy"] == pol and (s - window <= r["step"] < s or r["step"] == s == 0)]
             cur["entropy"][s] = _mean([r.get("entropy") for r in tr])
             cur["kl"][s] = _mean([r.get("kl_to_ref") for r in tr])
@@ -127,6 +149,40 @@ def paired(res: dict, a: str, b: str | None, metric: str, step_a: int, step_b: i
         if va is not None and vb is not None:
             diffs.append(va - vb)
     return mean_ci(diffs)
+
+
+def eval_noise(res: dict, a: str, b: str | None, metric: str, step_a: int, step_b: int, seeds: Sequence[int],
+               policies: Sequence[str]) -> tuple[float | None, float | None]:
+    """``(evaluation s.e., seed-to-seed sd)`` of the per-seed difference that :func:`paired` averages: the
+    first from the binomial variances (:func:`sampled_var`, ``metric + "_var"``) of both terms, a seed's value
+    being the mean over ``policies`` (so its variance is the sum over policies / ``len(policies)^2``),
+    averaged over seeds; the second the sample sd (ddof 1) of the differences. None where not computable.
+    The s.e. treats the two evaluations as independent: exact for a start -> final difference (another
+    sampling seed per step), an upper bound for two regimes at the same step (the same sampling seed, so
+    similar policies draw correlated samples)."""
+    evs, diffs = [], []
+    for s in seeds:
+        ca, cb = res.get((a, s)), res.get((b or a, s))
+        if ca is None or cb is None:
+            continue
+        va, vb = seed_value(ca, metric, step_a, policies), seed_value(cb, metric, step_b, policies)
+        if va is None or vb is None:
+            continue
+        diffs.append(va - vb)
+        terms = [c.get(p, {}).get(metric + "_var", {}).get(st) for c, st in ((ca, step_a), (cb, step_b)) for p in policies]
+        if all(t is not None for t in terms):
+            evs.append(sum(terms) / len(policies) ** 2)
+    se = math.sqrt(float(np.mean(evs))) if evs and len(evs) == len(diffs) else None
+    sd = float(np.std(diffs, ddof=1)) if len(diffs) > 1 else None
+    return se, sd
+
+
+def _noise(n: tuple[float | None, float | None]) -> str:
+    se, sd = n
+    if se is None or sd is None:
+        return "eval noise n/a"
+    share = f", {min(se * se / (sd * sd), 9.99):.0%} of its variance" if sd > 0 else ""
+    return f"eval s.e. {se:.3f} vs seed sd {sd:.3f}{share}"
 
 
 def _excludes_zero(m: tuple[float, float | None, int], sign: int) -> bool:
@@ -197,8 +253,10 @@ def acceptance(res: dict, seeds: Sequence[int], policies: Sequence[str], steps: 
             rew = paired(res, "grpo", None, "reward", last, 0, seeds, [p])
             greedy = paired(res, "grpo", None, "own", last, 0, seeds, [p])
             ok &= _excludes_zero(own, 1) and _excludes_zero(rew, 1)
-            parts.append(f"{p}: own held-out sampled {fmt(own)}, own-family pool reward {fmt(rew)} "
-                         f"(own held-out greedy {fmt(greedy)}, not checked)")
+            n_own = _noise(eval_noise(res, "grpo", None, ACCEPT["own"], last, 0, seeds, [p]))
+            n_rew = _noise(eval_noise(res, "grpo", None, "reward", last, 0, seeds, [p]))
+            parts.append(f"{p}: own held-out sampled {fmt(own)} ({n_own}), own-family pool reward {fmt(rew)} "
+                         f"({n_rew}) (own held-out greedy {fmt(greedy)}, not checked)")
         lines.append(f"GRPO improves every policy (start -> final, paired, 95 % interval excludes 0): "
                      f"{'PASS' if ok else 'FAIL'} -- " + "; ".join(parts) + ".")
     if any(k[0] == "sgt" for k in res) and any(k[0] == "grpo" for k in res):
@@ -207,8 +265,11 @@ def acceptance(res: dict, seeds: Sequence[int], policies: Sequence[str], steps: 
         gex = paired(res, "sgt", "grpo", "excl", last, last, seeds, policies)
         gown = paired(res, "sgt", "grpo", "own", last, last, seeds, policies)
         ok = _excludes_zero(ex, 1) and own[2] > 0 and own[0] >= -0.05
+        n_ex = _noise(eval_noise(res, "sgt", "grpo", ACCEPT["excl"], last, last, seeds, policies))
+        n_own = _noise(eval_noise(res, "sgt", "grpo", ACCEPT["own"], last, last, seeds, policies))
         lines.append(f"SGT vs GRPO (final, paired): {'PASS' if ok else 'FAIL'} -- peer-exclusive sampled {fmt(ex)} "
-                     f"(needs > 0, interval excluding 0); own held-out sampled {fmt(own)} (needs mean >= -0.05); "
+                     f"({n_ex}; needs > 0, interval excluding 0); own held-out sampled {fmt(own)} ({n_own}; needs "
+                     "mean >= -0.05); "
                      f"greedy, not checked: peer-exclusive {fmt(gex)}, own held-out {fmt(gown)}.")
     return lines
 
@@ -277,6 +338,11 @@ def plot(res: dict, regimes: Sequence[str], seeds: Sequence[int], policies: Sequ
     plt.close(fig)
 
 
+def _embed_lr(cfg: Any) -> str:
+    lr = getattr(cfg, "embed_lr", None)
+    return f"{cfg.lr}" if lr is None else ("0 (frozen)" if lr == 0 else f"{lr}")
+
+
 def write_report(cfg: Any, out: Path, *, wall_s: float, load: tuple, sft: dict, say: Callable[[str], None],
                  reused: int = 0) -> dict[str, Any]:
     """Write ``study.md``, ``study.json`` and ``study.png`` under ``out`` and return the JSON content."""
@@ -292,7 +358,8 @@ def write_report(cfg: Any, out: Path, *, wall_s: float, load: tuple, sft: dict, 
     md = [f"# mutual-RL study\n\n{cfg.seeds} seed(s) {seeds}, {len(pols)} policies "
           f"({', '.join(f'{p.name}: {p.arch}/{p.tokenizer}/{p.family}' for p in cfg.policies)}), {cfg.steps} RL steps x "
           f"{cfg.prompts_per_step} prompts x G={cfg.group_size}, {cfg.optimizer} lr {cfg.lr} (beta2 {cfg.beta2}; norm "
-          f"layers lr {getattr(cfg, 'norm_lr', None) or cfg.lr}), eval {cfg.eval_k} samples/prompt every {cfg.eval_every} steps, "
+          f"layers lr {getattr(cfg, 'norm_lr', None) or cfg.lr}; token embeddings lr {_embed_lr(cfg)}), eval {cfg.eval_k} "
+          f"samples/prompt every {cfg.eval_every} steps, "
           f"SFT steps {', '.join(f'{p.name} {cfg.sft_config(0, p).steps}' for p in cfg.policies)}, "
           f"pool {cfg.pool_per_family}/family, SGT λ {cfg.sgt_weight}; this invocation: "
           f"wall {wall_s:.0f} s on {os.cpu_count()} CPU(s), load average {load[0][0]:.2f} -> {load[1][0]:.2f}; "
@@ -302,7 +369,10 @@ def write_report(cfg: Any, out: Path, *, wall_s: float, load: tuple, sft: dict, 
             for s, reps in sft.items() for n, rep in reps.items()],
           "\n## Acceptance\n", f"Accuracies checked: sampled (successes / samples, {cfg.eval_k} samples per prompt at the "
           "rollout temperature): the policy's expected reward, what GRPO maximises; greedy accuracy is printed beside "
-          "and not checked.\n", *[f"- {x}" for x in acceptance(res, seeds, pols, steps)],
+          "and not checked. Beside each checked difference: the evaluation's own noise (eval s.e.: the binomial "
+          "standard error of one seed's difference given the policies, from the per-prompt success rates) and the "
+          "seed-to-seed sd of the differences; where the first is most of the second, more samples per prompt "
+          "(--eval-k) make the check more precise.\n", *[f"- {x}" for x in acceptance(res, seeds, pols, steps)],
           "\n## The paper's claims\n", *[f"- {x}" for x in claims(res, cfg.regimes, seeds, pols, steps)],
           "\n## Per regime and checkpoint (mean over policies; ± 95 % t-interval over seeds)\n",
           checkpoint_tables(res, cfg.regimes, seeds, pols, steps),

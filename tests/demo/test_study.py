@@ -10,7 +10,15 @@ import pytest
 
 from mrl_llm.demo.sft import ArchSize, arch_config, encode_example
 from mrl_llm.demo.study import MUL_SMALL, STUDY_POLICIES, StudyConfig
-from mrl_llm.demo.study_report import acceptance, claims, collect, run_curves, write_report
+from mrl_llm.demo.study_report import (
+    acceptance,
+    claims,
+    collect,
+    eval_noise,
+    run_curves,
+    sampled_var,
+    write_report,
+)
 from mrl_llm.demo.tokenizers import build_tokenizer
 from mrl_llm.rewards import ArithmeticTask
 from mrl_llm.rewards.arithmetic import Family
@@ -73,6 +81,11 @@ def test_cli_parses_study_options(monkeypatch, tmp_path):
     assert seen["cfg"].norm_lr == 0.03
     main(["study", "--out", str(tmp_path), "--no-norm-lr"])
     assert seen["cfg"].norm_lr is None
+    main(["study", "--out", str(tmp_path), "--embed-lr", "0"])
+    assert seen["cfg"].embed_lr == 0.0
+    main(["study", "--out", str(tmp_path), "--no-embed-lr"])
+    assert seen["cfg"].embed_lr is None
+    assert main(["study", "--out", str(tmp_path), "--embed-lr", "-1"]) == 2
 
 
 def test_study_run_config_gives_each_architecture_its_norm_group():
@@ -87,6 +100,12 @@ def test_study_run_config_gives_each_architecture_its_norm_group():
     assert config_from_mapping(m).policies[2].train.lr_groups[0].match == "*ln_*"
     one = study_run_config(StudyConfig(norm_lr=None), "grpo", 0, dirs)
     assert all("lr_groups" not in p["train"] for p in one["policies"])
+    both = study_run_config(StudyConfig(norm_lr=0.03, embed_lr=0.0), "grpo", 0, dirs)
+    assert [p["train"]["lr_groups"] for p in both["policies"]][2] == [{"match": "*ln_*", "lr": 0.03},
+                                                                      {"match": "*.wte.*", "lr": 0.0}]
+    emb = study_run_config(StudyConfig(norm_lr=None, embed_lr=1e-5), "grpo", 0, dirs)
+    assert emb["policies"][0]["train"]["lr_groups"] == [{"match": "*embed_tokens*", "lr": 1e-5}]
+    assert config_from_mapping(both).policies[0].train.lr_groups[1].lr == 0.0
 
 
 def test_study_norm_globs_match_the_built_architectures():
@@ -105,6 +124,27 @@ def test_study_norm_globs_match_the_built_architectures():
         assert all(t.dim() == 1 for t in norms["params"])  # gains / biases, not matrices
 
 
+def test_study_embed_globs_match_the_token_embedding_tied_to_the_head():
+    """Each architecture's embedding glob names exactly its token embedding, which is also the output head;
+    lr 0 leaves it out of the optimizer."""
+    from mrl_llm.config import PolicyConfig
+    from mrl_llm.demo.study import EMBED_GLOBS, NORM_GLOBS
+    from mrl_llm.models import build_model
+    from mrl_llm.param_groups import LrGroup, split_param_groups
+
+    for p in STUDY_POLICIES:
+        model = build_model(PolicyConfig(name=p.name, model_config=arch_config(
+            p.arch, ArchSize(hidden=32, layers=1, heads=2, kv_heads=1))), build_tokenizer(p.tokenizer, TASK), seed=0)
+        (emb, _rest) = split_param_groups(model.named_parameters(), [LrGroup(EMBED_GLOBS[p.arch], 1.0)], 0.1,
+                                          policy=p.name)
+        assert len(emb["params"]) == 1 and emb["params"][0] is model.get_input_embeddings().weight, emb["names"]
+        assert model.get_output_embeddings().weight is model.get_input_embeddings().weight
+        groups = split_param_groups(model.named_parameters(), [LrGroup(NORM_GLOBS[p.arch], 0.03),
+                                                               LrGroup(EMBED_GLOBS[p.arch], 0.0)], 1e-4, policy=p.name)
+        kept = {id(t) for g in groups for t in g["params"]}
+        assert id(model.get_input_embeddings().weight) not in kept and [g["lr"] for g in groups] == [0.03, 1e-4]
+
+
 def test_study_policies_are_heterogeneous():
     assert len({p.arch for p in STUDY_POLICIES}) == len({p.tokenizer for p in STUDY_POLICIES}) == 3
     assert len({p.family for p in STUDY_POLICIES}) == 3
@@ -119,6 +159,10 @@ def test_study_policies_are_heterogeneous():
     ({"norm_lr": 0.0}, "norm-lr must be > 0"),
     ({"norm_lr": -1e-2}, "norm-lr must be > 0"),
     ({"policies": (STUDY_POLICIES[0], replace(STUDY_POLICIES[1], arch="mamba"))}, "no norm-parameter glob"),
+    ({"embed_lr": -1e-3}, "embed-lr must be >= 0"),
+    ({"embed_lr": float("nan")}, "embed-lr must be >= 0"),
+    ({"norm_lr": None, "embed_lr": 0.0, "policies": (STUDY_POLICIES[0], replace(STUDY_POLICIES[1], arch="mamba"))},
+     "no embedding glob"),
 ])
 def test_study_config_rejects_malformed_settings(kw, msg):
     with pytest.raises(ValueError, match=msg):
@@ -160,6 +204,42 @@ def test_run_curves_by_hand(tmp_path):
     # sampled: successes / samples over the same prompts (2 samples each)
     assert a["own_s"] == {0: 0.0, 2: 0.0} and a["excl_s"] == {0: 0.0, 2: 0.0}
     assert a["overall_s"] == {0: pytest.approx(1 / 6), 2: pytest.approx(2 / 6)}
+    # the evaluation's binomial variance: add:0+0 at step 0 is 1 of 2 (q 0.5): 2^2 * 0.25 / 1 / 2^2
+    assert a["reward_var"] == {0: pytest.approx(0.25), 2: 0.0} and a["own_s_var"][0] == 0.0
+
+
+def test_sampled_var_by_hand_empty_and_single_sample():
+    rows = [{"samples": 4, "successes": 2}, {"samples": 4, "successes": 4}]
+    assert sampled_var(rows) == pytest.approx(16 * 0.25 / 3 / 64)
+    assert sampled_var([]) is None and sampled_var([{"samples": 0, "successes": 0}]) is None
+    assert sampled_var([{"samples": 1, "successes": 1}, {"samples": 4, "successes": 2}]) is None
+
+
+def test_sampled_var_is_unbiased_for_binomial_counts():
+    """Averaged over many simulated evaluations it equals the true variance of the sampled accuracy (a plain
+    q(1-q)/k estimate would be (k-1)/k = 3/4 of it here)."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    p, k = np.array([0.1, 0.3, 0.5, 0.8, 0.95, 0.0]), 4
+    true = float(np.sum(k * p * (1 - p))) / (k * len(p)) ** 2
+    sims = rng.binomial(k, p, size=(20000, len(p)))
+    est = np.mean([sampled_var([{"samples": k, "successes": int(x)} for x in row]) for row in sims])
+    assert est == pytest.approx(true, rel=0.03)
+    accs = sims.sum(axis=1) / (k * len(p))
+    assert float(accs.var()) == pytest.approx(true, rel=0.05)
+
+
+def test_eval_noise_by_hand():
+    res = {("grpo", s): {"p": {"reward": {0: 0.5, 10: 0.6 + 0.1 * s}, "reward_var": {0: 0.001, 10: 0.003}}}
+           for s in range(3)}
+    se, sd = eval_noise(res, "grpo", None, "reward", 10, 0, [0, 1, 2], ["p"])
+    assert se == pytest.approx(0.004 ** 0.5) and sd == pytest.approx(0.1)
+    assert "eval s.e. 0.063 vs seed sd 0.100" in acceptance(res, [0, 1, 2], ["p"], [0, 10])[0]
+    # a missing variance (e.g. one sample per prompt) gives no s.e., an empty result neither
+    del res[("grpo", 1)]["p"]["reward_var"][10]
+    assert eval_noise(res, "grpo", None, "reward", 10, 0, [0, 1, 2], ["p"])[0] is None
+    assert eval_noise({}, "grpo", None, "reward", 10, 0, [0], ["p"]) == (None, None)
 
 
 def test_run_curves_sampled_is_none_without_samples(tmp_path):
@@ -231,7 +311,7 @@ def test_study_end_to_end_tiny(tmp_path):
     pols = tuple(replace(p, size=ArchSize(hidden=32, layers=1, heads=2, kv_heads=1)) for p in STUDY_POLICIES)
     cfg = StudyConfig(families=TINY, policies=pols, steps=2, prompts_per_step=3, group_size=2, pool_per_family=2,
                       eval_every=1, eval_k=1, sft_steps=20, sft_steps_per_policy=(), sft_batch=16,
-                      regimes=("grpo", "sgt"))
+                      regimes=("grpo", "sgt"), embed_lr=0.0)
     lines: list[str] = []
     doc = run_study(cfg, tmp_path, jobs=0, say=lines.append)
     assert (tmp_path / "tokenizers" / "char" / "tokenizer.json").is_file()
@@ -239,6 +319,14 @@ def test_study_end_to_end_tiny(tmp_path):
     assert set(doc["runs"]) == {"grpo/seed0", "sgt/seed0"}
     md = (tmp_path / "study.md").read_text()
     assert "## Acceptance" in md and "GRPO improves every policy" in md and "SGT vs GRPO" in md
+    assert "token embeddings lr 0 (frozen)" in md
+    # embed_lr 0: every policy's token embedding (and tied head) leaves RL exactly as the SFT made it
+    from mrl_llm.models import load_policy
+
+    for p in pols:
+        start = load_policy(tmp_path / "seed0" / "sft" / p.name)[0].get_input_embeddings().weight
+        final = load_policy(tmp_path / "seed0" / "sgt" / "policies" / p.name)[0].get_input_embeddings().weight
+        assert start.shape == final.shape and bool((start == final).all()), p.name
     assert (tmp_path / "study.png").read_bytes()[:4] == b"\x89PNG"
     # every checkpoint scored the held-out prompts of every family
     ev = [json.loads(x) for x in (tmp_path / "seed0" / "grpo" / "eval.jsonl").read_text().splitlines()]
