@@ -46,6 +46,7 @@ from mrl_llm.distributed.memory import GiB, PolicyFootprint
 from mrl_llm.distributed.plan_cli import footprints_from_config
 from mrl_llm.distributed.planner import PlacementPlan, plan_placement
 from mrl_llm.metrics import MetricsLog, clean, train_row
+from mrl_llm.run_setup import Batches, actor_specs, log_eval, resolve_problems, run_summary
 from mrl_llm.runstate import prune
 from shared_interfaces.config_io import ConfigError, to_mapping
 
@@ -106,8 +107,6 @@ def ray_specs(config: RunConfig, plan: PlacementPlan, ckpt_root: Path,
     may lower them), checkpoints every ``checkpoint_every`` steps, a vllm engine's memory settings, and one
     rank per planned bundle (a worker group, :mod:`mrl_llm.distributed.rank_group`; each rank's role is logged)."""
     from mrl_llm.rollout.vllm_memory import vllm_memory
-    from mrl_llm.trainer import actor_specs
-
     fps = {f.name: f for f in footprints(config)}
     out = []
     for s in actor_specs(config, ckpt_root):
@@ -126,21 +125,6 @@ def ray_specs(config: RunConfig, plan: PlacementPlan, ckpt_root: Path,
                            checkpoint_every=config.checkpoint_every, fault=(faults or {}).get(s.name),
                            ranks=len(p.bundles)))
     return out
-
-
-class _Batches:
-    """``problems_for_step``: the data cursor's batches, drawn once per step in step order."""
-
-    def __init__(self, cursor: DataCursor) -> None:
-        from mrl_llm.trainer import unique_prompts
-
-        self.cursor, self.unique = cursor, unique_prompts
-        self.batches: list[list[Problem]] = []
-
-    def __call__(self, step: int) -> list[Problem]:
-        while len(self.batches) <= step:
-            self.batches.append(self.unique(self.cursor.next_batch()))
-        return self.batches[step]
 
 
 def train_on_ray(config: RunConfig, out_dir: str | Path, *, resume: bool = False,
@@ -165,7 +149,6 @@ def _train_on_ray(config: RunConfig, out: Path, *, resume: bool, problems: Seque
     from mrl_llm.data import fingerprint
     from mrl_llm.distributed.resume import record_checkpoint, restore_run_dir, resume_step, verify_run_dir
     from mrl_llm.evaluate import peer_exclusive_sets, read_eval_rows
-    from mrl_llm.trainer import log_eval, resolve_problems, run_summary
 
     source = config.data.path if problems is None and config.data is not None else "the problems given to train()"
     problems, eval_set = resolve_problems(config, problems, eval_problems)
@@ -226,7 +209,7 @@ def _train_on_ray(config: RunConfig, out: Path, *, resume: bool, problems: Seque
 
         cursor = DataCursor(list(problems), config.prompts_per_step, seed=config.seed)
         every = config.eval.every
-        with RayDriver(specs, _Batches(cursor), out, mode=rt.mode, max_staleness=rt.max_staleness,
+        with RayDriver(specs, Batches(cursor), out, mode=rt.mode, max_staleness=rt.max_staleness,
                        membership=membership, placement=plan, exchange_fsync=config.exchange_fsync,
                        on_step=on_step, summary_file="runtime.json", start_step=start,
                        on_leave=lambda n, actor: ray.get(actor.export.remote(str(out / "policies" / n)))) as drv:
