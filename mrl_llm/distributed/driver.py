@@ -126,7 +126,6 @@ def wait_status(actor: Any, timeout_s: float = 300.0) -> dict[str, Any]:
             ref = actor.status.remote()
 
 
-
 class Driver:
     """Runs ``steps`` of mutual RL over a backend's actors (module docstring). Call :meth:`close` (or use ``with``)."""
 
@@ -190,10 +189,8 @@ class Driver:
             fh.write(json.dumps(row) + "\n")
 
     def _start_actor(self, name: str) -> Any:
-        """The policy's actor (or worker group) from the backend; it must see the run directory."""
-        handle = self.backend.start(self.specs[name])
-        self.backend.check_shared_dir(handle)
-        return handle
+        """The policy's actor, or its worker group of ``spec.ranks`` actors behind one handle, from the backend."""
+        return self.backend.start(self.specs[name])
 
     def _stop(self, name: str) -> None:
         """Close the policy's worker (its engine's processes) and release its actor."""
@@ -208,6 +205,7 @@ class Driver:
             if active and name not in self.actors:
                 self.actors[name] = self._start_actor(name)
                 st = wait_status(self.actors[name])
+                self.backend.check_shared_dir(self.actors[name])  # every actor must see the run directory
                 self.baselines[name] = step - st["version"]
                 self._event(event="join", step=step, policy=name, version=st["version"])
             elif not active and name in self.actors:
