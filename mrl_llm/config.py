@@ -296,11 +296,12 @@ class EvalConfig:
 
 @dataclass(frozen=True)
 class RuntimeConfig:
-    """Where the steps run. ``backend: local`` — one process, policies one after the other (the
-    reference). ``backend: ray`` — one Ray actor per policy, the exchange as a Ray actor, placed by the
-    MWRA plan (:mod:`mrl_llm.distributed.ray_trainer`): ``mode: sync`` (a barrier per step) or
-    ``async`` with ``max_staleness`` k (generation runs up to k steps ahead of training; k = 0 is
-    the synchronous schedule). ``address``: an existing Ray cluster (``auto``, ``ray://host:10001``);
+    """Where the steps run; both backends run one schedule (:class:`mrl_llm.distributed.driver.Driver`):
+    ``mode: sync`` (a barrier per step) or ``async`` with ``max_staleness`` k (generation runs up to k
+    steps ahead of training; k = 0 is the synchronous schedule). ``backend: local`` — the policies' actors
+    in one process, one call after the other (the same run as Ray's for the same seed). ``backend: ray`` —
+    one Ray actor (or worker group) per policy, the exchange as a Ray actor, placed by the MWRA plan
+    (:mod:`mrl_llm.distributed.ray_trainer`). ``address``: an existing Ray cluster (``auto``, ``ray://host:10001``);
     null starts a local one with ``num_cpus`` CPUs (null: all). ``cluster``: a cluster YAML to plan
     for (default: the Ray cluster's resources); ``placement``: the plan's layout (auto, colocated,
     split — trainer and rollout actors on their own bundles, :mod:`mrl_llm.distributed.split_group` —, cpu).

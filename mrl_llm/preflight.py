@@ -10,7 +10,7 @@ naming the policy and the key, prompt or file, instead of a traceback minutes in
   prompt and the dataset, or — with the dataset's ``on_malformed: skip`` — dropped for every policy
   and counted (one warning, like the dataset's other bad rows).
 
-Both runtimes call them through :func:`mrl_llm.trainer.resolve_problems`.
+Both runtimes call them through :func:`mrl_llm.run_setup.resolve_problems`.
 """
 
 from __future__ import annotations

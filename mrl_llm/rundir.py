@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from mrl_llm.config import RunConfig
-from mrl_llm.runstate import RUN_STATE, read_json
+from mrl_llm.resume import RUN_STATE
+from mrl_llm.runstate import read_json
 from shared_interfaces.config_io import ConfigError, to_mapping
 
 log = logging.getLogger("mrl_llm.rundir")
@@ -42,8 +43,8 @@ def _without_resumable(d: dict[str, Any]) -> dict[str, Any]:
         d["policies"] = [{k: v for k, v in p.items() if k not in RESUMABLE_POLICY_CHANGES} if isinstance(p, dict) else p
                          for p in d["policies"]]
     return d
-#: A file whose presence marks a run as resumable (single-process / Ray runtime).
-RESUMABLE_MARKERS = (Path("checkpoints") / RUN_STATE, Path("checkpoints") / "ray_state.json")
+#: A file whose presence marks a run as resumable (written with its first checkpoint, :mod:`mrl_llm.resume`).
+RESUMABLE_MARKERS = (Path("checkpoints") / RUN_STATE,)
 
 
 def _comparable(cfg: RunConfig) -> dict[str, Any]:

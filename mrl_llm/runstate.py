@@ -1,22 +1,20 @@
-"""A run directory's checkpoint bookkeeping: what ``--resume`` restores.
+"""A run directory's checkpoint integrity: manifests, log digests, JSON state files, ``LATEST`` pointers.
 
 Layout of ``DIR``::
 
     config.json               the resolved config of the run
     exchange.jsonl            the exchange log (every record, in publication order)
     metrics.jsonl eval.jsonl  one row per (step, policy) / (step, policy, prompt)
+    events.jsonl              join, leave, gap, rejoin, resume
     checkpoints/<policy>/step_<s>/   model/ (HF dir), optimizer.pt, rng.pt, worker.json, manifest.json,
                                      actor.json (written last: the step dir is complete)
     checkpoints/<policy>/LATEST      name of the policy's newest step dir
-    checkpoints/run_state.json       written LAST, atomically: the step every policy saved, the data
-                                     cursor, and how many lines of exchange.jsonl / metrics.jsonl /
-                                     eval.jsonl belong to the run up to that step (the exchange cursor),
-                                     and the digest of those exchange lines (``exchange_sha256``)
+    checkpoints/run_state.json       per checkpointed step, the digest of the exchange lines it covers,
+                                     and the dataset's fingerprint (:mod:`mrl_llm.resume`)
 
-Resuming from ``run_state.json`` at step ``s``: every policy's ``LATEST`` is pointed at ``step_<s>``
-(a policy may have saved a newer one before a crash), the logs are cut back to their recorded line
-counts (records of a half-done step are regenerated identically from the same seeds), and the data
-cursor continues where it was.
+Resuming (:mod:`mrl_llm.resume`, both runtimes): the resume point is the newest step every active policy
+has a complete checkpoint of and ``run_state.json`` has digests for; everything is verified before the
+logs are cut back to it.
 
 Integrity (checked on every resume; a failed check is a :class:`CheckpointError` naming the file):
 
@@ -29,11 +27,9 @@ Integrity (checked on every resume; a failed check is a :class:`CheckpointError`
   written after it, excluded) with its size and SHA-256. Verifying re-hashes each listed file: a
   missing file, a size or digest mismatch, or a manifest that is not this JSON is an error naming
   the file. Files in the dir that the manifest does not list are errors too (nothing unchecked loads).
-* **Exchange digest** — :func:`lines_digest`: SHA-256 over the exchange lines a checkpoint covers,
-  each as its UTF-8 bytes plus ``\\n``, in log order. The single-process runtime stores it for the first
-  ``exchange_lines`` lines (``run_state.json``); the Ray runtime for the lines of records with
-  ``step <= s`` (:mod:`mrl_llm.distributed.resume`). Any edited byte, inserted or removed line among
-  them changes the digest.
+* **Exchange digest** — :func:`lines_digest`: SHA-256 over the exchange lines of the records with
+  ``step <= s``, each as its UTF-8 bytes plus ``\\n``, in log order (``run_state.json``). Any edited byte,
+  inserted or removed line among them changes the digest.
 * **Dataset fingerprint** — :func:`mrl_llm.data.cursor.fingerprint`, over what the run uses of each row.
 """
 
@@ -47,8 +43,6 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-RUN_STATE = "run_state.json"
-STATE_VERSION = 1
 MANIFEST = "manifest.json"
 MANIFEST_VERSION = 1
 #: Files of a step dir the manifest does not cover: itself, and the completion marker written after it.
@@ -144,41 +138,6 @@ def lines_digest(lines: Iterable[str | bytes]) -> tuple[int, str]:
     return n, h.hexdigest()
 
 
-def head_lines(path: Path, n: int) -> list[bytes]:
-    """The first ``n`` complete lines of ``path`` (bytes, without newlines); fewer if the file is shorter."""
-    if not path.is_file():
-        return []
-    out = []
-    with open(path, "rb") as fh:
-        for line in fh:
-            if len(out) >= n or not line.endswith(b"\n"):
-                break
-            out.append(line[:-1])
-    return out
-
-
-class LogDigest:
-    """The running :func:`lines_digest` of a growing log's complete lines (reads only what was appended)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = Path(path)
-        self.h = hashlib.sha256()
-        self.n = 0
-        self.offset = 0
-
-    def update(self) -> tuple[int, str]:
-        """``(lines, sha256)`` of the log's complete lines so far."""
-        if self.path.is_file():
-            with open(self.path, "rb") as fh:
-                fh.seek(self.offset)
-                data = fh.read()
-            end = data.rfind(b"\n") + 1
-            self.h.update(data[:end])
-            self.n += data.count(b"\n", 0, end)
-            self.offset += end
-        return self.n, self.h.hexdigest()
-
-
 def check_log_digest(path: Path, lines: list[bytes], want: str, where: str) -> None:
     """Raise a :class:`CheckpointError` naming ``path`` when ``lines`` (of it) do not hash to ``want``."""
     if lines_digest(lines)[1] != want:
@@ -190,47 +149,6 @@ def atomic_write(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)
-
-
-def count_lines(path: Path) -> int:
-    if not path.is_file():
-        return 0
-    with open(path, "rb") as fh:
-        return sum(1 for line in fh if line.endswith(b"\n"))
-
-
-def truncate_lines(path: Path, n: int) -> None:
-    """Keep the first ``n`` complete lines of ``path`` (drop the rest, including a torn last line)."""
-    if not path.is_file():
-        if n:
-            raise FileNotFoundError(f"{path} is missing but the checkpoint expects {n} lines in it")
-        return
-    with open(path, "rb") as fh:
-        data = fh.read()
-    end, seen = 0, 0
-    while seen < n:
-        nl = data.find(b"\n", end)
-        if nl < 0:
-            raise ValueError(f"{path} has only {seen} complete lines; the checkpoint expects {n}")
-        end, seen = nl + 1, seen + 1
-    if end < len(data):
-        with open(path, "r+b") as fh:
-            fh.truncate(end)
-
-
-def save_run_state(ckpt_root: Path, state: dict[str, Any]) -> None:
-    ckpt_root.mkdir(parents=True, exist_ok=True)
-    atomic_write(ckpt_root / RUN_STATE, json.dumps({"version": STATE_VERSION, **state}, indent=1))
-
-
-def load_run_state(ckpt_root: Path) -> dict[str, Any] | None:
-    p = ckpt_root / RUN_STATE
-    if not p.is_file():
-        return None
-    state = read_json(p, "run state")
-    if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
-        raise CheckpointError(f"{p}: not a version-{STATE_VERSION} run state; restore it or start a new run directory")
-    return state
 
 
 def point_latest(policy_dir: Path, step: int) -> None:

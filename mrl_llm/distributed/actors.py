@@ -213,7 +213,8 @@ def fetch_learner_rows(exchange: ExperienceExchange, learner: str, regime: Regim
 
 
 class PolicyActor:
-    """The body of one policy's actor (Ray wraps it with ``ray.remote``; tests may use it in-process)."""
+    """The body of one policy's actor (Ray wraps it with ``ray.remote``; the in-process backend with
+    :class:`~mrl_llm.distributed.handles.LocalHandle`)."""
 
     def __init__(self, spec: PolicyActorSpec, exchange: ExperienceExchange) -> None:
         import torch
@@ -311,22 +312,23 @@ class PolicyActor:
               expect: Mapping[str, int] | None = None) -> dict[str, Any]:
         """Train on this step's groups with the records of ``peers`` (self included).
 
-        ``ready`` are the peers' generate results (Ray object refs, nested so Ray does not resolve them
-        eagerly): a peer whose generate failed is left out of this step (a gap). In-process, ``None``;
-        then ``expect`` may give each peer's record count of the step (the driver has their generate
-        results), which a remote exchange waits for before answering the fetch.
+        ``ready`` (bounded-staleness mode) are the peers' generate results (Ray object refs, nested so Ray
+        does not resolve them eagerly, or in-process :class:`~mrl_llm.distributed.handles.LocalRef`): a peer
+        whose generate failed is left out of this step (a gap). In sync mode ``None``; then ``expect`` may
+        give each peer's record count of the step (the driver has their generate results), which a remote
+        exchange waits for before answering the fetch.
         """
         t0 = time.perf_counter()
         present = set(peers)
         counts = dict(expect or {})
         wait = 0.0
         if ready is not None:
-            import ray
+            from mrl_llm.distributed.handles import resolve
 
             present = set()
             for ref in ready:
                 try:
-                    got = ray.get(ref)
+                    got = resolve(ref)
                 except Exception:  # the peer died in this step: it simply has no records here
                     continue
                 present.add(got["policy"])
@@ -350,6 +352,8 @@ class PolicyActor:
         if self.spec.ranks > 1 or self.spec.role == "train":  # the own records came from other actors: fetch them
             own = None
             expect_peers = {p: n for p, n in counts.items() if p in present}
+        if getattr(self.exchange, "publish_async", None) is None:  # in-process: every record is in already
+            expect_peers = {}
         dropped: dict[str, int] = dict.fromkeys(PEER_CHECK_OUTCOMES, 0)
         rows, stale = fetch_learner_rows(self.exchange, self.spec.name, self.regime, prompt_ids, step, own=own,
                                          timings=parts, present=present, baselines=baselines,

@@ -1,20 +1,28 @@
-"""The Ray driver: one colocated actor per policy, the exchange as a service, sync or bounded-staleness async.
+"""The driver: the one step schedule of a run, over in-process actors or Ray actors, sync or bounded-staleness async.
 
-Synchronous (``max_staleness = 0``, ``mode="sync"``): each step every live policy generates and
-publishes; the driver waits for all (the barrier over the live policies); then every policy fetches the
-step's groups, plans with the core and trains, concurrently; the driver waits again. Publishing is
+:class:`Driver` runs the schedule below over a backend (:mod:`.backends`): :class:`~.backends.LocalBackend`
+(every policy's actor in this process, each call run when it is sent, :mod:`.handles`) or
+:class:`~.backends.RayBackend` (one actor, or one worker group, per policy; the exchange as a service).
+Running in-process calls in submission order is what Ray's per-actor FIFO order gives this schedule, so
+the two backends produce the same run for the same seed (sync and async). :class:`RayDriver` is the
+driver with a Ray backend.
+
+One schedule, with the staleness bound ``k`` as its parameter (:meth:`Driver._run`):
+
+Synchronous (``k = 0``; ``mode="sync"``, or ``"async"`` with ``max_staleness=0``): each step every live
+policy generates and publishes; the driver waits for all (the barrier over the live policies); then every
+policy fetches the step's groups, plans with the core and trains (concurrently on Ray); the driver waits again. Publishing is
 pipelined: a policy sends its records and returns without waiting for the write; its ``train`` waits
 for its own write, and its fetch waits in the exchange for each peer's record count of the step
 (``expect``, from the generate results) — see :mod:`.exchange_actor`.
 
-Asynchronous (``mode="async"``, bounded staleness ``k``): each policy's generation runs up to ``k``
+Bounded staleness (``mode="async"``, ``k > 0``): each policy's generation runs up to ``k``
 steps ahead of its training (``generate(s + k)`` is queued right behind ``train(s - 1)``), and a
 policy's ``train(s)`` waits only for its peers' ``generate(s)`` — object refs handed to the actor — not
 for their training. The driver keeps at most ``k + 1`` steps in flight. Records then carry versions up
-to ``k`` behind, and the actor drops peer records staler than ``k`` (see :mod:`.actors`). ``k = 0``
-gives exactly the synchronous schedule.
+to ``k`` behind, and the actor drops peer records staler than ``k`` (see :mod:`.actors`).
 
-Fault tolerance: actors are created with ``max_restarts=-1``, so Ray restarts a dead one, which loads
+Fault tolerance (Ray): actors are created with ``max_restarts=-1``, so Ray restarts a dead one, which loads
 its policy's last checkpoint. The calls it was running fail; the driver logs a ``gap`` event per lost
 call; the other policies train that step without its records. Before the next step the driver waits
 for the restarted actor, logs ``rejoin`` with the checkpoint step and the ``lost_steps`` (updates since
@@ -22,8 +30,10 @@ the checkpoint that are gone), resets the policy's baseline lag, and lets it rej
 The train rows of the steps the dead process had trained after its checkpoint (``rolled_back_steps``
 of the ``rejoin`` event) are marked ``"rolled_back": true`` in ``metrics.jsonl``
 (:func:`mrl_llm.metrics.mark_rolled_back`), so the metrics describe the weights; readers skip them.
+An error raised inside a call (in-process, or a Ray task's own exception) is not a failure of the actor:
+it is raised as it is and stops the run, which resumes from its last checkpoint (:mod:`mrl_llm.resume`).
 
-Membership: :meth:`RayDriver.add_policy` / :meth:`RayDriver.remove_policy` between steps, or
+Membership: :meth:`Driver.add_policy` / :meth:`Driver.remove_policy` between steps, or
 ``join_step`` / ``leave_step`` per policy (the config/CLI route, :class:`Membership`).
 
 Placement: with a :class:`~mrl_llm.distributed.planner.PlacementPlan`, each policy gets a Ray placement
@@ -43,7 +53,7 @@ directory and write its answer there, or the run stops saying a shared filesyste
 
 Output (``out_dir``): ``events.jsonl`` (join, leave, gap, rejoin) as the run goes; per finished step
 either ``on_step(step, generate_results, train_results)`` or, without it, one ``metrics.jsonl`` row per
-policy; the run's outline in ``summary_file`` at the end of :meth:`RayDriver.run`. ``on_leave(name,
+policy; the run's outline in ``summary_file`` at the end of :meth:`Driver.run`. ``on_leave(name,
 actor)`` runs before a leaving policy's actor is stopped (e.g. to export its weights).
 """
 
@@ -56,13 +66,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from mrl_llm.distributed.actors import PolicyActor, PolicyActorSpec, problem_id
-from mrl_llm.distributed.exchange_actor import RemoteExchange, start_exchange
-from mrl_llm.distributed.planner import PlacementPlan, PolicyPlacement
-from mrl_llm.distributed.rank_group import RankGroup, RankGroupDied, start_rank_group
-from mrl_llm.distributed.shared_dir import check_answer, remove_token, write_token
-from mrl_llm.distributed.split_group import start_split_group
-from shared_interfaces.exchange import InMemoryExchange
+from mrl_llm.distributed.actors import PolicyActorSpec, problem_id
+from mrl_llm.distributed.backends import (  # noqa: F401 - actor_options, reserve_placement_group re-exported
+    LocalBackend,
+    RayBackend,
+    actor_options,
+    reserve_placement_group,
+)
+from mrl_llm.distributed.handles import LocalRef, resolve
+from mrl_llm.distributed.planner import PlacementPlan
+from mrl_llm.distributed.rank_group import RankGroupDied
 
 
 @dataclass(frozen=True)
@@ -88,59 +101,39 @@ class RunResult:
 
 
 def _is_actor_failure(err: BaseException) -> bool:
-    """A dead actor, or a worker group with a dead rank (restarted whole, :mod:`.rank_group`)."""
+    """A Ray actor died or is unavailable (Ray restarts it), or a worker group lost a rank (it restarts whole,
+    :mod:`.rank_group`); any other error is the call's own, raised as it is."""
+    if isinstance(err, RankGroupDied):
+        return True
+    if not type(err).__module__.startswith("ray"):
+        return False
     import ray.exceptions as rex
 
     return isinstance(err, (rex.RayActorError, rex.ActorDiedError, rex.ActorUnavailableError, RankGroupDied))
 
 
 def wait_status(actor: Any, timeout_s: float = 300.0) -> dict[str, Any]:
-    """``actor.status()``, retried while Ray is restarting the actor (a worker group restarts on the call)."""
+    """``actor.status()``, retried (a fresh call each time) while Ray restarts the actor or a worker group restarts
+    on the call; an in-process actor answers at once."""
+    ref = actor.status.remote()
+    if isinstance(ref, LocalRef):
+        return ref.get()
     import ray
     import ray.exceptions as rex
 
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            return ray.get(actor.status.remote())
+            return ray.get(ref)
         except (rex.ActorUnavailableError, rex.RayActorError, RankGroupDied):
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.2)
+            ref = actor.status.remote()
 
 
-def reserve_placement_group(placement: PolicyPlacement, *, timeout_s: float = 120.0) -> Any:
-    """A Ray placement group of the policy's planned bundles (strategy PACK), reserved or an error."""
-    import ray
-    from ray.util.placement_group import placement_group
-
-    bundles = [{k: float(v) for k, v in b.items() if v > 0} or {"CPU": 0.001} for b in placement.bundles]
-    pg = placement_group(bundles, strategy="PACK")
-    try:
-        ray.get(pg.ready(), timeout=timeout_s)
-    except Exception as err:
-        ray.util.remove_placement_group(pg)
-        raise RuntimeError(
-            f"policy {placement.policy!r}: Ray could not reserve its placement group {bundles} within {timeout_s:g} s "
-            f"(cluster resources: {ray.cluster_resources()}); plan for this cluster (runtime.cluster / "
-            "`python -m mrl_llm plan`) or start Ray with more CPUs/GPUs"
-        ) from err
-    return pg
-
-
-def actor_options(placement: PolicyPlacement, pg: Any, bundle: int = 0) -> dict[str, Any]:
-    """Ray actor options for the policy's actor of rank ``bundle``: that bundle of ``pg`` with its CPUs and GPUs
-    (a worker group has one rank per bundle, :mod:`mrl_llm.distributed.rank_group`)."""
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-    b = placement.bundles[bundle]
-    return {"num_cpus": float(b.get("CPU", 0.0)), "num_gpus": float(b.get("GPU", 0.0)),
-            "scheduling_strategy": PlacementGroupSchedulingStrategy(
-                placement_group=pg, placement_group_bundle_index=bundle, placement_group_capture_child_tasks=True)}
-
-
-class RayDriver:
-    """Runs ``steps`` of mutual RL over Ray actors (module docstring). Call :meth:`close` (or use ``with``)."""
+class Driver:
+    """Runs ``steps`` of mutual RL over a backend's actors (module docstring). Call :meth:`close` (or use ``with``)."""
 
     def __init__(
         self,
@@ -148,38 +141,29 @@ class RayDriver:
         problems_for_step: Callable[[int], Sequence[Any]],
         out_dir: str | Path,
         *,
+        backend: LocalBackend | RayBackend,
         mode: Literal["sync", "async"] = "sync",
         max_staleness: int = 0,
         membership: dict[str, Membership] | None = None,
-        placement: PlacementPlan | None = None,
-        exchange_fsync: bool = True,
         on_step: Callable[[int, dict[str, dict[str, Any]], dict[str, dict[str, Any]]], None] | None = None,
         summary_file: str = "summary.json",
         on_leave: Callable[[str, Any], None] | None = None,
-        placement_timeout_s: float = 120.0,
         start_step: int = 0,
     ) -> None:
-        import ray
-
         if mode not in ("sync", "async"):
             raise ValueError(f"mode must be 'sync' or 'async', got {mode!r}")
         if max_staleness < 0 or (mode == "sync" and max_staleness != 0):
             raise ValueError(f"max_staleness must be 0 in sync mode and >= 0 in async mode, got {max_staleness}")
-        if not ray.is_initialized():
-            raise RuntimeError("Ray is not initialised; call ray.init(...) (a local cluster) before RayDriver")
         self.out = Path(out_dir)
         self.out.mkdir(parents=True, exist_ok=True)
         self.problems_for_step = problems_for_step
         self.mode, self.k = mode, max_staleness
-        self.placement = placement
-        self.placement_timeout_s = placement_timeout_s
-        self.placement_groups: dict[str, Any] = {}
+        self.backend = backend
         self.on_step = on_step
         self.on_leave = on_leave
         self.summary_file = summary_file
-        self.fs_token = write_token(self.out)  # every actor must see the run directory (shared_dir)
-        self.exchange_handle = start_exchange(self.out / "exchange.jsonl", fsync=exchange_fsync)
-        self.exchange = RemoteExchange(self.exchange_handle, producer="driver")
+        backend.open(self.out)
+        self.exchange = backend.exchange
         self.specs: dict[str, PolicyActorSpec] = {}
         self.membership: dict[str, Membership] = {}
         self.actors: dict[str, Any] = {}
@@ -210,64 +194,24 @@ class RayDriver:
         with open(self.out / "events.jsonl", "a", encoding="utf-8") as fh:
             fh.write(json.dumps(row) + "\n")
 
-    def _actor_options(self, name: str, rank: int = 0) -> dict[str, Any]:
-        opts: dict[str, Any] = dict(max_restarts=-1, max_task_retries=0, num_cpus=0)
-        if self.placement is not None:
-            if name not in self.placement_groups:
-                self.placement_groups[name] = reserve_placement_group(
-                    self.placement.for_policy(name), timeout_s=self.placement_timeout_s)
-            opts.update(actor_options(self.placement.for_policy(name), self.placement_groups[name], rank))
-        return opts
-
     def _start_actor(self, name: str) -> Any:
-        """The policy's actor, or its worker group of ``spec.ranks`` actors (one per bundle) behind one handle."""
-        import ray
-
-        spec = self.specs[name]
-        roles = self.placement.for_policy(name).bundle_roles if self.placement is not None else ()
-        if "rollout" in roles:  # placement: split — trainers and rollout actors on their own bundles
-            gpu = self.placement is not None and self.placement.for_policy(name).num_gpus > 0
-            return start_split_group(spec, lambda: RemoteExchange(self.exchange_handle, producer=name),
-                                     lambda b: self._actor_options(name, b), roles, gpu=gpu)
-        if spec.ranks == 1:
-            return ray.remote(PolicyActor).options(**self._actor_options(name)).remote(
-                spec, RemoteExchange(self.exchange_handle, producer=name))
-        if self.placement is not None and len(self.placement.for_policy(name).bundles) != spec.ranks:
-            raise ValueError(f"policy {name!r} has {spec.ranks} ranks but its plan {len(self.placement.for_policy(name).bundles)} "
-                             "bundles; plan with policies[].ranks (one bundle per rank)")
-        gpu = self.placement is not None and self.placement.for_policy(name).num_gpus > 0
-        return start_rank_group(spec, lambda: RemoteExchange(self.exchange_handle, producer=name),
-                                lambda r: self._actor_options(name, r), gpu=gpu)
+        """The policy's actor, or its worker group of ``spec.ranks`` actors behind one handle, from the backend."""
+        return self.backend.start(self.specs[name])
 
     def _stop(self, name: str) -> None:
-        """Close the policy's worker (its engine's processes), kill its actor, free its placement group."""
-        import ray
-
-        actor = self.actors.pop(name)
-        try:
-            ray.get(actor.close.remote(), timeout=60)
-        except Exception:  # a dead or hung actor is killed below anyway
-            pass
-        if isinstance(actor, RankGroup):  # a worker group: its rank actors
-            actor.kill()
-        else:
-            ray.kill(actor)
-        pg = self.placement_groups.pop(name, None)
-        if pg is not None:
-            ray.util.remove_placement_group(pg)
+        """Close the policy's worker (its engine's processes) and release its actor."""
+        self.backend.stop(self.actors.pop(name), name)
 
     def _sync_membership(self, step: int) -> list[str]:
-        """Start joiners, stop leavers, bring restarted actors back; returns the live policies."""
-        import ray
-
+        """Start joiners, stop leavers, bring restarted actors back; returns the live policies (in the
+        order they were added: the config's)."""
         live = []
-        for name in sorted(self.specs):
+        for name in self.specs:
             active = self.membership[name].active(step)
             if active and name not in self.actors:
                 self.actors[name] = self._start_actor(name)
                 st = wait_status(self.actors[name])
-                answer = ray.get(self.actors[name].probe_run_dir.remote(str(self.out), self.fs_token))
-                check_answer(self.out, self.fs_token, answer if isinstance(answer, list) else [answer])
+                self.backend.check_shared_dir(self.actors[name])  # every actor must see the run directory
                 self.baselines[name] = step - st["version"]
                 self._event(event="join", step=step, policy=name, version=st["version"])
             elif not active and name in self.actors:
@@ -307,12 +251,12 @@ class RayDriver:
         return self._sync_membership(step)
 
     def _collect(self, step: int, phase: str, refs: dict[str, Any]) -> dict[str, dict[str, Any]]:
-        import ray
-
+        """The calls' results; a dead Ray actor's call is a ``gap`` (the policy sits the step out), any other
+        error (an in-process call's included) is raised as it is."""
         ok = {}
         for name, ref in refs.items():
             try:
-                ok[name] = ray.get(ref)
+                ok[name] = resolve(ref)
             except Exception as err:
                 if not _is_actor_failure(err):
                     raise
@@ -336,31 +280,17 @@ class RayDriver:
     def run(self, steps: int) -> RunResult:
         """Run steps ``next_step .. steps - 1``; may be called again with more steps (after add/remove)."""
         t0 = self._t_last = time.perf_counter()
-        if self.mode == "sync":
-            self._run_sync(steps)
-        else:
-            self._run_async(steps)
+        self._run(steps)
         self.result.timings["run_s"] = self.result.timings.get("run_s", 0.0) + time.perf_counter() - t0
         (self.out / self.summary_file).write_text(json.dumps(
-            {"steps": self.next_step, "mode": self.mode, "max_staleness": self.k,
+            {"steps": self.next_step, "mode": self.mode, "max_staleness": self.k, "backend": self.backend.name,
              "policies": sorted(self.actors), "events": self.result.events,
              "step_wall_s": self.result.step_wall_s}, indent=1))
         return self.result
 
-    def _run_sync(self, steps: int) -> None:
-        for s in range(self.next_step, steps):
-            live = self._sync_membership(s)
-            problems = list(self.problems_for_step(s))
-            pids = [problem_id(p) for p in problems]
-            gens = self._collect(s, "generate", {n: self.actors[n].generate.remote(problems, s) for n in live})
-            peers = sorted(gens)
-            counts = {n: gens[n]["records"] for n in peers}
-            refs = {n: self.actors[n].train.remote(s, pids, peers=peers, baselines=dict(self.baselines), expect=counts)
-                    for n in peers}
-            self._record(s, gens, self._collect(s, "train", refs))
-            self.next_step = s + 1
-
-    def _run_async(self, steps: int) -> None:
+    def _run(self, steps: int) -> None:
+        """The schedule (module docstring): generation runs up to ``k`` steps ahead of training; with k = 0
+        (sync) step ``s``'s training waits for every live policy's generation of ``s`` and its record counts."""
         gen_refs: dict[int, dict[str, Any]] = {}
         train_refs: dict[int, dict[str, Any]] = {}
         start = self.next_step
@@ -374,15 +304,20 @@ class RayDriver:
                 if self.membership[n].active(t) and n not in gen_refs.setdefault(t, {}):
                     gen_refs[t][n] = self.actors[n].generate.remote(problems_cache[t], t)
 
-        live = self._sync_membership(start)
-        for t in range(start, min(start + self.k + 1, steps)):
-            submit_gen(t, live)
         for s in range(start, steps):
-            if s > start:
-                live = self._sync_membership(s)
-                for t in range(s, min(s + self.k + 1, steps)):  # joiners / rejoiners catch up
-                    submit_gen(t, live)
-            pids = [problem_id(p) for p in problems_cache[s]]
+            live = self._sync_membership(s)
+            for t in range(s, min(s + self.k + 1, steps)):  # the window; joiners / rejoiners catch up
+                submit_gen(t, live)
+            pids = [problem_id(p) for p in problems_cache.pop(s)]
+            if self.k == 0:  # sync: the barrier, then every live policy trains on the step's records
+                gens = self._collect(s, "generate", gen_refs.pop(s, {}))
+                peers = sorted(gens)
+                counts = {n: gens[n]["records"] for n in peers}
+                refs = {n: self.actors[n].train.remote(s, pids, peers=peers, baselines=dict(self.baselines),
+                                                       expect=counts) for n in live if n in gens}
+                self._record(s, gens, self._collect(s, "train", refs))
+                self.next_step = s + 1
+                continue
             ready = [gen_refs[s][n] for n in live if n in gen_refs[s]]
             train_refs[s] = {
                 n: self.actors[n].train.remote(s, pids, peers=live, ready=ready,
@@ -395,7 +330,8 @@ class RayDriver:
                 self._finish_async_step(done, gen_refs, train_refs)
             self.next_step = s + 1
         for t in range(max(start, steps - self.k), steps):
-            self._finish_async_step(t, gen_refs, train_refs)
+            if t in train_refs:
+                self._finish_async_step(t, gen_refs, train_refs)
 
     def _finish_async_step(self, t: int, gen_refs: dict, train_refs: dict) -> None:
         gens = self._collect(t, "generate", gen_refs.pop(t, {}))
@@ -403,39 +339,32 @@ class RayDriver:
 
     # -- inspection --------------------------------------------------------------------------
     def states(self) -> dict[str, Any]:
-        import ray
-
-        return {n: ray.get(a.state.remote()) for n, a in sorted(self.actors.items())}
+        return {n: resolve(a.state.remote()) for n, a in sorted(self.actors.items())}
 
     def close(self) -> None:
-        import ray
+        try:
+            for name in list(self.actors):
+                self._stop(name)
+        finally:
+            self.backend.close()
 
-        for name in list(self.actors):
-            self._stop(name)
-        for pg in self.placement_groups.values():
-            ray.util.remove_placement_group(pg)
-        self.placement_groups.clear()
-        ray.kill(self.exchange_handle)
-        remove_token(self.out, self.fs_token)
-
-    def __enter__(self) -> RayDriver:
+    def __enter__(self) -> Driver:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
 
-def run_local(specs: Sequence[PolicyActorSpec], problems_for_step: Callable[[int], Sequence[Any]],
-              steps: int) -> tuple[RunResult, dict[str, Any]]:
-    """The same steps in one process, in order, over an in-memory exchange (the reference for equality)."""
-    ex = InMemoryExchange()
-    actors = {s.name: PolicyActor(s, ex) for s in sorted(specs, key=lambda s: s.name)}
-    result = RunResult()
-    for s in range(steps):
-        problems = list(problems_for_step(s))
-        pids = [problem_id(p) for p in problems]
-        for a in actors.values():
-            a.generate(problems, s)
-        for a in actors.values():
-            result.metrics.append(a.train(s, pids, peers=sorted(actors)))
-    return result, {n: a.state() for n, a in actors.items()}
+class RayDriver(Driver):
+    """The driver over Ray actors (:class:`~.backends.RayBackend`): ``placement`` (the MWRA plan) gives each
+    policy its placement group; Ray must be initialised."""
+
+    def __init__(self, specs: Sequence[PolicyActorSpec], problems_for_step: Callable[[int], Sequence[Any]],
+                 out_dir: str | Path, *, placement: PlacementPlan | None = None, exchange_fsync: bool = True,
+                 placement_timeout_s: float = 120.0, **kwargs: Any) -> None:
+        super().__init__(specs, problems_for_step, out_dir, backend=RayBackend(
+            placement=placement, placement_timeout_s=placement_timeout_s, exchange_fsync=exchange_fsync), **kwargs)
+
+    @property
+    def exchange_handle(self) -> Any:
+        return self.backend.exchange_handle

@@ -1,10 +1,9 @@
-"""The trainer on Ray (``runtime: {backend: ray}``, ``python -m mrl_llm train --runtime ray``).
+"""The Ray backend of a run (``runtime: {backend: ray}``, ``python -m mrl_llm train --runtime ray``).
 
-The same run as :func:`mrl_llm.trainer.train`'s single-process loop — same data cursor, same worker
-(:mod:`mrl_llm.worker`), same step logic (:class:`~mrl_llm.distributed.actors.PolicyActor`), same
-run-directory files (``config.json``, ``metrics.jsonl``, ``eval.jsonl``, ``summary.json``,
-``exchange.jsonl``, ``policies/<name>/``) — but each policy is a Ray actor driven by
-:class:`~mrl_llm.distributed.driver.RayDriver`:
+The same run as the in-process backend (:mod:`mrl_llm.runner`: same data cursor, same worker
+(:mod:`mrl_llm.worker`), same step logic (:class:`~mrl_llm.distributed.actors.PolicyActor`), same schedule
+(:class:`~mrl_llm.distributed.driver.Driver`), same run-directory files and resume mechanism
+(:mod:`mrl_llm.resume`)) but each policy is a Ray actor (:class:`~mrl_llm.distributed.backends.RayBackend`):
 
 1. Ray: ``runtime.address`` (an existing cluster) or a local cluster of ``runtime.num_cpus`` CPUs.
 2. MWRA: the config's policies are planned on the cluster (``runtime.cluster`` YAML, else the Ray
@@ -13,41 +12,37 @@ run-directory files (``config.json``, ``metrics.jsonl``, ``eval.jsonl``, ``summa
    plan's memory settings (:func:`mrl_llm.rollout.vllm_memory.vllm_memory`). A policy planned on k
    bundles (``policies[].ranks: k`` in CPU mode, or k GPUs) runs as k ranks, one actor per bundle, each
    rank's role in ``plan.txt`` and the log (:mod:`mrl_llm.distributed.rank_group`).
-3. The driver runs the steps (sync, or async with ``max_staleness``); policies join and leave at
-   their ``join_step`` / ``leave_step``. Evaluation runs on the actors before training, every
-   ``eval.every`` steps and at the end (the driver drains its pipeline there). Each actor checkpoints
-   its policy every ``checkpoint_every`` steps (0: never, so a crashed actor restarts from its initial
-   weights), which is where Ray restarts a crashed actor from, and where a worker group with a dead rank
-   restarts all its ranks from (:mod:`mrl_llm.distributed.rank_group`; the ``gap`` / ``rejoin`` events go
-   to ``events.jsonl``). A policy that leaves is exported to
-   ``policies/<name>/`` as it leaves, the others at the end; the last step is always checkpointed.
-4. ``resume=True`` (``train --resume DIR``) continues after the newest step every policy active at it
-   has a checkpoint of (:mod:`mrl_llm.distributed.resume`); in ``mode: sync`` the result equals an
-   uninterrupted run's.
+3. Policies join and leave at their ``join_step`` / ``leave_step``; a crashed actor is restarted by Ray
+   from its policy's last checkpoint (``checkpoint_every``; 0: only at the end, so it restarts from its
+   initial weights), a worker group with a dead rank restarts all its ranks from it
+   (:mod:`mrl_llm.distributed.rank_group`), a split policy its trainers and rollout actors
+   (:mod:`mrl_llm.distributed.split_group`), with ``gap`` / ``rejoin`` events in ``events.jsonl``.
 
-With ``mode: sync`` and the same ``threads`` the files equal the local loop's up to timings.
+With ``mode: sync`` and the same ``threads`` the files equal the in-process backend's up to timings and the
+exchange log's line order (publishers run concurrently).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from mrl_llm.config import RunConfig
-from mrl_llm.data import DataCursor, Problem
+from mrl_llm.data import Problem
 from mrl_llm.distributed.actors import FaultInjection, PolicyActorSpec
+from mrl_llm.distributed.backends import RayBackend
 from mrl_llm.distributed.cluster import ClusterSpec, live_ray_cluster, load_cluster
-from mrl_llm.distributed.driver import Membership, RayDriver, wait_status
 from mrl_llm.distributed.memory import PolicyFootprint
 from mrl_llm.distributed.plan_cli import footprints_from_config
 from mrl_llm.distributed.planner import PlacementPlan, plan_placement
-from mrl_llm.metrics import MetricsLog, clean, train_row
-from mrl_llm.runstate import prune
+from mrl_llm.run_setup import actor_specs
+from mrl_llm.runner import Runtime, run_training
 from shared_interfaces.config_io import ConfigError, to_mapping
 
 log = logging.getLogger("mrl_llm.ray_trainer")
@@ -93,8 +88,6 @@ def ray_specs(config: RunConfig, plan: PlacementPlan, ckpt_root: Path,
     rank per planned bundle (a worker group, :mod:`mrl_llm.distributed.rank_group`; each rank's role is logged).
     ``faults`` (tests) must name the config's policies and their ranks (a ``ConfigError`` / ``ValueError``)."""
     from mrl_llm.rollout.vllm_memory import vllm_memory
-    from mrl_llm.trainer import actor_specs
-
     unknown = sorted(set(faults or {}) - set(config.policy_names))
     if unknown:
         raise ConfigError(f"fault injection for {unknown}, which the config has no policies of; name one of "
@@ -119,132 +112,34 @@ def ray_specs(config: RunConfig, plan: PlacementPlan, ckpt_root: Path,
     return out
 
 
-class _Batches:
-    """``problems_for_step``: the data cursor's batches, drawn once per step in step order."""
-
-    def __init__(self, cursor: DataCursor) -> None:
-        from mrl_llm.trainer import unique_prompts
-
-        self.cursor, self.unique = cursor, unique_prompts
-        self.batches: list[list[Problem]] = []
-
-    def __call__(self, step: int) -> list[Problem]:
-        while len(self.batches) <= step:
-            self.batches.append(self.unique(self.cursor.next_batch()))
-        return self.batches[step]
-
-
-def train_on_ray(config: RunConfig, out_dir: str | Path, *, resume: bool = False,
-                 problems: Sequence[Problem] | None = None, eval_problems: Sequence[Problem] | None = None,
-                 faults: Mapping[str, FaultInjection] | None = None) -> dict[str, Any]:
-    """Train ``config`` on Ray into ``out_dir`` (module docstring); returns the summary. ``resume``
-    continues the run in ``out_dir`` after its newest complete checkpoint
-    (:mod:`mrl_llm.distributed.resume`). ``faults`` crash chosen actors once (tests of the fault tolerance)."""
-    from mrl_llm.rundir import check_run_dir, new_run_guard
-
-    out = Path(out_dir)
-    check_run_dir(config, out, resume)
-    with new_run_guard(out, resume):
-        return _train_on_ray(config, out, resume=resume, problems=problems, eval_problems=eval_problems, faults=faults)
-
-
-def _train_on_ray(config: RunConfig, out: Path, *, resume: bool, problems: Sequence[Problem] | None,
-                  eval_problems: Sequence[Problem] | None,
-                  faults: Mapping[str, FaultInjection] | None) -> dict[str, Any]:
+@contextmanager
+def ray_runtime(config: RunConfig, out: Path, *,
+                faults: Mapping[str, FaultInjection] | None = None) -> Iterator[Runtime]:
+    """The Ray backend of a run (module docstring, 1-2): Ray started (or joined), the plan made and written
+    to ``plan.txt``, the actor specs from it; Ray is shut down at the end if this started it."""
     import ray
 
-    from mrl_llm.data import fingerprint
-    from mrl_llm.distributed.resume import record_checkpoint, restore_run_dir, resume_step, verify_run_dir
-    from mrl_llm.evaluate import peer_exclusive_sets, read_eval_rows
-    from mrl_llm.trainer import log_eval, resolve_problems, run_summary
-
-    source = config.data.path if problems is None and config.data is not None else "the problems given to train()"
-    problems, eval_set = resolve_problems(config, problems, eval_problems)
-    data_fp = fingerprint(problems)
-    start = 0
-    if resume:
-        start = resume_step(config, out) + 1
-        verify_run_dir(config, out, start - 1, data_fp, source)
-        restore_run_dir(config, out, start - 1)
-        log.info("resuming %s at step %d", out, start)
-    else:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "config.json").write_text(json.dumps(to_mapping(config), indent=1))
-    logged = read_eval_rows(out / "eval.jsonl")  # a resumed run's earlier evaluations
-    done_evals = {int(r["step"]) for r in logged}
     rt = config.runtime
     started = not ray.is_initialized()
     if started:
         ray.init(address=rt.address, num_cpus=rt.num_cpus if rt.address is None else None,
                  include_dashboard=False, namespace="mrl")
-    t_start = time.perf_counter()
-    metrics = MetricsLog(out, tensorboard=config.tensorboard)
-    order = list(config.policy_names)
-    regime = config.regime_spec.name
-    counters: dict[str, dict[str, float]] = {}
-    exclusive = peer_exclusive_sets(r for r in logged if r["step"] == 0)
     try:
         plan = plan_run(config, ray_cluster_spec(rt.cluster))
         (out / "plan.txt").write_text(plan.render() + "\n")
         specs = ray_specs(config, plan, out / "checkpoints", faults)
-        membership = {p.name: Membership(p.join_step, p.leave_step) for p in config.policies}
-
-        def on_step(step: int, gens: dict[str, dict], trains: dict[str, dict]) -> None:
-            rows = [train_row(step, n, regime, gens[n], trains[n]) for n in order if n in trains and n in gens]
-            metrics.metrics(rows)
-            for n in trains:
-                counters[n] = dict(trains[n].get("counters") or {})
-                if config.checkpoint_every:
-                    prune(out / "checkpoints" / n, config.keep_checkpoints)
-            if trains and config.checkpoint_every and (step + 1) % config.checkpoint_every == 0:  # the actors saved
-                record_checkpoint(out, step, ray.get(drv.exchange_handle.digest.remote(step)), data_fp)
-            log.info("step %d: %s", step, " ".join(f"{r['policy']} r={r['reward_mean']:.2f}" for r in rows))
-
-        def evaluate(drv: RayDriver, t: int) -> None:
-            nonlocal exclusive
-            e = config.eval
-            if not e.enabled or not eval_set or t in done_evals:
-                return
-            if t == drv.next_step:  # before the first step of this session: start the actors
-                drv.ensure_members(t)
-            names = [n for n in order if n in drv.actors]
-            for n in names:
-                wait_status(drv.actors[n])  # an actor Ray is restarting after a crash comes back first
-            refs = {n: drv.actors[n].evaluate.remote(eval_set, step=t, k=e.k, temperature=e.temperature,
-                                                      top_p=e.top_p, max_new_tokens=e.max_new_tokens) for n in names}
-            rows = [{"step": t, "policy": n, **r} for n in names for r in ray.get(refs[n])]
-            exclusive = log_eval(metrics, rows, names, t, regime, exclusive)
-
-        cursor = DataCursor(list(problems), config.prompts_per_step, seed=config.seed)
-        every = config.eval.every
-        with RayDriver(specs, _Batches(cursor), out, mode=rt.mode, max_staleness=rt.max_staleness,
-                       membership=membership, placement=plan, exchange_fsync=config.exchange_fsync,
-                       on_step=on_step, summary_file="runtime.json", start_step=start,
-                       on_leave=lambda n, actor: ray.get(actor.export.remote(str(out / "policies" / n)))) as drv:
-            if start == 0 or (every and start % every == 0):
-                evaluate(drv, start)
-            t = start
-            while t < config.steps:
-                t = min(config.steps, (t // every + 1) * every) if every else config.steps
-                drv.run(t)
-                evaluate(drv, t)
-            last = config.steps - 1
-            for n in order:
-                if n in drv.actors:
-                    if last >= start and not (config.checkpoint_every and config.steps % config.checkpoint_every == 0):
-                        ray.get(drv.actors[n].save.remote(last))  # the end is a checkpoint (resume continues there)
-                        prune(out / "checkpoints" / n, config.keep_checkpoints)
-                    ray.get(drv.actors[n].export.remote(str(out / "policies" / n)))
-            if last >= start:
-                record_checkpoint(out, last, ray.get(drv.exchange_handle.digest.remote(last)), data_fp)
-        summary = run_summary(config, out, {n: counters.get(n, {}) for n in order}, time.perf_counter() - t_start)
-        summary["events"] = [e for e in drv.result.events if e["event"] != "join" or e["step"]]
+        yield Runtime(RayBackend(placement=plan, exchange_fsync=config.exchange_fsync), specs, rt.mode,
+                      rt.max_staleness)
     finally:
-        metrics.close()
         if started:
             ray.shutdown()
-    (out / "summary.json").write_text(json.dumps(clean(summary), indent=1, allow_nan=False))
-    from mrl_llm.success_matrix import write_run_matrix
 
-    write_run_matrix(out)  # success_matrix.json: the run's start, for bandit_sim predict
-    return summary
+
+def train_on_ray(config: RunConfig, out_dir: str | Path, *, resume: bool = False,
+                 problems: Sequence[Problem] | None = None, eval_problems: Sequence[Problem] | None = None,
+                 faults: Mapping[str, FaultInjection] | None = None) -> dict[str, Any]:
+    """Train ``config`` on Ray into ``out_dir`` (:func:`mrl_llm.runner.run_training` on :func:`ray_runtime`);
+    returns the summary. ``resume`` continues the run in ``out_dir`` after its newest complete checkpoint
+    (:mod:`mrl_llm.resume`). ``faults`` crash chosen actors once (tests of the fault tolerance)."""
+    return run_training(config, out_dir, start_runtime=partial(ray_runtime, faults=faults), resume=resume,
+                        problems=problems, eval_problems=eval_problems)

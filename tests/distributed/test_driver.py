@@ -1,4 +1,5 @@
-"""The Ray runtime end to end on a real local cluster (2 CPUs) with small real torch workers."""
+"""The Ray runtime end to end on a real local cluster (2 CPUs) with small real torch workers; the reference
+is the same driver over in-process actors (:class:`~mrl_llm.distributed.backends.LocalBackend`)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import json
 import pytest
 
 from mrl_llm.distributed.actors import FaultInjection, PolicyActorSpec
-from mrl_llm.distributed.driver import Membership, RayDriver, run_local
+from mrl_llm.distributed.backends import LocalBackend
+from mrl_llm.distributed.driver import Driver, Membership, RayDriver
 from shared_interfaces.records import ExperienceRecord
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]  # ~80 s: four runs of real torch actors
@@ -30,10 +32,17 @@ def _rows(metrics):
     return {(m["step"], m["policy"]): (m["metrics"], m["peers"], m["version"]) for m in metrics}
 
 
+def run_local(specs, problems_for_step, steps, out, *, mode="sync", k=0):
+    """The reference: the same driver with every actor in this process."""
+    with Driver(specs, problems_for_step, out, backend=LocalBackend(), mode=mode, max_staleness=k) as drv:
+        res = drv.run(steps)
+        return res, drv.states(), list(drv.exchange.records())
+
+
 def test_two_policies_sync_equals_the_single_process_loop_and_async_k0_too(ray_local, tmp_path) -> None:
     steps = 3
-    local, local_state = run_local([spec("A", tmp_path / "l", good_on=0), spec("B", tmp_path / "l", good_on=1)],
-                                   problems, steps)
+    local, local_state, _ = run_local([spec("A", tmp_path / "l", good_on=0), spec("B", tmp_path / "l", good_on=1)],
+                                      problems, steps, tmp_path / "l")
     runs = {}
     for mode in ("sync", "async"):
         specs = [spec("A", tmp_path / mode, good_on=0), spec("B", tmp_path / mode, good_on=1)]
@@ -55,6 +64,7 @@ def test_three_policies_async_bounded_staleness(ray_local, tmp_path) -> None:
     with RayDriver(specs, problems, tmp_path, mode="async", max_staleness=1) as drv:
         res = drv.run(4)
         recs = list(drv.exchange.records())
+        state = drv.states()
     rows = _rows(res.metrics)
     assert sorted(rows) == [(s, n) for s in range(4) for n in "ABC"]
     assert all(peers == ["A", "B", "C"] for _, peers, _ in rows.values())
@@ -62,6 +72,13 @@ def test_three_policies_async_bounded_staleness(ray_local, tmp_path) -> None:
     lags = {r.step - r.policy_version for r in recs}
     assert lags <= {0, 1} and 1 in lags  # generation really ran one step ahead of training
     assert all(v == s + 1 for (s, _), (_, _, v) in rows.items())
+    # the in-process backend runs the same schedule: equal rows, records and weights
+    local, local_state, local_recs = run_local([spec(n, tmp_path / "l", good_on=i % 2, regime="sgt+xgrpo")
+                                                for i, n in enumerate("ABC")], problems, 4, tmp_path / "l",
+                                               mode="async", k=1)
+    assert _rows(local.metrics) == rows
+    assert sorted(r.to_json() for r in local_recs) == sorted(r.to_json() for r in recs)
+    assert local_state == state
 
 
 def test_crashed_policy_restarts_from_its_checkpoint_and_the_run_finishes(ray_local, tmp_path) -> None:

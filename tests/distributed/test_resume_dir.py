@@ -1,4 +1,4 @@
-"""Resuming a Ray run directory: the resume step comes from the checkpoints; the logs are cut back to it."""
+"""Resuming a run directory (both backends): the resume step comes from the checkpoints; the logs are cut back to it."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import pytest
 
 from mrl_llm.config import config_from_mapping
-from mrl_llm.distributed.resume import record_checkpoint, restore_run_dir, resume_step
+from mrl_llm.resume import record_checkpoint, restore_run_dir, resume_step
 
 from .records_util import make_record
 

@@ -13,15 +13,12 @@ import pytest
 from mrl_llm import cli
 from mrl_llm.config import config_from_mapping
 from mrl_llm.metrics import mark_rolled_back, read_metrics
+from mrl_llm.resume import load_run_state, record_checkpoint
 from mrl_llm.rundir import check_run_dir, new_run_guard
 from mrl_llm.runstate import (
     CheckpointError,
-    LogDigest,
-    head_lines,
     lines_digest,
-    load_run_state,
     read_json,
-    save_run_state,
     verify_manifest,
     write_manifest,
 )
@@ -99,28 +96,36 @@ def test_corrupt_json_state_files_name_the_file(tmp_path):
     (tmp_path / "bin.json").write_bytes(b"\xff\xfe{}")
     with pytest.raises(CheckpointError, match=r"bin\.json: corrupt"):
         read_json(tmp_path / "bin.json")
-    assert load_run_state(tmp_path / "checkpoints") is None  # none yet: a new run
-    save_run_state(tmp_path / "checkpoints", {"step": 0})
-    assert load_run_state(tmp_path / "checkpoints")["step"] == 0
+    assert load_run_state(tmp_path) is None  # none yet: a new run
+    record_checkpoint(tmp_path, 0, (3, "ab" * 32), "fingerprint")
+    assert load_run_state(tmp_path)["steps"]["0"] == {"exchange_records": 3, "exchange_sha256": "ab" * 32}
     (tmp_path / "checkpoints" / "run_state.json").write_text("")
     with pytest.raises(CheckpointError, match=r"run_state\.json: corrupt run state"):
-        load_run_state(tmp_path / "checkpoints")
-    (tmp_path / "checkpoints" / "run_state.json").write_text("[1, 2]")
-    with pytest.raises(CheckpointError, match=r"run_state\.json: not a version-1 run state"):
-        load_run_state(tmp_path / "checkpoints")
+        load_run_state(tmp_path)
+    for bad in ("[1, 2]", '{"version": 1, "step": 0, "exchange_lines": 4}'):  # the old line-count state too
+        (tmp_path / "checkpoints" / "run_state.json").write_text(bad)
+        with pytest.raises(CheckpointError, match=r"run_state\.json: not a version-2 run state"):
+            load_run_state(tmp_path)
 
 
-def test_log_digest_is_the_digest_of_the_complete_lines(tmp_path):
-    p = tmp_path / "exchange.jsonl"
-    dig = LogDigest(p)
-    assert dig.update() == lines_digest([]) == (0, hashlib.sha256().hexdigest())  # no file yet
-    p.write_bytes(b'{"a": 1}\n{"b": "\xc3\xa9"}\n{"torn')
-    assert dig.update() == lines_digest(['{"a": 1}', '{"b": "é"}'])  # the torn last line is not covered
-    with open(p, "ab") as fh:
-        fh.write(b'": 2}\n')
-    assert dig.update() == lines_digest(head_lines(p, 10)) and dig.n == 3
-    assert head_lines(p, 2) == [b'{"a": 1}', '{"b": "é"}'.encode()]
-    assert head_lines(tmp_path / "none.jsonl", 3) == []
+def test_the_in_process_exchange_digest_covers_the_records_up_to_the_step(tmp_path):
+    from mrl_llm.distributed.backends import LocalBackend
+    from tests.distributed.records_util import make_record
+
+    be = LocalBackend(exchange_fsync=False)
+    be.open(tmp_path)
+    assert be.exchange_digest(0) == lines_digest([]) == (0, hashlib.sha256().hexdigest())  # an empty log
+    be.exchange.publish([make_record(p, s, "q", k) for s in (0, 1) for p in "ab" for k in range(2)])
+    be.close()
+    lines = (tmp_path / "exchange.jsonl").read_bytes().split(b"\n")[:-1]
+    assert be.exchange_digest(0) == lines_digest(lines[:4]) and be.exchange_digest(1) == lines_digest(lines)
+    with open(tmp_path / "exchange.jsonl", "ab") as fh:  # a torn last line is not a record: not covered
+        fh.write(b'{"torn')
+    be2 = LocalBackend(exchange_fsync=False)
+    with pytest.warns(UserWarning, match="torn last line"):
+        be2.open(tmp_path)
+    assert be2.exchange_digest(1) == lines_digest(lines)
+    be2.close()
 
 
 def _cfg():
@@ -181,7 +186,7 @@ def test_a_failed_new_run_leaves_nothing_behind(tmp_path):
 def test_a_failed_run_keeps_its_checkpoint_and_a_full_dir_is_never_touched(tmp_path):
     out = tmp_path / "run"
     with pytest.raises(RuntimeError), new_run_guard(out, resume=False):
-        save_run_state(out / "checkpoints", {"step": 0})
+        record_checkpoint(out, 0, (0, "digest"), "fingerprint")
         raise RuntimeError("crash in step 3")
     assert (out / "checkpoints" / "run_state.json").is_file()  # resumable: kept
     full = tmp_path / "full"

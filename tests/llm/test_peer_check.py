@@ -3,8 +3,9 @@ learner's verifier against the learner's copy of the problem before planning; a 
 disagrees is quarantined and counted, a reward outside [0, 1] is refused; an honest record passes.
 
 End to end in the single-process trainer: a forged record (a real peer's name, a wrong answer, reward
-1.0, verified) written into ``exchange.jsonl`` is replayed on resume and does not become an SGT target,
-and the metrics count it. (The Ray runtime: ``tests/llm/test_ray_peer_check.py``.)"""
+1.0, verified) written into the exchange while the run is on is fetched with its step's groups and does not
+become an SGT target, and the metrics count it. (A resume cuts the log back to its checkpoint's digest-covered
+records, so forged lines of later steps are dropped there: ``tests/distributed/test_resume_dir.py``.) (The Ray runtime: ``tests/llm/test_ray_peer_check.py``.)"""
 
 from __future__ import annotations
 
@@ -14,10 +15,10 @@ import logging
 import pytest
 
 from mrl_llm.data import Problem
-from mrl_llm.distributed.actors import fetch_learner_rows
+from mrl_llm.distributed.actors import PolicyActor, fetch_learner_rows
 from mrl_llm.peer_check import REFUSED, REJECTED, PeerCheck
 from mrl_llm.rewards import score_problems
-from mrl_llm.trainer import Run, train
+from mrl_llm.trainer import train
 from mrl_llm.worker import LLMPolicyWorker
 from shared_interfaces.exchange import InMemoryExchange
 from shared_interfaces.records import ExperienceRecord, make_record_id
@@ -142,32 +143,31 @@ def forged_lines(out, step: int) -> list[str]:
 
 
 @pytest.mark.parametrize("honest", [False, True])
-def test_a_forged_record_replayed_on_resume_is_no_sgt_target_and_is_counted(tmp_path, monkeypatch, honest):
+def test_a_forged_record_in_the_exchange_is_no_sgt_target_and_is_counted(tmp_path, monkeypatch, honest):
     # max_chars=0: no honest response succeeds, so any SGT target would be a forged one
     install_verifier(monkeypatch, ShortAnswerVerifier(max_chars=8 if honest else 0))
     probs, evp = problems(5), problems(2, prefix="e")
     out = tmp_path / "run"
-    real_checkpoint = Run.checkpoint
+    real_save = PolicyActor.save
 
-    def checkpoint_after_forging(self, s):
-        if not honest:  # someone appends to the log while the run is on; the checkpoint then covers the lines
-            with open(self.out / "exchange.jsonl", "a", encoding="utf-8") as fh:
-                fh.write("".join(line + "\n" for line in forged_lines(self.out, s + 1)))
-        real_checkpoint(self, s)
-
-    monkeypatch.setattr(Run, "checkpoint", checkpoint_after_forging)
-    train(small_config(1, regime="sgt", eval={"enabled": False}), out, problems=probs, eval_problems=evp)
-    monkeypatch.setattr(Run, "checkpoint", real_checkpoint)
+    def save_then_forge(self, s):
+        # someone writes records of step s + 1 under 'bytes' into the exchange while the run is on (after
+        # the step-s checkpoint, before step s + 1 trains): they are fetched with the step's groups
+        if not honest and self.spec.name == "bytes" and s == 0:
+            self.exchange.publish([ExperienceRecord.from_json(x) for x in forged_lines(out, s + 1)])
+        return real_save(self, s)
 
     seen: list[tuple[str, list]] = []
     real_train_step = LLMPolicyWorker.train_step
 
     def spying(self, rows):
-        seen.append((self.name, rows))
+        if self.version == 1:  # the update of step 1
+            seen.append((self.name, rows))
         return real_train_step(self, rows)
 
+    monkeypatch.setattr(PolicyActor, "save", save_then_forge)
     monkeypatch.setattr(LLMPolicyWorker, "train_step", spying)
-    train(small_config(2, regime="sgt", eval={"enabled": False}), out, resume=True, problems=probs, eval_problems=evp)
+    train(small_config(2, regime="sgt", eval={"enabled": False}), out, problems=probs, eval_problems=evp)
 
     rows = {(r["step"], r["policy"]): r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
             if r["kind"] == "train"}

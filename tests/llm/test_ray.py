@@ -167,9 +167,9 @@ def test_rolled_back_rows_are_marked_and_an_edited_ray_run_is_not_resumed(ray_ll
     assert sorted((r["step"], r["policy"]) for r in kept) == [(0, "a"), (1, "a"), (2, "a"), (3, "a"), (3, "b")]
     assert summary["policies"][1]["sgt_activations"] == sum(r.get("sgt_activations") or 0 for r in kept
                                                              if r["policy"] == "b")
-    from mrl_llm.distributed.resume import resume_step
+    from mrl_llm.resume import resume_step
 
-    assert "3" in json.loads((run / "checkpoints" / "ray_state.json").read_text())["steps"]
+    assert "3" in json.loads((run / "checkpoints" / "run_state.json").read_text())["steps"]
     assert resume_step(cfg, run) == 3  # b has no checkpoint of step 2 (it died in it)
 
     def refused(name, edit, err, match, probs=PROBLEMS):

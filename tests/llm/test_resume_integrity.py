@@ -64,10 +64,10 @@ def test_the_unedited_run_resumes(one_step_run, tmp_path, verifier):
     cfg, src, _ = one_step_run
     run = _copy(src, tmp_path)
     state = json.loads((run / "checkpoints" / "run_state.json").read_text())
-    assert len(state["exchange_sha256"]) == 64 and state["exchange_lines"] > 0
+    assert len(state["steps"]["0"]["exchange_sha256"]) == 64 and state["steps"]["0"]["exchange_records"] > 0
     assert (run / "checkpoints" / "bpe" / "step_0" / "manifest.json").is_file()
     train(_steps(cfg, 2), run, resume=True)
-    assert json.loads((run / "checkpoints" / "run_state.json").read_text())["step"] == 1
+    assert sorted(json.loads((run / "checkpoints" / "run_state.json").read_text())["steps"]) == ["0", "1"]
 
 
 @pytest.mark.parametrize("edit", ["byte", "insert", "delete"])

@@ -1,10 +1,10 @@
-"""Resuming a Ray run directory (``train --resume DIR`` with ``runtime.backend: ray``).
+"""Resuming a run directory (``train --resume DIR``), in-process or on Ray: the one resume mechanism.
 
-Under Ray each policy's actor checkpoints itself (``checkpoints/<policy>/step_<s>/``, ``actor.json``
-written after the worker's files, then the ``LATEST`` pointer), the exchange service appends to
-``exchange.jsonl`` and the driver to ``metrics.jsonl`` / ``eval.jsonl`` / ``events.jsonl``, each at
-its own pace. There is no single run-state file to trust, so the resume point is derived from the
-checkpoints themselves:
+Each policy's actor checkpoints itself (``checkpoints/<policy>/step_<s>/``, ``actor.json`` written after
+the worker's files, then the ``LATEST`` pointer), the exchange (in-process, or the Ray service) appends to
+``exchange.jsonl`` and the driver to ``metrics.jsonl`` / ``eval.jsonl`` / ``events.jsonl``, each at its
+own pace (on Ray concurrently). There is no single run-state file to trust, so the resume point is
+derived from the checkpoints themselves:
 
 * ``S`` (:func:`resume_step`) is the newest step at which every policy active at that step
   (``join_step <= S < leave_step``) has a complete checkpoint.
@@ -19,12 +19,13 @@ checkpoints themselves:
 The data cursor needs no state: the driver draws step ``s``'s batch by replaying the seeded cursor.
 
 Integrity: when the actors have checkpointed step ``s`` the driver records, in
-``checkpoints/ray_state.json`` (:func:`record_checkpoint`)::
+``checkpoints/run_state.json`` (:func:`record_checkpoint`)::
 
-    {"version": 1, "dataset_fingerprint": "<sha256>",
+    {"version": 2, "dataset_fingerprint": "<sha256>",
      "steps": {"<s>": {"exchange_records": n, "exchange_sha256": "<hex>"}, ...}}
 
-the digest of the exchange lines of records with ``step <= s`` (computed by the exchange service,
+the digest of the exchange lines of records with ``step <= s`` (computed by the exchange,
+:meth:`~mrl_llm.distributed.backends.LocalBackend.exchange_digest` or the Ray service's
 :meth:`~mrl_llm.distributed.exchange_actor.ExchangeService.digest`) and the dataset's fingerprint. A step is
 a resume point only once it is recorded there, and :func:`verify_run_dir` checks, before anything in the
 directory changes, that those log lines, the dataset and each policy's checkpoint files
@@ -42,7 +43,6 @@ from pathlib import Path
 from typing import Any
 
 from mrl_llm.config import RunConfig
-from mrl_llm.distributed.driver import Membership
 from mrl_llm.runstate import (
     CheckpointError,
     atomic_write,
@@ -53,29 +53,33 @@ from mrl_llm.runstate import (
     verify_checkpoint,
 )
 
-RAY_STATE = "ray_state.json"
-RAY_STATE_VERSION = 1
+RUN_STATE = "run_state.json"
+RUN_STATE_VERSION = 2  # 2: one file for both runtimes (version 1 was the in-process line-count state)
 
 
-def load_ray_state(out: Path) -> dict[str, Any] | None:
-    """``checkpoints/ray_state.json`` of a Ray run directory (None when there is none)."""
-    p = out / "checkpoints" / RAY_STATE
+def load_run_state(out: Path) -> dict[str, Any] | None:
+    """``checkpoints/run_state.json`` of a run directory (None when there is none)."""
+    p = Path(out) / "checkpoints" / RUN_STATE
     if not p.is_file():
         return None
-    st = read_json(p, "Ray run state")
-    if (not isinstance(st, dict) or st.get("version") != RAY_STATE_VERSION or not isinstance(st.get("steps"), dict)
+    st = read_json(p, "run state")
+    if (not isinstance(st, dict) or st.get("version") != RUN_STATE_VERSION or not isinstance(st.get("steps"), dict)
             or not all(isinstance(v, dict) and isinstance(v.get("exchange_sha256"), str) for v in st["steps"].values())):
-        raise CheckpointError(f"{p}: not a version-{RAY_STATE_VERSION} Ray run state; restore it or start a new run "
+        raise CheckpointError(f"{p}: not a version-{RUN_STATE_VERSION} run state; restore it or start a new run "
                               "directory")
     return st
 
 
+def _active(p: Any, step: int) -> bool:
+    return step >= p.join_step and (p.leave_step is None or step < p.leave_step)
+
+
 def record_checkpoint(out: Path, step: int, exchange: tuple[int, str], dataset_fingerprint: str) -> None:
     """Record that step ``step`` is checkpointed, with its exchange digest ``(n, sha256)`` (module docstring)."""
-    st = load_ray_state(out) or {"version": RAY_STATE_VERSION, "dataset_fingerprint": dataset_fingerprint, "steps": {}}
+    st = load_run_state(out) or {"version": RUN_STATE_VERSION, "dataset_fingerprint": dataset_fingerprint, "steps": {}}
     st["steps"][str(step)] = {"exchange_records": int(exchange[0]), "exchange_sha256": exchange[1]}
     (out / "checkpoints").mkdir(parents=True, exist_ok=True)
-    atomic_write(out / "checkpoints" / RAY_STATE, json.dumps(st, indent=1))
+    atomic_write(out / "checkpoints" / RUN_STATE, json.dumps(st, indent=1))
 
 
 def _lines_up_to(path: Path, step: int) -> list[bytes]:
@@ -99,10 +103,10 @@ def _lines_up_to(path: Path, step: int) -> list[bytes]:
 def verify_run_dir(config: RunConfig, out: Path, step: int, dataset_fingerprint: str, dataset: str) -> None:
     """Check the exchange log up to ``step``, the dataset and each policy's checkpoint of ``step`` against
     what was recorded (module docstring); changes nothing."""
-    st = load_ray_state(out) or {}
+    st = load_run_state(out) or {}
     rec = st.get("steps", {}).get(str(step))
     if rec is None:
-        raise CheckpointError(f"{out / 'checkpoints' / RAY_STATE} has no record of step {step}; nothing to verify it "
+        raise CheckpointError(f"{out / 'checkpoints' / RUN_STATE} has no record of step {step}; nothing to verify it "
                               "against — start a new run directory")
     if st.get("dataset_fingerprint") != dataset_fingerprint:
         raise ValueError(f"cannot resume: {dataset} differs from the dataset the run was trained on (its fingerprint "
@@ -123,17 +127,17 @@ def checkpoint_steps(policy_dir: Path) -> set[int]:
 
 def resume_step(config: RunConfig, out: Path) -> int:
     """The newest step every policy active at it has a complete checkpoint of, recorded in
-    ``ray_state.json`` (module docstring)."""
+    ``run_state.json`` (module docstring)."""
     ckpt = out / "checkpoints"
     have = {p.name: checkpoint_steps(ckpt / p.name) for p in config.policies}
-    recorded = {int(k) for k in (load_ray_state(out) or {}).get("steps", {})}
+    recorded = {int(k) for k in (load_run_state(out) or {}).get("steps", {})}
     for s in sorted(set().union(*have.values()) & recorded, reverse=True):
-        active = [p.name for p in config.policies if Membership(p.join_step, p.leave_step).active(s)]
+        active = [p.name for p in config.policies if _active(p, s)]
         if active and all(s in have[n] for n in active):
             return s
     raise FileNotFoundError(
         f"--resume {out}: no step has a complete checkpoint of every policy active at it "
-        f"and a record in checkpoints/{RAY_STATE} (found {({n: sorted(v) for n, v in have.items()})}, recorded "
+        f"and a record in checkpoints/{RUN_STATE} (found {({n: sorted(v) for n, v in have.items()})}, recorded "
         f"{sorted(recorded)}); nothing to resume — start a new run directory"
     )
 

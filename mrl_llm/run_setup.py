@@ -1,0 +1,171 @@
+"""What both runtimes set a run up with: problems, worker configs, actor specs, evaluation rows, the summary.
+
+The in-process and the Ray backends of :mod:`mrl_llm.runner` (and the Ray setup in
+:mod:`mrl_llm.distributed.ray_trainer`) import these; this module imports neither runtime, so there is
+no import cycle between them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mrl_llm.config import RunConfig
+from mrl_llm.data import DataConfig, DataCursor, Problem, load_jsonl
+from mrl_llm.distributed.actors import PolicyActorSpec
+from mrl_llm.evaluate import peer_exclusive_sets, summarize
+from mrl_llm.metrics import TIMES, MetricsLog, read_metrics
+from mrl_llm.rollout.base import generation_eos_ids
+from mrl_llm.worker import WorkerConfig
+from shared_interfaces.config_io import ConfigError, to_mapping
+
+log = logging.getLogger("mrl_llm.trainer")
+
+
+def load_problems(data: DataConfig) -> list[Problem]:
+    """A dataset's problems; rows whose gold answer the verifier cannot use are skipped (counted, warned)."""
+    from mrl_llm import rewards
+
+    v = rewards.get_verifier(data.verifier, **data.verifier_options())
+    try:
+        report = load_jsonl(data, check_gold=rewards.gold_checker(v))
+    finally:
+        rewards.close_verifier(v)
+    if report.skipped:
+        log.warning("%s", report.summary())
+    return list(report.problems)
+
+
+def resolve_problems(config: RunConfig, problems: Sequence[Problem] | None,
+                     eval_problems: Sequence[Problem] | None) -> tuple[list[Problem], list[Problem]]:
+    """The run's training problems and its evaluation set (at most ``eval.max_prompts``): the given ones,
+    else loaded from the config's ``data`` / ``eval.data`` (evaluation defaults to the training data).
+    Before any model loads, the policies' tokenizers and model configs are checked and every prompt must
+    fit every policy's ``max_prompt_len`` (:mod:`mrl_llm.preflight`: an error, or skipped and counted
+    under the dataset's ``on_malformed: skip``)."""
+    from mrl_llm.preflight import check_model_configs, fit_prompts
+
+    if problems is None:
+        if config.data is None:
+            raise ConfigError("config has no data section; add data: {path: FILE.jsonl, verifier: math}")
+        problems = load_problems(config.data)
+    tokenizers = check_model_configs(config)
+    train_mode = config.data.on_malformed if config.data is not None else "error"
+    problems, _ = fit_prompts(config, problems, on_malformed=train_mode, tokenizers=tokenizers,
+                              source=config.data.path if config.data is not None else "the training problems")
+    if eval_problems is None and config.eval.data is not None:
+        eval_problems = load_problems(config.eval.data)
+    if eval_problems is None:
+        return problems, problems[: config.eval.max_prompts]
+    ev = config.eval.data
+    eval_set, _ = fit_prompts(config, list(eval_problems)[: config.eval.max_prompts], tokenizers=tokenizers,
+                              on_malformed=ev.on_malformed if ev is not None else train_mode,
+                              source=ev.path if ev is not None else "the evaluation problems")
+    return problems, eval_set
+
+
+def log_eval(log: MetricsLog, rows: list[dict[str, Any]], names: Sequence[str], t: int, regime: str,
+             exclusive: dict[str, set[str]]) -> dict[str, set[str]]:
+    """Write evaluation ``t``'s per-prompt ``rows`` to ``eval.jsonl`` and one ``kind: eval`` metrics row per
+    policy of ``names``; returns the peer-exclusive prompt sets (measured at t = 0, else ``exclusive``).
+    Both runtimes call it, so their evaluation output cannot drift apart."""
+    if t == 0:
+        exclusive = peer_exclusive_sets(rows)
+    log.eval_rows(rows)
+    summ = summarize(rows, exclusive)
+    log.metrics([{"kind": "eval", "step": t, "policy": n, "regime": regime, **summ.get(n, {})} for n in names])
+    return exclusive
+
+
+def unique_prompts(batch: Sequence[Problem]) -> list[Problem]:
+    """The batch without repeated prompt ids (a batch that spans two epochs can draw a prompt twice; a
+    prompt is one group of the exchange, so its second draw is dropped, with a log line)."""
+    seen: set[str] = set()
+    out = [p for p in batch if not (str(p.prompt_id) in seen or seen.add(str(p.prompt_id)))]
+    if len(out) < len(batch):
+        log.info("dropped %d repeated prompt(s) from a batch spanning an epoch boundary", len(batch) - len(out))
+    return out
+
+
+def verifier_options(config: RunConfig) -> dict[str, dict[str, Any]]:
+    """Verifier constructor options by verifier name, from the ``data`` and ``eval.data`` sections; two
+    sections that configure one verifier differently are an error naming the keys."""
+    out: dict[str, dict[str, Any]] = {}
+    for where, d in (("data", config.data), ("eval.data", config.eval.data)):
+        if d is None:
+            continue
+        opts = d.verifier_options()
+        if d.verifier in out and out[d.verifier] != opts:
+            diff = sorted(k for k in opts if opts[k] != out[d.verifier].get(k))
+            raise ConfigError(f"{where} configures verifier {d.verifier!r} with {diff} different from data "
+                              f"({ {k: out[d.verifier][k] for k in diff} } vs { {k: opts[k] for k in diff} }); "
+                              "a run scores with one setting per verifier: make them equal")
+        out[d.verifier] = opts
+    return out
+
+
+def worker_config(config: RunConfig, name: str) -> dict[str, Any]:
+    """The plain mapping a policy's worker is built from (also what a Ray actor receives)."""
+    pol = config.policy(name)
+    toks = tuple(dict.fromkeys(p.tokenizer_path for p in config.policies if p.tokenizer_path))
+    eos = {p.name: list(generation_eos_ids(p.model_dir)) for p in config.policies if p.model_dir}
+    return to_mapping(WorkerConfig(policy=pol, loss=config.loss, tokenizers=toks,
+                                   peer_eos_ids={k: v for k, v in eos.items() if v},
+                                   track_ref_kl=config.track_ref_kl, max_nan_steps=config.max_nan_steps,
+                                   init_seed=pol.init_seed, verifier_options=verifier_options(config)))
+
+
+def actor_specs(config: RunConfig, ckpt_root: Path) -> list[PolicyActorSpec]:
+    threads = config.threads or torch.get_num_threads()
+    return [PolicyActorSpec(name=p.name, factory="mrl_llm.worker:build", config=worker_config(config, p.name),
+                            seed=config.seed, regime=dict(config.regime), checkpoint_dir=str(ckpt_root / p.name),
+                            checkpoint_every=0, threads=threads)
+            for p in config.policies]
+
+
+def run_summary(cfg: RunConfig, out: Path, counters: dict[str, dict[str, float]], wall_s: float) -> dict[str, Any]:
+    """``summary.json`` of a run from its ``metrics.jsonl`` and each policy's worker counters."""
+    rows = read_metrics(out / "metrics.jsonl")
+    regime = cfg.regime_spec.name
+    pols = []
+    for n, c in counters.items():
+        train_rows = [r for r in rows if r["kind"] == "train" and r["policy"] == n]
+        evals = [r for r in rows if r["kind"] == "eval" and r["policy"] == n]
+        last_t = train_rows[-1] if train_rows else {}
+        last_e = evals[-1] if evals else {}
+        pols.append({
+            "name": n,
+            "eval_accuracy": last_e.get("eval_accuracy"), "pass_at_k": last_e.get("pass_at_k"),
+            "peer_exclusive_accuracy": last_e.get("peer_exclusive_accuracy"),
+            "peer_exclusive_n": last_e.get("peer_exclusive_n"),
+            "eval_accuracy_start": evals[0].get("eval_accuracy") if evals else None,
+            "kl_to_ref": last_t.get("kl_to_ref"), "entropy": last_t.get("entropy"),
+            "reward_mean": last_t.get("reward_mean"),
+            "sgt_activations": sum(r.get("sgt_activations") or 0 for r in train_rows),
+            "nan_skipped_steps": c.get("nan_skipped_steps", 0.0),
+            "compute": {k: c.get(k, 0.0) for k in ("samples", "gen_tokens", "train_tokens", "flops", "optimizer_steps")},
+            "time_s": {k: sum(r.get(k) or 0.0 for r in train_rows) for k in TIMES},
+            "policy_dir": str(out / "policies" / n),
+        })
+    return {"name": cfg.name, "regime": regime, "seed": cfg.seed, "steps": cfg.steps, "runtime": cfg.runtime.backend,
+            "policies": pols, "wall_s_this_session": wall_s, "out_dir": str(out)}
+
+
+class Batches:
+    """``problems_for_step``: the data cursor's batches (repeats dropped, :func:`unique_prompts`), drawn once
+    per step in step order, so step ``s``'s batch is the same whether a run starts at 0 or resumes at ``s``."""
+
+    def __init__(self, cursor: DataCursor) -> None:
+        self.cursor = cursor
+        self.batches: list[list[Problem]] = []
+
+    def __call__(self, step: int) -> list[Problem]:
+        if step < 0:
+            raise ValueError(f"no batch for step {step}: steps count from 0")
+        while len(self.batches) <= step:
+            self.batches.append(unique_prompts(self.cursor.next_batch()))
+        return self.batches[step]

@@ -1,0 +1,165 @@
+"""A run, start to end, on either backend: resume, evaluation, the driver's steps, checkpoints, export, summary.
+
+:func:`run_training` is what :func:`mrl_llm.trainer.train` runs for ``runtime.backend: local`` and
+:func:`mrl_llm.distributed.ray_trainer.train_on_ray` for ``ray``; the backend comes from ``start_runtime``
+(a context manager giving a :class:`Runtime`: the driver's backend, the policies' actor specs and the
+schedule's mode and staleness), everything else is the same code:
+
+1. ``out`` is checked (:mod:`mrl_llm.rundir`); a new run that fails before its first checkpoint leaves
+   nothing behind. The problems are resolved (:func:`mrl_llm.run_setup.resolve_problems`).
+2. ``resume=True``: the resume point ``S`` is derived from the checkpoints, verified, and the directory
+   cut back to it (:mod:`mrl_llm.resume`); the run continues at ``S + 1``. Else ``config.json`` is written.
+3. :class:`~mrl_llm.distributed.driver.Driver` runs the steps over the backend's actors. Evaluation runs
+   on the actors before training, every ``eval.every`` steps and at the end (the driver drains its
+   pipeline there). Each actor checkpoints its policy every ``checkpoint_every`` steps; once every policy
+   has, the step is recorded with its exchange digest in ``checkpoints/run_state.json``. The last step is
+   always checkpointed; policies are exported to ``policies/<name>/`` (one that leaves, as it leaves).
+4. Outputs: ``metrics.jsonl`` (train rows in the config's policy order), ``eval.jsonl``, ``events.jsonl``,
+   ``runtime.json`` (the driver's outline), ``summary.json``, ``success_matrix.json``, TensorBoard
+   events when installed; a tqdm bar (``progress``), else one log line per step.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mrl_llm.config import RunConfig
+from mrl_llm.data import DataCursor, Problem, fingerprint
+from mrl_llm.distributed.actors import PolicyActorSpec
+from mrl_llm.distributed.backends import LocalBackend, RayBackend
+from mrl_llm.distributed.driver import Driver, Membership, wait_status
+from mrl_llm.distributed.handles import resolve
+from mrl_llm.evaluate import peer_exclusive_sets, read_eval_rows
+from mrl_llm.metrics import MetricsLog, clean, train_row
+from mrl_llm.resume import record_checkpoint, restore_run_dir, resume_step, verify_run_dir
+from mrl_llm.run_setup import Batches, log_eval, resolve_problems, run_summary
+from mrl_llm.rundir import check_run_dir, new_run_guard
+from mrl_llm.runstate import prune
+from shared_interfaces.config_io import to_mapping
+
+log = logging.getLogger("mrl_llm.runner")
+
+
+@dataclass
+class Runtime:
+    """What a backend gives a run (module docstring)."""
+
+    backend: LocalBackend | RayBackend
+    specs: list[PolicyActorSpec]
+    mode: str = "sync"
+    max_staleness: int = 0
+
+
+StartRuntime = Callable[[RunConfig, Path], AbstractContextManager[Runtime]]
+
+
+def run_training(config: RunConfig, out_dir: str | Path, *, start_runtime: StartRuntime, resume: bool = False,
+                 problems: Sequence[Problem] | None = None,
+                 eval_problems: Sequence[Problem] | None = None) -> dict[str, Any]:
+    """Train ``config`` into ``out_dir`` on ``start_runtime``'s backend (module docstring); returns the summary."""
+    out = Path(out_dir)
+    check_run_dir(config, out, resume)
+    with new_run_guard(out, resume):
+        return _run(config, out, resume=resume, problems=problems, eval_problems=eval_problems,
+                    start_runtime=start_runtime)
+
+
+def _run(config: RunConfig, out: Path, *, resume: bool, problems: Sequence[Problem] | None,
+         eval_problems: Sequence[Problem] | None, start_runtime: StartRuntime) -> dict[str, Any]:
+    from tqdm.auto import tqdm
+
+    source = config.data.path if problems is None and config.data is not None else "the problems given to train()"
+    problems, eval_set = resolve_problems(config, problems, eval_problems)
+    data_fp = fingerprint(problems)
+    start = 0
+    if resume:
+        start = resume_step(config, out) + 1
+        verify_run_dir(config, out, start - 1, data_fp, source)  # before anything in the directory changes
+        restore_run_dir(config, out, start - 1)
+        log.info("resuming %s at step %d", out, start)
+    else:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "config.json").write_text(json.dumps(to_mapping(config), indent=1))
+    logged = read_eval_rows(out / "eval.jsonl")  # a resumed run's earlier evaluations
+    done_evals = {int(r["step"]) for r in logged}
+    t_start = time.perf_counter()
+    metrics = MetricsLog(out, tensorboard=config.tensorboard)
+    order = list(config.policy_names)
+    regime = config.regime_spec.name
+    counters: dict[str, dict[str, float]] = {}
+    exclusive = peer_exclusive_sets(r for r in logged if r["step"] == 0)
+    every_ck = config.checkpoint_every
+    bar = tqdm(total=config.steps, initial=min(start, config.steps), disable=not config.progress,
+               desc=f"{config.name or 'train'} [{regime}]", unit="step")
+    try:
+        with start_runtime(config, out) as rt:
+            def on_step(step: int, gens: dict[str, dict], trains: dict[str, dict]) -> None:
+                rows = [train_row(step, n, regime, gens[n], trains[n]) for n in order if n in trains and n in gens]
+                metrics.metrics(rows)
+                for n in trains:
+                    counters[n] = dict(trains[n].get("counters") or {})
+                    if every_ck:
+                        prune(out / "checkpoints" / n, config.keep_checkpoints)
+                if trains and every_ck and (step + 1) % every_ck == 0:  # the actors saved
+                    record_checkpoint(out, step, rt.backend.exchange_digest(step), data_fp)
+                bar.update(1)
+                bar.set_postfix({r["policy"]: f"r={r['reward_mean']:.2f}" for r in rows})
+                if not config.progress:
+                    log.info("step %d: %s", step, " ".join(f"{r['policy']} r={r['reward_mean']:.2f}" for r in rows))
+
+            def evaluate(drv: Driver, t: int) -> None:
+                nonlocal exclusive
+                e = config.eval
+                if not e.enabled or not eval_set or t in done_evals:
+                    return
+                if t == drv.next_step:  # before the first step of this session: start the actors
+                    drv.ensure_members(t)
+                names = [n for n in order if n in drv.actors]
+                for n in names:
+                    wait_status(drv.actors[n])  # an actor Ray is restarting after a crash comes back first
+                refs = {n: drv.actors[n].evaluate.remote(eval_set, step=t, k=e.k, temperature=e.temperature,
+                                                          top_p=e.top_p, max_new_tokens=e.max_new_tokens)
+                        for n in names}
+                rows = [{"step": t, "policy": n, **r} for n in names for r in resolve(refs[n])]
+                exclusive = log_eval(metrics, rows, names, t, regime, exclusive)
+
+            membership = {p.name: Membership(p.join_step, p.leave_step) for p in config.policies}
+            cursor = DataCursor(list(problems), config.prompts_per_step, seed=config.seed)
+            every = config.eval.every
+            with Driver(rt.specs, Batches(cursor), out, backend=rt.backend, mode=rt.mode,  # type: ignore[arg-type]
+                        max_staleness=rt.max_staleness, membership=membership, on_step=on_step,
+                        summary_file="runtime.json", start_step=start,
+                        on_leave=lambda n, actor: resolve(actor.export.remote(str(out / "policies" / n)))) as drv:
+                if start == 0 or (every and start % every == 0):
+                    evaluate(drv, start)
+                t = start
+                while t < config.steps:
+                    t = min(config.steps, (t // every + 1) * every) if every else config.steps
+                    drv.run(t)
+                    evaluate(drv, t)
+                last = config.steps - 1
+                for n in order:
+                    if n in drv.actors:
+                        if last >= start and not (every_ck and config.steps % every_ck == 0):
+                            resolve(drv.actors[n].save.remote(last))  # the end is a checkpoint (resume goes on)
+                            prune(out / "checkpoints" / n, config.keep_checkpoints)
+                        resolve(drv.actors[n].export.remote(str(out / "policies" / n)))
+                if last >= start:
+                    record_checkpoint(out, last, rt.backend.exchange_digest(last), data_fp)
+        summary = run_summary(config, out, {n: counters.get(n, {}) for n in order}, time.perf_counter() - t_start)
+        summary["events"] = [e for e in drv.result.events if e["event"] != "join" or e["step"]]
+    finally:
+        bar.close()
+        metrics.close()
+    (out / "summary.json").write_text(json.dumps(clean(summary), indent=1, allow_nan=False))
+    from mrl_llm.success_matrix import write_run_matrix
+
+    write_run_matrix(out)  # success_matrix.json: the run's start, for bandit_sim predict
+    return summary
