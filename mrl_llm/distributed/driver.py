@@ -109,7 +109,7 @@ def _is_actor_failure(err: BaseException) -> bool:
         return False
     import ray.exceptions as rex
 
-    return isinstance(err, (rex.RayActorError, rex.ActorDiedError, rex.ActorUnavailableError, RankGroupDied))
+    return isinstance(err, (rex.RayActorError, rex.ActorDiedError, rex.ActorUnavailableError))
 
 
 def wait_status(actor: Any, timeout_s: float = 300.0) -> dict[str, Any]:

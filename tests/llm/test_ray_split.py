@@ -10,7 +10,6 @@ import json
 import logging
 
 import pytest
-from safetensors.torch import load_file
 
 from mrl_llm.contract import learner_tokenizer_dir
 from mrl_llm.distributed.actors import PolicyActorSpec
@@ -19,6 +18,7 @@ from mrl_llm.trainer import train
 from shared_interfaces.config_io import ConfigError
 from tests.llm.helpers import local_ray
 from tests.llm.test_ray import PROBLEMS, config, policy
+from tests.llm.test_ray_ranks import _files
 
 DECISIONS = ("reward_mean", "success_rate", "own_rows", "peer_rows", "sgt_rows", "sgt_activations", "version",
              "train_tokens", "stale_dropped")
@@ -36,15 +36,6 @@ def _config(placement: str, mode: str):
     return config(pols, steps=3, eval={"enabled": False}, runtime=runtime)
 
 
-def _files(d):
-    rows = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]
-    rows = {(r["step"], r["policy"]): r for r in rows if r.get("kind") == "train"}
-    records = sorted((json.loads(x) for x in (d / "exchange.jsonl").read_text().splitlines()),
-                     key=lambda r: r["record_id"])
-    weights = {n: load_file(d / "policies" / n / "model.safetensors") for n in "ab"}
-    return rows, records, weights
-
-
 @pytest.mark.ray
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["sync", "async"])
@@ -52,8 +43,8 @@ def test_split_placement_equals_colocated(ray_llm, tmp_path, caplog, mode):
     caplog.set_level(logging.INFO, logger="mrl_llm.ray_trainer")
     train(_config("cpu", mode), tmp_path / "colocated", problems=PROBLEMS)
     train(_config("split", mode), tmp_path / "split", problems=PROBLEMS)
-    rows1, recs1, w1 = _files(tmp_path / "colocated")
-    rows2, recs2, w2 = _files(tmp_path / "split")
+    _, rows1, recs1, w1 = _files(tmp_path / "colocated")
+    _, rows2, recs2, w2 = _files(tmp_path / "split")
     assert len(recs2) == len(recs1) > 0
     for a, b in zip(recs1, recs2, strict=True):  # the versions too: the rollout actor took the trainer's
         assert {k: v for k, v in b.items() if k != "token_logprobs"} == {k: v for k, v in a.items() if k != "token_logprobs"}
@@ -103,7 +94,7 @@ def test_a_dead_rollout_actor_restarts_its_split_policy_from_the_last_checkpoint
         d = tmp_path / placement
         train_on_ray(cfg, d, problems=PROBLEMS, faults={"b": FaultInjection(step=3, phase="generate")})
         events = [json.loads(x) for x in (d / "events.jsonl").read_text().splitlines()]
-        return [{k: v for k, v in e.items() if k != "error"} for e in events if e["event"] in ("gap", "rejoin")], *_files(d)
+        return [{k: v for k, v in e.items() if k != "error"} for e in events if e["event"] in ("gap", "rejoin")], *_files(d)[1:]
 
     ev2, rows2, recs2, w2 = run("split")
     assert [(e["event"], e["step"], e["policy"]) for e in ev2] == [("gap", 3, "b"), ("rejoin", 4, "b")]
