@@ -12,7 +12,7 @@ Rollouts: with ``sampling.seeding: sample`` each rank samples and publishes its 
 :class:`RankGroup` has the actor's methods: ``group.train.remote(...)`` sends the call to every rank in
 the same order (every training step, checkpoint save and weight sync is a collective) and returns one
 object ref, a zero-CPU task's (:func:`_gather`), that resolves once every rank has answered to rank 0's
-answer (``generate``: the ranks' records and counts summed, :func:`_generated`). Calls that need no collective
+answer (``generate``: the ranks' records and counts summed, :func:`generated`). Calls that need no collective
 and whose answer is rank 0's alone (``evaluate``, ``export``, ``state``) go to rank 0 only.
 
 Fault tolerance — the group restarts whole. When a rank dies during a call, :func:`_gather` does not wait for
@@ -59,7 +59,7 @@ class RankGroupDied(RuntimeError):
     checkpoint (module docstring). The driver counts it as an actor failure."""
 
 
-def _rank0(*answers: Any) -> Any:
+def rank0(*answers: Any) -> Any:
     return answers[0]
 
 
@@ -67,7 +67,7 @@ def _every_rank(*answers: Any) -> list[Any]:
     return list(answers)
 
 
-def _generated(*answers: dict[str, Any]) -> dict[str, Any]:
+def generated(*answers: dict[str, Any]) -> dict[str, Any]:
     """The ranks' ``generate`` answers as one: records and counts summed, seconds the slowest rank's."""
     out = dict(answers[0])
     out["records"] = sum(int(a["records"]) for a in answers)
@@ -79,7 +79,7 @@ def _generated(*answers: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-COMBINE: dict[str, Callable[..., Any]] = {"generate": _generated, "probe_run_dir": _every_rank}
+COMBINE: dict[str, Callable[..., Any]] = {"generate": generated, "probe_run_dir": _every_rank}
 
 
 def _rendezvous() -> tuple[str, int]:
@@ -124,11 +124,11 @@ def _gather(policy: str, method: str, refs: list[Any], grace_s: float) -> Any:
                 first, deadline = cause if isinstance(cause, BaseException) else err, time.monotonic() + grace_s
     if first is not None:
         raise first
-    return COMBINE.get(method, _rank0)(*(answers[r] for r in range(len(refs))))
+    return COMBINE.get(method, rank0)(*(answers[r] for r in range(len(refs))))
 
 
 @functools.cache
-def _remote(fn: Callable[..., Any]) -> Any:
+def zero_cpu_remote(fn: Callable[..., Any]) -> Any:
     """``fn`` as a zero-CPU Ray remote function, made once per process."""
     import ray
 
@@ -156,7 +156,7 @@ class _Call:
         g.ensure_up()
         targets = g.actors if self.method in ALL_RANKS else g.actors[:1]
         refs = [getattr(a, self.method).remote(*args, **kwargs) for a in targets]
-        out = refs[0] if len(refs) == 1 else _remote(_gather).remote(g.policy, self.method, refs, g.grace_s)
+        out = refs[0] if len(refs) == 1 else zero_cpu_remote(_gather).remote(g.policy, self.method, refs, g.grace_s)
         g.pending.append(out)
         return out
 
@@ -216,14 +216,14 @@ class RankGroup:
             ray.kill(a, no_restart=True)
 
 
-def _start_ranks(spec: PolicyActorSpec, make_exchange: Callable[[], Any],
+def start_ranks(spec: PolicyActorSpec, make_exchange: Callable[[], Any],
                  options: Callable[[int], dict[str, Any]], *, gpu: bool) -> list[Any]:
     """``spec.ranks`` new rank actors of ``spec`` on a fresh rendezvous, rank ``r`` with ``options(r)``."""
     import ray
 
     k = spec.ranks
     first = {key: v for key, v in options(0).items() if key == "scheduling_strategy"}
-    addr, port = ray.get(_remote(_rendezvous).options(**first).remote())
+    addr, port = ray.get(zero_cpu_remote(_rendezvous).options(**first).remote())
     actors = []
     for r in range(k):
         group = GroupSpec(rank=r, world_size=k, addr=addr, port=port, backend="nccl" if gpu else "gloo")
@@ -240,6 +240,6 @@ def start_rank_group(spec: PolicyActorSpec, make_exchange: Callable[[], Any],
     (its bundle), ``make_exchange()``: an exchange client per rank. The group restarts on the same terms."""
 
     def start() -> list[Any]:
-        return _start_ranks(spec, make_exchange, options, gpu=gpu)
+        return start_ranks(spec, make_exchange, options, gpu=gpu)
 
     return RankGroup(start(), policy=spec.name, start=start, grace_s=grace_s)

@@ -34,7 +34,7 @@ from dataclasses import replace
 from typing import Any
 
 from mrl_llm.distributed.actors import PolicyActor, PolicyActorSpec
-from mrl_llm.distributed.rank_group import RankGroup, _generated, _rank0, _start_ranks
+from mrl_llm.distributed.rank_group import RankGroup, generated, rank0, start_ranks, zero_cpu_remote
 
 log = logging.getLogger("mrl_llm.split_group")
 
@@ -64,8 +64,8 @@ class _SplitCall:
         if m in ("generate", "status", "close", "probe_run_dir"):
             refs = [getattr(g.trainers, m).remote(*args, **kwargs)]
             refs += [g.track(getattr(r, m).remote(*args, **kwargs)) for r in g.rollouts]
-            combine = {"generate": _generated, "probe_run_dir": _flatten}.get(m, _rank0)
-            return ray.remote(num_cpus=0)(combine).remote(*refs)
+            combine = {"generate": generated, "probe_run_dir": _flatten}.get(m, rank0)
+            return zero_cpu_remote(combine).remote(*refs)
         raise AttributeError(f"a split policy's actors have no method {m!r}")
 
 
@@ -141,7 +141,7 @@ def start_split_group(spec: PolicyActorSpec, make_exchange: Callable[[], Any], o
             trainers = RankGroup([ray.remote(PolicyActor).options(**opts).remote(trainer_spec, make_exchange())],
                                  policy=spec.name)
         else:
-            trainers = RankGroup(_start_ranks(trainer_spec, make_exchange, lambda r: options(train_b[r]), gpu=gpu),
+            trainers = RankGroup(start_ranks(trainer_spec, make_exchange, lambda r: options(train_b[r]), gpu=gpu),
                                  policy=spec.name)
         rollouts = []
         for i, b in enumerate(roll_b):

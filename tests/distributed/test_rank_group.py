@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from mrl_llm.distributed.rank_group import RankGroup, RankGroupDied, _gather, _remote, is_rank_failure
+from mrl_llm.distributed.rank_group import RankGroup, RankGroupDied, _gather, is_rank_failure, zero_cpu_remote
 
 pytestmark = pytest.mark.ray
 
@@ -50,7 +50,7 @@ def _starter(ray, k: int = 2, *, fail_init_on: int | None = None):
 
 
 def _gathered(ray, actors, plan, grace_s=20.0):
-    return _remote(_gather).remote("b", "train", [a.train.remote(plan) for a in actors], grace_s)
+    return zero_cpu_remote(_gather).remote("b", "train", [a.train.remote(plan) for a in actors], grace_s)
 
 
 def test_a_dead_rank_fails_the_call_at_once_and_errors_are_told_apart(ray_local):

@@ -39,3 +39,14 @@ def test_a_trainer_samples_nothing_and_only_rollout_actors_take_weights(tmp_path
     with pytest.raises(RuntimeError, match="load_weights is for rollout actors, this one is train"):
         trainer.load_weights({"state": {}, "version": 1})
     assert trainer.generate([], 1)["records"] == 0  # empty step
+
+
+def test_a_split_plan_without_both_pools_or_with_other_trainer_counts_is_refused():
+    from mrl_llm.distributed.split_group import start_split_group
+
+    spec = PolicyActorSpec(name="A", factory="m:f", config={}, seed=0, regime={}, checkpoint_dir="/tmp/x")
+    for roles in ([], ["train"], ["rollout"], ["train", "cpu"]):
+        with pytest.raises(ValueError, match=r"policy 'A': a split plan needs train and rollout bundles only"):
+            start_split_group(spec, lambda: None, lambda b: {}, roles, gpu=False)
+    with pytest.raises(ValueError, match="has 1 trainer ranks but its plan 2 train bundles"):
+        start_split_group(spec, lambda: None, lambda b: {}, ["train", "train", "rollout"], gpu=False)
