@@ -8,6 +8,11 @@ identity, so k = 1 runs the same code as k > 1.
 
 The collectives the trainer needs are small and explicit: :meth:`WorkerGroup.sum` (float vectors, fp64),
 :meth:`WorkerGroup.max_int` and :meth:`WorkerGroup.all_true`.
+
+Rank 0's process hosts the group's TCP store (the rendezvous every rank talks to), so leaving is ordered
+(:meth:`WorkerGroup.close`, a collective): a barrier (every rank's collectives are done), each rank destroys
+its process group and says so in the store, and rank 0 leaves only after every other rank has — a rank 0
+that left first would take the store away from ranks still tearing down their connections.
 """
 
 from __future__ import annotations
@@ -70,8 +75,9 @@ class GroupSpec:
 class WorkerGroup:
     """This process's membership of its policy's group (module docstring)."""
 
-    def __init__(self, spec: GroupSpec) -> None:
+    def __init__(self, spec: GroupSpec, store: dist.Store | None = None) -> None:
         self.spec = spec
+        self._store = store  # the group's rendezvous (None: a group of one, or one already left)
 
     @property
     def rank(self) -> int:
@@ -88,17 +94,29 @@ class WorkerGroup:
     @classmethod
     def join(cls, spec: GroupSpec) -> WorkerGroup:
         """Join the group (blocks until all ``world_size`` ranks have joined); one process, one group."""
-        if spec.world_size > 1:
-            if dist.is_initialized():
-                raise RuntimeError("this process is already in a torch.distributed group; one rank per process")
-            dist.init_process_group(spec.backend, init_method=f"tcp://{spec.addr}:{spec.port}", rank=spec.rank,
-                                    world_size=spec.world_size, timeout=timedelta(seconds=spec.timeout_s))
-        return cls(spec)
+        if spec.world_size == 1:
+            return cls(spec)
+        if dist.is_initialized():
+            raise RuntimeError("this process is already in a torch.distributed group; one rank per process")
+        timeout = timedelta(seconds=spec.timeout_s)
+        store = dist.TCPStore(spec.addr, spec.port, spec.world_size, is_master=spec.rank == 0, timeout=timeout,
+                              wait_for_workers=False)
+        dist.init_process_group(spec.backend, store=store, rank=spec.rank, world_size=spec.world_size,
+                                timeout=timeout)
+        return cls(spec, store)
 
     def close(self) -> None:
-        """Leave the group (destroys the process group; nothing for a group of one)."""
-        if self.sharded and dist.is_initialized():
-            dist.destroy_process_group()
+        """Leave the group, in order (module docstring; a collective: every rank calls it). Nothing for a group
+        of one; a second call does nothing."""
+        if self._store is None or not dist.is_initialized():
+            return
+        store, self._store = self._store, None
+        dist.barrier()
+        dist.destroy_process_group()
+        store.set(f"left/{self.rank}", "1")
+        if self.rank == 0:
+            store.wait([f"left/{r}" for r in range(1, self.world_size)],
+                       timedelta(seconds=self.spec.timeout_s))
 
     def _device(self) -> torch.device:
         """Where collective buffers live: the current CUDA device for nccl, the CPU for gloo."""

@@ -4,6 +4,7 @@ update on a group of k ranks."""
 
 from __future__ import annotations
 
+import faulthandler
 import random
 from pathlib import Path
 from typing import Any
@@ -103,17 +104,25 @@ def update_once(group: WorkerGroup, *, dtype: str = "fp32", steps: int = 1, micr
                                   if torch.is_tensor(v) and v.numel() > 1})}
 
 
+def rank_process() -> None:
+    """Set up a spawned rank's process: one torch thread, and a crash (a C++ abort included) prints every
+    thread's Python stack to stderr, which the test's report shows.
+
+    A rank leaves its group (``close``, a collective) only after its work succeeded: a rank that raised exits
+    with its error, and ``torch.multiprocessing.spawn`` stops the others."""
+    faulthandler.enable()
+    torch.set_num_threads(1)
+
+
 def rank_main(rank: int, spec: GroupSpec, out: str, variants: list[dict[str, Any]]) -> None:
     """One rank of a spawned group: join, run :func:`update_once` for each of ``variants`` (keyword arguments),
     rank 0 saves the results to ``out``."""
-    torch.set_num_threads(1)
+    rank_process()
     group = WorkerGroup.join(spec.for_rank(rank))
-    try:
-        results = [update_once(group, **kw) for kw in variants]
-        if rank == 0:
-            torch.save(results, Path(out))
-    finally:
-        group.close()
+    results = [update_once(group, **kw) for kw in variants]
+    if rank == 0:
+        torch.save(results, Path(out))
+    group.close()
 
 
 def run_group(k: int, out: Path, variants: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -168,22 +177,20 @@ def policy_rank_main(rank: int, spec: GroupSpec, out: str, ckpt: str) -> None:
     the weights after each step and the worker states to ``out``."""
     from mrl_llm.runstate import write_manifest
 
-    torch.set_num_threads(1)
+    rank_process()
     register_parity()
     w = policy_worker(spec.for_rank(rank))
-    try:
-        policy_step(w, 0)
-        after0 = {k: v.clone() for k, v in w.rollout_model.state_dict().items()}
-        Path(ckpt).mkdir(parents=True, exist_ok=True)
-        w.save_checkpoint(ckpt)
-        if rank == 0:
-            write_manifest(ckpt)
-        policy_step(w, 1)
-        if rank == 0:
-            torch.save({"after0": after0, "after1": w.rollout_model.state_dict(), "state": w.state(),
-                        "sharded": w.group.sharded}, Path(out))
-    finally:
-        w.close()
+    policy_step(w, 0)
+    after0 = {k: v.clone() for k, v in w.rollout_model.state_dict().items()}
+    Path(ckpt).mkdir(parents=True, exist_ok=True)
+    w.save_checkpoint(ckpt)
+    if rank == 0:
+        write_manifest(ckpt)
+    policy_step(w, 1)
+    if rank == 0:
+        torch.save({"after0": after0, "after1": w.rollout_model.state_dict(), "state": w.state(),
+                    "sharded": w.group.sharded}, Path(out))
+    w.close()
 
 
 def run_policy_group(k: int, out: Path, ckpt: Path) -> dict[str, Any]:
@@ -203,16 +210,14 @@ def gather_rank_main(rank: int, spec: GroupSpec, out: str) -> None:
     :func:`mrl_llm.parallel.fsdp.gather_into`; rank 0 saves the copy's weights and the tensor count to ``out``."""
     from mrl_llm.parallel.fsdp import gather_into
 
-    torch.set_num_threads(1)
+    rank_process()
     group = WorkerGroup.join(spec.for_rank(rank))
-    try:
-        model, copy = tiny_model(0), tiny_model(1)
-        shard_model(model, Precision("fp32"), group)
-        n = gather_into(model, copy)
-        if rank == 0:
-            torch.save({"state": copy.state_dict(), "n": n}, Path(out))
-    finally:
-        group.close()
+    model, copy = tiny_model(0), tiny_model(1)
+    shard_model(model, Precision("fp32"), group)
+    n = gather_into(model, copy)
+    if rank == 0:
+        torch.save({"state": copy.state_dict(), "n": n}, Path(out))
+    group.close()
 
 
 def run_gather(k: int, out: Path) -> dict[str, Any]:
