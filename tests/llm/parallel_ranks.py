@@ -230,3 +230,42 @@ def run_gather(k: int, out: Path) -> dict[str, Any]:
     spec = GroupSpec(rank=0, world_size=k, addr=addr, port=port, backend="gloo", timeout_s=120)
     mp.spawn(gather_rank_main, args=(spec, str(out)), nprocs=k, join=True)
     return torch.load(out, weights_only=False)
+
+
+def close_rank_main(rank: int, spec: GroupSpec, out: str, delay_s: float) -> None:
+    """One rank that joins and leaves; rank 1's teardown is slow (``delay_s`` after destroying its process
+    group) and it writes when it was done (``out``.1); rank 0 writes when its ``close`` returned (``out``.0).
+    Both close a second time (a no-op)."""
+    import time
+
+    import torch.distributed as dist
+
+    rank_process()
+    group = WorkerGroup.join(spec.for_rank(rank))
+    assert group.sum([1.0]) == [2.0]
+    if rank == 1:
+        destroy = dist.destroy_process_group
+
+        def slow_destroy() -> None:
+            destroy()
+            time.sleep(delay_s)
+            Path(f"{out}.1").write_text(repr(time.time()))
+
+        dist.destroy_process_group = slow_destroy
+    group.close()
+    if rank == 0:
+        Path(f"{out}.0").write_text(repr(time.time()))
+    group.close()
+
+
+def run_close(out: Path, delay_s: float) -> list[float]:
+    """``[when rank 0's close returned, when rank 1's slow teardown was done]`` (wall clock, one machine) in a
+    spawned group of 2 gloo ranks (:func:`close_rank_main`)."""
+    import torch.multiprocessing as mp
+
+    from mrl_llm.parallel.group import rendezvous
+
+    addr, port = rendezvous("127.0.0.1")
+    spec = GroupSpec(rank=0, world_size=2, addr=addr, port=port, backend="gloo", timeout_s=120)
+    mp.spawn(close_rank_main, args=(spec, str(out), delay_s), nprocs=2, join=True)
+    return [float(Path(f"{out}.{r}").read_text()) for r in range(2)]

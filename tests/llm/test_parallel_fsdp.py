@@ -11,7 +11,7 @@ import torch
 
 from mrl_llm.parallel.fsdp import gather_into
 from mrl_llm.parallel.group import GroupSpec, WorkerGroup, backend_for, rendezvous
-from tests.llm.parallel_ranks import run_gather, run_group, tiny_model, update_once
+from tests.llm.parallel_ranks import run_close, run_gather, run_group, tiny_model, update_once
 
 VARIANTS = [
     {},  # one mini-batch, micro-batches of 2 rows (9 rows: 3 micro-batches on one rank, 2 + a filler on the other)
@@ -79,6 +79,13 @@ def test_group_spec_malformed_and_group_of_one():
     host, port = rendezvous("127.0.0.1")
     assert host == "127.0.0.1" and 0 < port < 65536
     assert backend_for("cpu") == "gloo" and backend_for("cuda:0") == "nccl"
+
+
+def test_rank_0_hosting_the_store_leaves_last(tmp_path):
+    """close() is ordered: rank 0 (the store's host) returns only after rank 1's slow teardown is done; a second
+    close does nothing."""
+    rank0_left, rank1_done = run_close(tmp_path / "left", delay_s=1.5)
+    assert rank0_left >= rank1_done
 
 
 def test_gather_into_copies_the_shards_tensor_by_tensor(tmp_path):
