@@ -21,14 +21,18 @@ A group of one is not sharded: the models are returned unchanged (the one-proces
 :func:`full_state_dict` gathers every parameter and buffer to a full CPU tensor on every rank (each rank must
 call it; HF names, so ``save_pretrained(state_dict=...)`` writes the HF layout); :func:`load_full_state_dict`
 copies a full state dict into the shards; :func:`gather_into` copies the sharded weights into an unsharded copy
-(a rank's rollout model) one tensor at a time, so the gather never holds a second whole model.
+(a rank's rollout model) bucket by bucket — one all-gather per bucket of shards (``bucket_mb``, in model order:
+a layer or a few), not one per tensor — so the gather never holds a second whole model and makes few collectives.
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
+import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
-from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
 from mrl_llm.parallel.group import WorkerGroup
 from mrl_llm.precision import Precision
@@ -100,12 +104,14 @@ def load_full_state_dict(model: torch.nn.Module, state: dict[str, torch.Tensor])
                 v.copy_(full.to(v.dtype))
 
 
-def gather_into(sharded: torch.nn.Module, full: torch.nn.Module) -> int:
-    """Copy ``sharded``'s parameters and buffers into ``full`` (the same architecture, unsharded), one tensor at a
-    time: each is all-gathered, copied into ``full`` and freed before the next, so the transient memory is one
-    full tensor, not a whole model (:func:`full_state_dict` would hold all of them at once). A collective when
-    sharded: every rank calls it. Returns the number of tensors copied (0 for modules without any); names or
-    shapes that differ are a ``KeyError`` naming them, before anything is copied."""
+def gather_into(sharded: torch.nn.Module, full: torch.nn.Module, *, bucket_mb: float = 64.0) -> int:
+    """Copy ``sharded``'s parameters and buffers into ``full`` (the same architecture, unsharded), bucket by bucket:
+    consecutive dim-0 shards (FSDP2's ``Shard(0)``) of one dtype, up to ``bucket_mb`` MiB of this rank's shards, are
+    all-gathered in one collective, put back together (rank ``r`` holds rows ``torch.chunk(rows, k)[r]``) and
+    copied into ``full``; the transient memory is one bucket's full tensors, not a whole model
+    (:func:`full_state_dict` would hold all of them at once). Other tensors (buffers, other placements) are copied
+    one by one. A collective when sharded: every rank calls it. Returns the number of tensors copied (0 for
+    modules without any); names or shapes that differ are a ``KeyError`` naming them, before anything is copied."""
     src, dst = sharded.state_dict(), full.state_dict()
     missing, extra = sorted(set(dst) - set(src)), sorted(set(src) - set(dst))
     if missing or extra:
@@ -113,9 +119,63 @@ def gather_into(sharded: torch.nn.Module, full: torch.nn.Module) -> int:
     bad = [n for n, v in src.items() if tuple(v.shape) != tuple(dst[n].shape)]
     if bad:
         raise KeyError(f"weights {bad[:5]} differ in shape between the trained model and its rollout copy")
+    if bucket_mb <= 0:
+        raise ValueError(f"gather_into: bucket_mb must be > 0, got {bucket_mb}")
+    limit = bucket_mb * 2**20
+    bucket: list[str] = []
     with torch.no_grad():
         for name, v in src.items():
-            part = v.full_tensor() if isinstance(v, DTensor) else v
-            dst[name].copy_(part.detach().to(dst[name].device, dst[name].dtype))
-            del part
+            if not _dim0_sharded(v):
+                part = v.full_tensor() if isinstance(v, DTensor) else v
+                dst[name].copy_(part.detach().to(dst[name].device, dst[name].dtype))
+                continue
+            head = src[bucket[0]] if bucket else None
+            if bucket and (v.dtype != head.dtype or _local_bytes(src, bucket) + _nbytes(v.to_local()) > limit):
+                _gather_bucket(src, dst, bucket)
+                bucket = []
+            bucket.append(name)
+        if bucket:
+            _gather_bucket(src, dst, bucket)
     return len(src)
+
+
+def _dim0_sharded(v: torch.Tensor) -> bool:
+    return isinstance(v, DTensor) and v.device_mesh.ndim == 1 and tuple(v.placements) == (Shard(0),)
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def _local_bytes(src: dict[str, torch.Tensor], names: list[str]) -> int:
+    return sum(_nbytes(src[n].to_local()) for n in names)
+
+
+def chunk_rows(rows: int, k: int) -> list[int]:
+    """Rows of each of ``k`` ranks when ``rows`` are split as ``torch.chunk`` does (FSDP2's dim-0 shards):
+    ``ceil(rows / k)`` each, the last ones fewer or none."""
+    size = math.ceil(rows / k) if rows else 0
+    return [max(0, min(size, rows - r * size)) for r in range(k)]
+
+
+def _gather_bucket(src: dict[str, torch.Tensor], dst: dict[str, torch.Tensor], names: list[str]) -> None:
+    """One all-gather of the dim-0 shards ``names`` (one dtype) over their mesh's group, copied into ``dst``."""
+    first = src[names[0]]
+    group, k = first.device_mesh.get_group(), first.device_mesh.size()
+    rows = {n: chunk_rows(src[n].shape[0], k) for n in names}
+    inner = {n: math.prod(src[n].shape[1:]) for n in names}
+    per_rank = [sum(rows[n][r] * inner[n] for n in names) for r in range(k)]
+    width = max(per_rank)
+    local = torch.cat([src[n].to_local().reshape(-1) for n in names])
+    send = torch.zeros(width, dtype=local.dtype, device=local.device)
+    send[: local.numel()] = local
+    got = [torch.empty_like(send) for _ in range(k)]
+    dist.all_gather(got, send, group=group)
+    offset = [0] * k
+    for n in names:
+        pieces = []
+        for r in range(k):
+            size = rows[n][r] * inner[n]
+            pieces.append(got[r][offset[r]: offset[r] + size].view(rows[n][r], *src[n].shape[1:]))
+            offset[r] += size
+        dst[n].copy_(torch.cat(pieces).to(dst[n].device, dst[n].dtype))

@@ -24,11 +24,11 @@ VOCAB = 96
 LOSS = LossConfig(kl_coef=0.05, max_response_len=12)
 
 
-def tiny_model(seed: int = 0) -> torch.nn.Module:
+def tiny_model(seed: int = 0, vocab: int = VOCAB) -> torch.nn.Module:
     """A 2-layer, 64-wide Qwen2 causal LM (fp32, untied embeddings), the same weights for the same seed."""
     from transformers import AutoModelForCausalLM, Qwen2Config
 
-    cfg = Qwen2Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+    cfg = Qwen2Config(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
                       tie_word_embeddings=False)
     with torch.random.fork_rng(devices=[]):
@@ -205,30 +205,45 @@ def run_policy_group(k: int, out: Path, ckpt: Path) -> dict[str, Any]:
     return torch.load(out, weights_only=False)
 
 
-def gather_rank_main(rank: int, spec: GroupSpec, out: str) -> None:
-    """One rank: shard :func:`tiny_model` (seed 0), gather it into an unsharded seed-1 copy with
-    :func:`mrl_llm.parallel.fsdp.gather_into`; rank 0 saves the copy's weights and the tensor count to ``out``."""
-    from mrl_llm.parallel.fsdp import gather_into
+def gather_rank_main(rank: int, spec: GroupSpec, out: str, variants: list[dict[str, Any]]) -> None:
+    """One rank: for each of ``variants`` (``vocab``, ``bucket_mb``) shard :func:`tiny_model` (seed 0) and gather it
+    into an unsharded seed-1 copy with :func:`mrl_llm.parallel.fsdp.gather_into`, counting the all-gathers; rank 0
+    saves each copy's weights, the tensor count and the all-gather count to ``out``."""
+    import torch.distributed as dist
+
+    from mrl_llm.parallel import fsdp
 
     rank_process()
     group = WorkerGroup.join(spec.for_rank(rank))
-    model, copy = tiny_model(0), tiny_model(1)
-    shard_model(model, Precision("fp32"), group)
-    n = gather_into(model, copy)
+    calls = []
+    all_gather = dist.all_gather
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return all_gather(*args, **kwargs)
+
+    fsdp.dist.all_gather = counted
+    results = []
+    for v in variants:
+        model, copy = tiny_model(0, v["vocab"]), tiny_model(1, v["vocab"])
+        shard_model(model, Precision("fp32"), group)
+        calls.clear()
+        n = fsdp.gather_into(model, copy, bucket_mb=v["bucket_mb"])
+        results.append({"state": copy.state_dict(), "n": n, "collectives": len(calls)})
     if rank == 0:
-        torch.save({"state": copy.state_dict(), "n": n}, Path(out))
+        torch.save(results, Path(out))
     group.close()
 
 
-def run_gather(k: int, out: Path) -> dict[str, Any]:
-    """Rank 0's result of :func:`gather_rank_main` on a spawned group of ``k`` gloo ranks."""
+def run_gather(k: int, out: Path, variants: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rank 0's results of :func:`gather_rank_main` on a spawned group of ``k`` gloo ranks."""
     import torch.multiprocessing as mp
 
     from mrl_llm.parallel.group import rendezvous
 
     addr, port = rendezvous("127.0.0.1")
     spec = GroupSpec(rank=0, world_size=k, addr=addr, port=port, backend="gloo", timeout_s=120)
-    mp.spawn(gather_rank_main, args=(spec, str(out)), nprocs=k, join=True)
+    mp.spawn(gather_rank_main, args=(spec, str(out), variants), nprocs=k, join=True)
     return torch.load(out, weights_only=False)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mrl_llm.parallel.fsdp import gather_into
+from mrl_llm.parallel.fsdp import chunk_rows, gather_into
 from mrl_llm.parallel.group import GroupSpec, WorkerGroup, backend_for, rendezvous
 from tests.llm.parallel_ranks import run_close, run_gather, run_group, tiny_model, update_once
 
@@ -88,11 +88,23 @@ def test_rank_0_hosting_the_store_leaves_last(tmp_path):
     assert rank0_left >= rank1_done
 
 
-def test_gather_into_copies_the_shards_tensor_by_tensor(tmp_path):
-    got = run_gather(2, tmp_path / "gather.pt")
-    want = tiny_model(0).state_dict()
-    assert got["n"] == len(want) and _max_diff(got["state"], want) == 0.0
-    assert _max_diff(tiny_model(1).state_dict(), want) > 1e-3  # the copy started elsewhere
+def test_gather_into_copies_the_shards_bucket_by_bucket(tmp_path):
+    """Exact copies with even (96) and uneven (97: 49 + 48 rows) vocabularies; the whole tiny model is one
+    all-gather at the default bucket size, one per tensor (or so) at a tiny one."""
+    variants = [{"vocab": 96, "bucket_mb": 64.0}, {"vocab": 97, "bucket_mb": 64.0}, {"vocab": 97, "bucket_mb": 0.01}]
+    got = run_gather(2, tmp_path / "gather.pt", variants)
+    for v, g in zip(variants, got, strict=True):
+        want = tiny_model(0, v["vocab"]).state_dict()
+        assert g["n"] == len(want) and _max_diff(g["state"], want) == 0.0
+        assert _max_diff(tiny_model(1, v["vocab"]).state_dict(), want) > 1e-3  # the copy started elsewhere
+    assert got[0]["collectives"] == got[1]["collectives"] == 1
+    assert got[2]["collectives"] >= len(tiny_model().state_dict()) // 2
+
+
+def test_chunk_rows_is_torch_chunk():
+    for rows, k in ((0, 2), (1, 2), (2, 3), (5, 2), (7, 3), (96, 2), (97, 4)):
+        want = [len(c) for c in torch.chunk(torch.arange(rows), k)] if rows else []
+        assert chunk_rows(rows, k) == want + [0] * (k - len(want))
 
 
 def test_gather_into_unsharded_empty_and_mismatched():
@@ -103,3 +115,5 @@ def test_gather_into_unsharded_empty_and_mismatched():
         gather_into(torch.nn.Linear(2, 2, bias=False), torch.nn.Linear(2, 2))
     with pytest.raises(KeyError, match="differ in shape"):
         gather_into(torch.nn.Linear(2, 3), torch.nn.Linear(2, 2))
+    with pytest.raises(ValueError, match="bucket_mb must be > 0"):
+        gather_into(a, b, bucket_mb=0)
