@@ -82,7 +82,7 @@ class RankEngine:
 
     def sync(self) -> None:
         """The engine gets the trained weights (the vllm engine runs its drift check); for k > 1 gathered from
-        the shards into the full rollout copy first, one tensor at a time (a collective: every rank calls it)."""
+        the shards into the full rollout copy first, bucket by bucket (a collective: every rank calls it)."""
         if self.rollout is not self.trained:
             gather_into(self.trained, self.rollout)
         with self.precision.autocast(self.device):
