@@ -193,7 +193,7 @@ class LLMPolicyWorker:
     # -- training ------------------------------------------------------------------------------
     def build_batch(self, rows: LearnerRows):
         """The step's :class:`~mrl_llm.batch.TrainBatch` (the core's rows, tokenised; THL)."""
-        self.alignment.prefetch(rows.row_records())
+        self.alignment.prefetch(rows.row_records(), group=self.group)
         max_len = self.max_len
         if self.policy.train.max_tokens_per_micro_batch is not None:  # every row must fit the token budget
             max_len = min(max_len, self.policy.max_prompt_len + self.policy.sampling.max_new_tokens)

@@ -7,7 +7,8 @@ and each calls :meth:`WorkerGroup.join`. The backend is ``gloo`` on CPU and ``nc
 identity, so k = 1 runs the same code as k > 1.
 
 The collectives the trainer needs are small and explicit: :meth:`WorkerGroup.sum` (float vectors, fp64),
-:meth:`WorkerGroup.max_int` and :meth:`WorkerGroup.all_true`.
+:meth:`WorkerGroup.max_int`, :meth:`WorkerGroup.all_true` and :meth:`WorkerGroup.gather_objects` (picklable
+objects, e.g. the peer traces each rank aligned).
 
 Rank 0's process hosts the group's TCP store (the rendezvous every rank talks to), so leaving is ordered
 (:meth:`WorkerGroup.close`, a collective): a barrier (every rank's collectives are done), each rank destroys
@@ -20,6 +21,7 @@ from __future__ import annotations
 import socket
 from dataclasses import dataclass, replace
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -137,6 +139,14 @@ class WorkerGroup:
         t = torch.tensor([int(value)], dtype=torch.int64, device=self._device())
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return int(t.item())
+
+    def gather_objects(self, obj: Any) -> list[Any]:
+        """Every rank's ``obj`` (picklable), in rank order; ``[obj]`` for a group of one."""
+        if not self.sharded:
+            return [obj]
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, obj)
+        return out
 
     def all_true(self, flag: bool) -> bool:
         """Whether ``flag`` holds on every rank."""

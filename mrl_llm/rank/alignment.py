@@ -7,6 +7,8 @@ tokenizes its prompts), so a token spanning the boundary appears once; the produ
 (``peer_eos_ids``, its ``generation_config.json``'s) map to the learner's EOS. Traces are cached by
 ``(record_id, learner tokenizer)``; :meth:`PeerAlignment.prefetch` fills that cache for a step's records in
 one :func:`~mrl_llm.thl.align_traces` batch per (source tokenizer, producer), the same traces as one by one.
+On a worker group of k ranks (every rank holds the whole batch) each rank aligns every k-th peer record and
+the ranks exchange their traces, so the group aligns each record once, not k times.
 
 A record whose prompt the learner has not rendered, or whose tokenizer is not one of the run's
 (:func:`run_tokenizers`), is a ``KeyError`` naming the learner and the record. No model is involved.
@@ -14,11 +16,12 @@ A record whose prompt the learner has not rendered, or whose tokenizer is not on
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from mrl_llm.byte_tokenizer import BYTE_TOKENIZER_ID, byte_tokenizer
 from mrl_llm.models import load_tokenizer_dir, tokenizer_id
+from mrl_llm.parallel.group import WorkerGroup
 from mrl_llm.rank.prompts import PromptCache
 from mrl_llm.thl import align_trace, align_traces
 from shared_interfaces.records import ExperienceRecord, TraceCache
@@ -76,14 +79,30 @@ class PeerAlignment:
             )
         return src
 
-    def prefetch(self, records: Sequence[ExperienceRecord]) -> None:
+    def prefetch(self, records: Sequence[ExperienceRecord], *, group: WorkerGroup | None = None) -> None:
         """Align the peer records among ``records`` (the learner's own are skipped) into the trace cache,
-        one batch per (source tokenizer, producer)."""
-        groups: dict[tuple[str, str], dict[str, ExperienceRecord]] = {}
+        one batch per (source tokenizer, producer). ``group`` (a collective when sharded: every rank calls it
+        with the same records): rank ``r`` aligns the peer records ``r, r + k, ...`` (by record id) and the
+        traces are gathered, so every rank's cache ends up holding all of them."""
+        peer: dict[str, ExperienceRecord] = {}
         for rec in records:
             if rec.policy_id != self.name:
                 self.prompts.ids(rec.prompt_id)  # an unrendered prompt: the error that names it
-                groups.setdefault((rec.tokenizer_id, rec.policy_id), {})[rec.record_id] = rec
+                peer[rec.record_id] = rec
+        if group is None or not group.sharded:
+            self._align_into_cache(peer.values())
+            return
+        mine = self._align_into_cache([peer[r] for r in sorted(peer)[group.rank::group.world_size]])
+        for part in group.gather_objects(sorted(mine.items())):
+            for rid, tr in part:
+                self.trace_cache.get_or_compute(rid, self.tok_id, lambda tr=tr: tr)
+
+    def _align_into_cache(self, records: Iterable[ExperienceRecord]) -> dict[str, Any]:
+        """Align ``records`` (one batch per source tokenizer and producer) into the cache; ``{record_id: trace}``."""
+        out: dict[str, Any] = {}
+        groups: dict[tuple[str, str], dict[str, ExperienceRecord]] = {}
+        for rec in records:
+            groups.setdefault((rec.tokenizer_id, rec.policy_id), {})[rec.record_id] = rec
         for recs in groups.values():
             todo = list(recs.values())
             opts = self.thl_options(todo[0])
@@ -94,3 +113,5 @@ class PeerAlignment:
                                   source_eos_ids=opts["source_eos_ids"])
             for rec, tr in zip(todo, traces, strict=True):
                 self.trace_cache.get_or_compute(rec.record_id, self.tok_id, lambda tr=tr: tr)
+                out[rec.record_id] = tr
+        return out

@@ -284,3 +284,52 @@ def run_close(out: Path, delay_s: float) -> list[float]:
     spec = GroupSpec(rank=0, world_size=2, addr=addr, port=port, backend="gloo", timeout_s=120)
     mp.spawn(close_rank_main, args=(spec, str(out), delay_s), nprocs=2, join=True)
     return [float(Path(f"{out}.{r}").read_text()) for r in range(2)]
+
+
+def peer_records() -> list[Any]:
+    """7 peer records of two producers (byte tokenizer) and one of the learner ``L`` itself, on prompt ``p0``."""
+    from tests.llm.rank.test_alignment import record
+
+    texts = ["The answer is \\boxed{4}.", "4", "It is \\boxed{5}", "", "two plus two: \\boxed{4}", "x" * 40, "\\boxed{3}"]
+    return [record("PQ"[i % 2], i, t) for i, t in enumerate(texts)] + [record("L", 0, "own")]
+
+
+def aligned_view(a: Any, records: list[Any]) -> dict[str, Any]:
+    """``{record_id: align(record)}`` of the peer records, and how many of them the cache already held."""
+    hits = a.trace_cache.hits
+    view = {r.record_id: a.align(r) for r in records if r.policy_id != "L"}
+    return {"view": view, "hits": a.trace_cache.hits - hits}
+
+
+def align_rank_main(rank: int, spec: GroupSpec, out: str, learner_dir: str) -> None:
+    """One rank: prefetch :func:`peer_records` over the group, counting the records this rank aligned itself;
+    each rank saves :func:`aligned_view` and its count to ``out``.rank."""
+    from mrl_llm.rank import alignment as mod
+    from tests.llm.rank.test_alignment import alignment
+
+    rank_process()
+    group = WorkerGroup.join(spec.for_rank(rank))
+    a, own = alignment(learner_dir), []
+    align_traces = mod.align_traces
+
+    def counted(src: Any, dst: Any, ids: list[Any], *args: Any, **kwargs: Any) -> Any:
+        own.extend(ids)
+        return align_traces(src, dst, ids, *args, **kwargs)
+
+    mod.align_traces = counted
+    recs = peer_records()
+    a.prefetch(recs, group=group)
+    torch.save({"aligned": len(own), **aligned_view(a, recs)}, Path(f"{out}.{rank}"))
+    group.close()
+
+
+def run_align(out: Path, learner_dir: str) -> list[dict[str, Any]]:
+    """Each rank's result of :func:`align_rank_main` on a spawned group of 2 gloo ranks."""
+    import torch.multiprocessing as mp
+
+    from mrl_llm.parallel.group import rendezvous
+
+    addr, port = rendezvous("127.0.0.1")
+    spec = GroupSpec(rank=0, world_size=2, addr=addr, port=port, backend="gloo", timeout_s=120)
+    mp.spawn(align_rank_main, args=(spec, str(out), learner_dir), nprocs=2, join=True)
+    return [torch.load(f"{out}.{r}", weights_only=False) for r in range(2)]

@@ -82,3 +82,26 @@ def test_unknown_tokenizer_and_unrendered_prompt_are_errors_naming_learner_and_r
         a.align(stranger)
     with pytest.raises(KeyError, match="policy 'L' has not rendered prompt 'p9'"):
         a.prefetch([record("P", 0, "x", prompt_id="p9")])
+
+
+def test_a_worker_group_aligns_each_peer_record_once_and_every_rank_holds_all(learner_dir, tmp_path):
+    """2 gloo ranks: 4 + 3 of the 7 peer records aligned (the own record never), and each rank's cache gives
+    exactly the one-process traces for all 7 (cache hits, no alignment after the prefetch)."""
+    from tests.llm.parallel_ranks import aligned_view, peer_records, run_align
+
+    recs = peer_records()
+    one = alignment(learner_dir)
+    one.prefetch(recs)
+    want = aligned_view(one, recs)
+    assert want["hits"] == 7
+    got = run_align(tmp_path / "align", learner_dir)
+    assert sorted(g["aligned"] for g in got) == [3, 4]
+    for g in got:
+        assert g["hits"] == 7 and g["view"] == want["view"]
+
+
+def test_prefetch_of_nothing_or_only_own_records(learner_dir):
+    a = alignment(learner_dir)
+    a.prefetch([])
+    a.prefetch([record("L", 0, "own")])
+    assert len(a.trace_cache) == 0
