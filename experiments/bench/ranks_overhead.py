@@ -11,12 +11,13 @@ seed 0 (:func:`experiments.bench.step_overhead.demo_config`; SFT made in DIR or 
 
     PYTHONPATH=. python experiments/bench/ranks_overhead.py --demo DIR [--ranks 2] [--steps 6]
 
-Measured on this 2-core machine while other jobs ran (``--demo`` with the demo's SFT'd policies,
-``--steps 6 --num-cpus 2``), two runs: 1.40x (ranks 2: 1.163 s, ranks 1: 0.833 s a step; on rank 0, update
-0.613 vs 0.493 s, weight gather into the rollout copy 0.104 vs 0 s, exchange + THL 0.067 vs 0.021 s, since
-every rank aligns every peer row) and, earlier, 7.57x (6.588 vs 0.870 s). Both miss the 1.15 target; the
-spread says the 4 rank actors on 2 cores are at the mercy of the cores' other load (a rank waiting in a
-gloo collective for a descheduled peer).
+Measured on the idle 2-core machine (2026-12-03, load average < 1.1; `--demo` with the demo's SFT'd policies,
+``--num-cpus 2``), after the rollout copy's gather went bucketed and peer alignment was split over the ranks:
+``--steps 6``: 1.57x (ranks 2: 0.417 s, ranks 1: 0.266 s a step; on rank 0: update 0.248 vs 0.141 s, exchange +
+THL 0.038 vs 0.011 s, weight gather 0.006 vs 0 s, generation 0.082 vs 0.074 s); ``--steps 11``: 1.59x (0.454 vs
+0.285 s; update 0.264 vs 0.155 s). The demo's step is too short for the group's fixed costs: FSDP2's per-layer
+all-gathers and reduce-scatters on a 300 K-parameter model are latency, not work. Both miss the 1.15 target.
+Earlier, on the same machine while other jobs ran: 1.40x (1.163 vs 0.833 s; the gather then 0.104 s) and 7.57x.
 """
 
 from __future__ import annotations
