@@ -28,7 +28,7 @@ def ray_vllm():
         yield ray
 
 
-def _config(ranks: int):
+def _config(ranks: int, placement: str = "cpu"):
     def pol(name, model_type, tok, max_new_tokens, **extra):  # head_dim 64: a head size vLLM's CPU attention supports
         return {"name": name, "model_config": tiny(model_type, hidden_size=128, num_attention_heads=2,
                                                    num_key_value_heads=1),
@@ -37,7 +37,7 @@ def _config(ranks: int):
 
     pols = [pol("a", "llama", "utf8-bytes", 4, engine="vllm", ranks=ranks, drift={"threshold": 1e-3}),
             pol("b", "qwen2", learner_tokenizer_dir(), 16)]
-    return config(pols, steps=2, eval={"enabled": False})
+    return config(pols, steps=2, eval={"enabled": False}, runtime={"backend": "ray", "placement": placement})
 
 
 def test_vllm_engines_on_two_ranks_equal_one_rank(ray_vllm, tmp_path, caplog):
@@ -61,3 +61,25 @@ def test_vllm_engines_on_two_ranks_equal_one_rank(ray_vllm, tmp_path, caplog):
         assert max(float((w2[n][k] - w1[n][k]).abs().max()) for k in w1[n]) < 1e-5, n
     plan = (d2 / "plan.txt").read_text()
     assert "a rank 0/2: train + rollout (CPU)" in plan and "a rank 1/2: train + rollout (CPU)" in plan
+
+
+def test_vllm_under_split_placement_equals_colocated(ray_vllm, tmp_path):
+    train(_config(1), tmp_path / "colocated", problems=PROBLEMS)
+    train(_config(1, "split"), tmp_path / "split", problems=PROBLEMS)
+    _, rows1, recs1, w1 = _files(tmp_path / "colocated")
+    d2, rows2, recs2, w2 = _files(tmp_path / "split")
+    assert len(recs2) == len(recs1) == 2 * 2 * 2 * 2
+    for a, b in zip(recs1, recs2, strict=True):  # the versions too: the rollout actor took the trainer's weights
+        assert {k: v for k, v in b.items() if k != "token_logprobs"} == {k: v for k, v in a.items() if k != "token_logprobs"}
+        assert b["token_logprobs"] == pytest.approx(a["token_logprobs"], abs=1e-4)
+    assert {r["policy_version"] for r in recs2 if r["policy_id"] == "a" and r["step"] == 1} == {1}
+    assert sorted(rows2) == sorted(rows1)
+    for key, r1 in rows1.items():
+        assert {k: rows2[key][k] for k in DECISIONS} == {k: r1[k] for k in DECISIONS}, key
+        assert rows2[key]["loss"] == pytest.approx(r1["loss"], abs=1e-5)
+    for s in (0, 1):  # the rollout actor's engine reloaded the weights and passed its drift check
+        assert 0 <= rows2[(s, "a")]["drift_mean_abs"] <= 1e-3 and rows2[(s, "a")]["sync_s"] > 0
+    for n in "ab":
+        assert max(float((w2[n][k] - w1[n][k]).abs().max()) for k in w1[n]) < 1e-5, n
+    plan = (d2 / "plan.txt").read_text()
+    assert "a rank 0/2: train (CPU)" in plan and "a rank 1/2: rollout (CPU)" in plan
