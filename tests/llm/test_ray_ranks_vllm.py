@@ -40,11 +40,18 @@ def _config(ranks: int, placement: str = "cpu"):
     return config(pols, steps=2, eval={"enabled": False}, runtime={"backend": "ray", "placement": placement})
 
 
-def test_vllm_engines_on_two_ranks_equal_one_rank(ray_vllm, tmp_path, caplog):
+@pytest.fixture(scope="module")
+def one_rank(ray_vllm, tmp_path_factory):
+    """The colocated 1-rank run both tests compare with (run once: a vLLM run takes a minute here)."""
+    d = tmp_path_factory.mktemp("vllm-k1")
+    train(_config(1), d, problems=PROBLEMS)
+    return _files(d)
+
+
+def test_vllm_engines_on_two_ranks_equal_one_rank(one_rank, tmp_path, caplog):
     caplog.set_level(logging.INFO, logger="mrl_llm.ray_trainer")
-    train(_config(1), tmp_path / "k1", problems=PROBLEMS)
     train(_config(2), tmp_path / "k2", problems=PROBLEMS)
-    _, rows1, recs1, w1 = _files(tmp_path / "k1")
+    _, rows1, recs1, w1 = one_rank
     d2, rows2, recs2, w2 = _files(tmp_path / "k2")
     assert len(recs2) == len(recs1) == 2 * 2 * 2 * 2  # steps x policies x prompts x samples
     for a, b in zip(recs1, recs2, strict=True):  # per-sample seeds: the same tokens whichever rank sampled them
@@ -63,10 +70,11 @@ def test_vllm_engines_on_two_ranks_equal_one_rank(ray_vllm, tmp_path, caplog):
     assert "a rank 0/2: train + rollout (CPU)" in plan and "a rank 1/2: train + rollout (CPU)" in plan
 
 
-def test_vllm_under_split_placement_equals_colocated(ray_vllm, tmp_path):
-    train(_config(1), tmp_path / "colocated", problems=PROBLEMS)
-    train(_config(1, "split"), tmp_path / "split", problems=PROBLEMS)
-    _, rows1, recs1, w1 = _files(tmp_path / "colocated")
+def test_vllm_under_split_placement_equals_colocated(one_rank, tmp_path):
+    """``a`` split with ``ranks: 2``: 2 FSDP2 trainer ranks without engines and 2 rollout actors, each with a vLLM
+    engine sampling its half of the prompts; against the colocated 1-rank run (one engine)."""
+    train(_config(2, "split"), tmp_path / "split", problems=PROBLEMS)
+    _, rows1, recs1, w1 = one_rank
     d2, rows2, recs2, w2 = _files(tmp_path / "split")
     assert len(recs2) == len(recs1) == 2 * 2 * 2 * 2
     for a, b in zip(recs1, recs2, strict=True):  # the versions too: the rollout actor took the trainer's weights
@@ -77,9 +85,10 @@ def test_vllm_under_split_placement_equals_colocated(ray_vllm, tmp_path):
     for key, r1 in rows1.items():
         assert {k: rows2[key][k] for k in DECISIONS} == {k: r1[k] for k in DECISIONS}, key
         assert rows2[key]["loss"] == pytest.approx(r1["loss"], abs=1e-5)
-    for s in (0, 1):  # the rollout actor's engine reloaded the weights and passed its drift check
+    for s in (0, 1):  # the rollout actors' engines reloaded the weights and passed their drift checks
         assert 0 <= rows2[(s, "a")]["drift_mean_abs"] <= 1e-3 and rows2[(s, "a")]["sync_s"] > 0
     for n in "ab":
         assert max(float((w2[n][k] - w1[n][k]).abs().max()) for k in w1[n]) < 1e-5, n
     plan = (d2 / "plan.txt").read_text()
-    assert "a rank 0/2: train (CPU)" in plan and "a rank 1/2: rollout (CPU)" in plan
+    for r, role in enumerate(("train", "train", "rollout", "rollout")):
+        assert f"a rank {r}/4: {role} (CPU)" in plan
