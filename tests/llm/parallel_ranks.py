@@ -229,30 +229,3 @@ def run_gather(k: int, out: Path) -> dict[str, Any]:
     mp.spawn(gather_rank_main, args=(spec, str(out)), nprocs=k, join=True)
     return torch.load(out, weights_only=False)
 
-
-def save_rank_main(rank: int, spec: GroupSpec, out: str) -> None:
-    """One rank: join the group, save :func:`tiny_model` to ``out/rank<r>`` with
-    :func:`mrl_llm.rollout.vllm_engine.save_on_this_process` (what each rank's vLLM engine starts from)."""
-    from mrl_llm.rollout.vllm_engine import save_on_this_process
-
-    torch.set_num_threads(1)
-    group = WorkerGroup.join(spec.for_rank(rank))
-    try:
-        d = Path(out) / f"rank{rank}"
-        d.mkdir(parents=True)
-        model = tiny_model()
-        save_on_this_process(model, d)
-        assert "should_save_on_this_rank" not in model.__dict__  # the model is left as it was
-    finally:
-        group.close()
-
-
-def run_save(k: int, out: Path) -> None:
-    """:func:`save_rank_main` on a spawned group of ``k`` gloo ranks."""
-    import torch.multiprocessing as mp
-
-    from mrl_llm.parallel.group import rendezvous
-
-    addr, port = rendezvous("127.0.0.1")
-    spec = GroupSpec(rank=0, world_size=k, addr=addr, port=port, backend="gloo", timeout_s=120)
-    mp.spawn(save_rank_main, args=(spec, str(out)), nprocs=k, join=True)

@@ -11,7 +11,7 @@ import torch
 
 from mrl_llm.parallel.fsdp import gather_into
 from mrl_llm.parallel.group import GroupSpec, WorkerGroup, backend_for, rendezvous
-from tests.llm.parallel_ranks import run_gather, run_group, run_save, tiny_model, update_once
+from tests.llm.parallel_ranks import run_gather, run_group, tiny_model, update_once
 
 VARIANTS = [
     {},  # one mini-batch, micro-batches of 2 rows (9 rows: 3 micro-batches on one rank, 2 + a filler on the other)
@@ -96,11 +96,3 @@ def test_gather_into_unsharded_empty_and_mismatched():
         gather_into(torch.nn.Linear(2, 2, bias=False), torch.nn.Linear(2, 2))
     with pytest.raises(KeyError, match="differ in shape"):
         gather_into(torch.nn.Linear(2, 3), torch.nn.Linear(2, 2))
-
-
-def test_every_rank_saves_its_own_copy_for_its_engine(tmp_path):
-    """Inside a process group transformers' save_pretrained writes only on rank 0; each rank's vLLM engine
-    starts from its own directory, so rank 1 must write one too (and the model is left unpatched)."""
-    run_save(2, tmp_path)
-    for r in (0, 1):
-        assert (tmp_path / f"rank{r}" / "config.json").is_file() and (tmp_path / f"rank{r}" / "model.safetensors").is_file()
