@@ -228,4 +228,3 @@ def run_gather(k: int, out: Path) -> dict[str, Any]:
     spec = GroupSpec(rank=0, world_size=k, addr=addr, port=port, backend="gloo", timeout_s=120)
     mp.spawn(gather_rank_main, args=(spec, str(out)), nprocs=k, join=True)
     return torch.load(out, weights_only=False)
-
