@@ -9,7 +9,8 @@ under the Ray driver. ``config`` is the plain mapping of :class:`WorkerConfig`. 
   rank's group for k > 1), the reference, the rollout copy, the optimizer, the update;
 * ``sampler`` (:class:`~mrl_llm.rank.engine.RankEngine`): the ``hf`` or ``vllm`` engine on ``device``, and the
   weight sync after every update with the vllm engine's drift check (``policies[].drift``; metrics
-  ``sync_s``, ``drift_mean_abs``);
+  ``sync_s``, ``drift_mean_abs``); no engine with ``WorkerConfig.rollout_engine: false`` (a split policy's
+  trainer: its rollout actors sample);
 * ``prompts`` (:class:`~mrl_llm.rank.prompts.PromptCache`) and ``alignment``
   (:class:`~mrl_llm.rank.alignment.PeerAlignment`): the policy's rendered prompts, and THL of every peer
   record, cached by ``(record_id, target tokenizer)``;
@@ -105,7 +106,8 @@ class LLMPolicyWorker:
                                              device=self.device, init_seed=init_seed,
                                              with_ref=config.loss.kl_coef > 0 or config.track_ref_kl)
         engine = make_rollout_engine(pol, pm.rollout_model, self.tokenizer, seed=self.seed,
-                                     max_positions=pm.max_positions, engine_args=config.engine_args)
+                                     max_positions=pm.max_positions,
+                                     engine_args=config.engine_args) if config.rollout_engine else None
         self.sampler = RankEngine(engine, trained=pm.model, rollout=pm.rollout_model, precision=self.precision,
                                   device=self.device)
         self.pad_id = int(self.tokenizer.pad_token_id)
@@ -150,6 +152,10 @@ class LLMPolicyWorker:
     def sync_engine(self) -> None:
         """The engine gets the current weights (:meth:`~mrl_llm.rank.engine.RankEngine.sync`; a collective)."""
         self.sampler.sync()
+
+    def drift_metrics(self) -> dict[str, float]:
+        """The engine's last drift check (:meth:`~mrl_llm.rank.engine.RankEngine.drift_metrics`; empty: none)."""
+        return self.sampler.drift_metrics()
 
     # -- prompts, rollouts ---------------------------------------------------------------------
     def render(self, problem: Any) -> tuple[str, list[int]]:

@@ -393,18 +393,23 @@ class PolicyActor:
         state = full_state_dict(self.worker.model)
         return {"state": state, "version": int(self.worker.version)} if self.rank == 0 else None
 
-    def load_weights(self, payload: Mapping[str, Any]) -> int:
+    def load_weights(self, payload: Mapping[str, Any]) -> dict[str, Any]:
         """Take the trainers' weights (:meth:`weights`) into this rollout actor's model and engine (a vllm engine
-        reloads them and runs its drift check); its records then carry the trainers' version. Returns it."""
+        reloads them and runs its drift check: a :class:`~mrl_llm.rollout.DriftError` above its threshold);
+        its records then carry the trainers' version. Returns ``{"version", "metrics"}``: the metrics are
+        ``sync_s`` (the load's seconds) and the engine's drift check (``worker.drift_metrics()``, when it has one)."""
         from mrl_llm.parallel.fsdp import load_full_state_dict
 
         if self.spec.role != "rollout":
             raise RuntimeError(f"policy {self.spec.name!r}: load_weights is for rollout actors, this one is "
                                f"{self.spec.role}")
+        t0 = time.perf_counter()
         load_full_state_dict(self.worker.model, payload["state"])
         self.worker.version = int(payload["version"])
         self.worker.sync_engine()
-        return self.worker.version
+        drift = getattr(self.worker, "drift_metrics", None)
+        metrics = {"sync_s": time.perf_counter() - t0, **(drift() if callable(drift) else {})}
+        return {"version": int(self.worker.version), "metrics": metrics}
 
     def probe_run_dir(self, run_dir: str, token: str) -> dict[str, Any]:
         """Whether this actor's node sees the driver's run directory (:mod:`mrl_llm.distributed.shared_dir`)."""

@@ -68,12 +68,8 @@ def footprints(config: RunConfig) -> list[PolicyFootprint]:
 
 
 def plan_run(config: RunConfig, cluster: ClusterSpec) -> PlacementPlan:
-    """The MWRA plan of ``config``'s policies on ``cluster`` (``runtime.placement`` layout)."""
-    if config.runtime.placement == "split":
-        vllm = [p.name for p in config.policies if p.engine == "vllm"]
-        if vllm:  # a trainer actor builds the whole worker, engine included: vLLM would run twice
-            raise ConfigError(f"runtime.placement split runs HF engines only so far; policies {vllm} use engine vllm "
-                              "(set engine: hf, or placement colocated)")
+    """The MWRA plan of ``config``'s policies on ``cluster`` (``runtime.placement`` layout; under ``split`` a
+    vllm policy's engines run in its rollout actors only, :mod:`mrl_llm.distributed.split_group`)."""
     fps = footprints(config)
     mode = config.runtime.placement
     if mode == "auto":

@@ -13,7 +13,11 @@ ranks, one ``torch.distributed`` group, FSDP2-sharded for ``k > 1``) and ``m`` r
   like the peers'. Right behind it the trainers' weights go to every rollout actor: ``weights()`` (gathered,
   through Ray's object store) then ``load_weights(ref)``, queued on each rollout actor before anything the
   driver sends it later — so the next ``generate`` samples from the updated weights, as a colocated actor
-  does (Ray runs an actor's calls in submission order).
+  does (Ray runs an actor's calls in submission order). The answer is the trainers' once every rollout actor
+  has loaded the weights (:func:`trained`): a load that fails (a vllm engine's drift check above its
+  threshold) fails the call, and the row gets the rollout actors' drift check and load time.
+* The trainers build no rollout engine (``WorkerConfig.rollout_engine: false``): only the rollout actors run
+  one (HF or vLLM; a vllm engine reloads the weights in place and runs its drift check).
 * ``save``, ``export``, ``state`` — the trainers (they hold the masters and the optimizer); ``evaluate`` —
   rollout actor 0; ``status``, ``close``, ``probe_run_dir`` — every actor.
 
@@ -58,15 +62,29 @@ class _SplitCall:
         if m == "train":
             out = g.trainers.train.remote(*args, **kwargs)
             weights = g.trainers.weights.remote()  # behind the update on every trainer rank (a collective)
-            for r in g.rollouts:
-                g.track(r.load_weights.remote(weights))  # queued before whatever the driver sends this actor next
-            return out
+            # queued before whatever the driver sends these actors next
+            loads = [g.track(r.load_weights.remote(weights)) for r in g.rollouts]
+            return zero_cpu_remote(trained).remote(out, *loads)
         if m in ("generate", "status", "close", "probe_run_dir"):
             refs = [getattr(g.trainers, m).remote(*args, **kwargs)]
             refs += [g.track(getattr(r, m).remote(*args, **kwargs)) for r in g.rollouts]
             combine = {"generate": generated, "probe_run_dir": _flatten}.get(m, rank0)
             return zero_cpu_remote(combine).remote(*refs)
         raise AttributeError(f"a split policy's actors have no method {m!r}")
+
+
+def trained(res: dict[str, Any], *loads: dict[str, Any]) -> dict[str, Any]:
+    """The trainers' ``train`` answer ``res`` with the rollout actors' ``load_weights`` answers: ``sync_s`` is the
+    trainers' plus the slowest load, each ``drift_*`` metric the largest over the rollout actors."""
+    out = dict(res)
+    metrics = dict(res.get("metrics") or {})
+    got = [ld.get("metrics") or {} for ld in loads]
+    if got:
+        metrics["sync_s"] = float(metrics.get("sync_s", 0.0)) + max(float(g.get("sync_s", 0.0)) for g in got)
+        for k in sorted({k for g in got for k in g if k.startswith("drift_")}):
+            metrics[k] = max(float(g[k]) for g in got if k in g)
+    out["metrics"] = metrics
+    return out
 
 
 def _flatten(*answers: Any) -> list[Any]:
@@ -133,7 +151,8 @@ def start_split_group(spec: PolicyActorSpec, make_exchange: Callable[[], Any], o
         raise ValueError(f"policy {spec.name!r} has {spec.ranks} trainer ranks but its plan {len(train_b)} train bundles")
     fault = spec.fault
     train_fault = fault if fault is not None and fault.phase == "train" else None
-    trainer_spec = replace(spec, role="train", fault=train_fault)
+    trainer_spec = replace(spec, role="train", fault=train_fault,  # the rollout actors sample: no engine here
+                           config={**dict(spec.config), "rollout_engine": False})
 
     def start() -> tuple[RankGroup, list[Any]]:
         if spec.ranks == 1:

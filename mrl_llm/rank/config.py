@@ -31,6 +31,7 @@ class WorkerConfig:
     gpu_bundle: bool = False  # placed on a GPU by the MWRA plan: the device must resolve to cuda
     verifier_options: dict[str, dict[str, Any]] = field(default_factory=dict)  # by verifier name (data.*)
     group: GroupSpec | None = None  # this rank's place in the policy's worker group (None: a group of one)
+    rollout_engine: bool = True  # False: a split policy's trainer, which samples nothing (its rollout actors do)
 
 
 def learner_loss(loss: LossConfig, policy: PolicyConfig) -> LossConfig:

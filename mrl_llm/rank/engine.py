@@ -9,7 +9,9 @@
   engine samples from the fp32 master model in the compute dtype); :meth:`~RankEngine.sync` gives the engine
   the trained weights after an update: for k > 1 gathered from the shards into the full rollout copy first
   (a collective: every rank calls it), then ``engine.sync_weights`` (vLLM reloads in place and runs its
-  drift check); :meth:`~RankEngine.drift_metrics` reports that check.
+  drift check); :meth:`~RankEngine.drift_metrics` reports that check. A rank without an engine (``engine
+  None``: a split policy's trainer, ``WorkerConfig.rollout_engine: false``) still gathers its rollout copy in
+  :meth:`~RankEngine.sync` (what :meth:`mrl_llm.worker.LLMPolicyWorker.state` hashes) and refuses to sample.
 """
 
 from __future__ import annotations
@@ -68,13 +70,16 @@ class RankEngine:
     """A rank's engine and the two models it syncs between (module docstring): ``trained`` (the masters,
     sharded for k > 1) and ``rollout`` (what the engine samples from; ``trained`` itself for k = 1)."""
 
-    def __init__(self, engine: Any, *, trained: torch.nn.Module, rollout: torch.nn.Module, precision: Precision,
+    def __init__(self, engine: Any | None, *, trained: torch.nn.Module, rollout: torch.nn.Module, precision: Precision,
                  device: torch.device) -> None:
         self.engine, self.trained, self.rollout = engine, trained, rollout
         self.precision, self.device = precision, device
 
     def sample(self, prompt_ids: Sequence[Sequence[int]], n: int, sp: SamplingConfig) -> tuple[list[list[Sample]], float]:
         """``(n samples per prompt, seconds)``: the engine's ``generate`` under the precision's autocast."""
+        if self.engine is None:
+            raise RuntimeError("this rank has no rollout engine (a split policy's trainer: its rollout actors "
+                               "sample); sampling was asked of it")
         t0 = time.perf_counter()
         with self.precision.autocast(self.device):  # the hf engine samples from the master model
             out = self.engine.generate(prompt_ids, n, sp)
@@ -85,6 +90,8 @@ class RankEngine:
         the shards into the full rollout copy first, bucket by bucket (a collective: every rank calls it)."""
         if self.rollout is not self.trained:
             gather_into(self.trained, self.rollout)
+        if self.engine is None:
+            return
         with self.precision.autocast(self.device):
             self.engine.sync_weights(self.rollout)
 
@@ -99,4 +106,5 @@ class RankEngine:
 
     def close(self) -> None:
         """Release the engine's resources."""
-        self.engine.close()
+        if self.engine is not None:
+            self.engine.close()

@@ -52,6 +52,25 @@ VLLM_MISSING = (
 )
 
 
+def save_on_this_process(model: torch.nn.Module, path: Path) -> None:
+    """``model.save_pretrained(path)`` in this process whatever its ``torch.distributed`` rank: inside a
+    process group transformers writes only on rank 0 (``should_save_on_this_rank``), but every rank of a
+    worker group builds its own engine from its own (unsharded) rollout copy. A ``RuntimeError`` when no
+    ``config.json`` was written."""
+    own = model.__dict__.get("should_save_on_this_rank")
+    model.should_save_on_this_rank = lambda is_main_process=True: True  # this process's copy, not a shard
+    try:
+        model.save_pretrained(str(path))
+    finally:
+        if own is None:
+            model.__dict__.pop("should_save_on_this_rank", None)
+        else:
+            model.should_save_on_this_rank = own
+    if not (path / "config.json").is_file():
+        raise RuntimeError(f"vllm engine: saving the policy to {path} wrote no config.json (a rank of a "
+                           "torch.distributed group that transformers did not let write?)")
+
+
 def import_vllm():
     """``vllm`` itself, or an ImportError that says how to install it."""
     try:
@@ -181,7 +200,7 @@ class VLLMEngine(RolloutEngine):
         directory that :meth:`close` removes."""
         path = Path(tempfile.mkdtemp(prefix="mrl-vllm-model-"))
         try:
-            model.save_pretrained(str(path))
+            save_on_this_process(model, path)
             tokenizer.save_pretrained(str(path))
             engine = cls(path, **kwargs)
         except BaseException:

@@ -146,16 +146,19 @@ def register_parity() -> None:
     VERIFIERS.setdefault("parity", lambda **_: ParityVerifier())
 
 
-def policy_worker(group: GroupSpec | None) -> Any:
-    """A tiny llama policy on the byte tokenizer (verifier ``parity``) as rank ``group`` of its worker group."""
+def policy_worker(group: GroupSpec | None, *, engine: str = "hf", rollout_engine: bool = True) -> Any:
+    """A tiny llama policy on the byte tokenizer (verifier ``parity``) as rank ``group`` of its worker group
+    (``engine``, ``rollout_engine``: :class:`~mrl_llm.rank.config.WorkerConfig`'s)."""
     from mrl_llm.config import PolicyConfig, SamplingSection, TrainSection
     from mrl_llm.worker import LLMPolicyWorker, WorkerConfig
     from tests.llm.helpers import tiny
 
     pol = PolicyConfig(name="A", model_config=tiny("llama"), tokenizer_dir="utf8-bytes", group_size=4, device="cpu",
+                       engine=engine,
                        sampling=SamplingSection(max_new_tokens=8),
                        train=TrainSection(lr=1e-3, eps=1e-6, micro_batch=3, grad_clip=1.0, weight_decay=0.01))
-    return LLMPolicyWorker("A", WorkerConfig(policy=pol, loss=LossConfig(kl_coef=0.05), group=group), seed=0)
+    return LLMPolicyWorker("A", WorkerConfig(policy=pol, loss=LossConfig(kl_coef=0.05), group=group,
+                                             rollout_engine=rollout_engine), seed=0)
 
 
 def policy_step(w: Any, step: int) -> None:

@@ -2,7 +2,9 @@
 two tiny policies, each a trainer actor and a rollout actor on their own bundles (4 actors), equal the
 colocated run of the same seed — records, regime decisions, loss and final weights — in sync mode and in
 bounded-staleness async mode (the trainers' weights reach the rollout actor before its next generate, as they
-would in one colocated actor); the plan and the log give each actor's role; a vllm policy is refused."""
+would in one colocated actor); the plan and the log give each actor's role; 2 trainer ranks (one FSDP2 group)
+with 2 rollout actors equal the colocated 2-rank run; the trainers build no engine (vLLM under split:
+``tests/llm/test_ray_ranks_vllm.py``)."""
 
 from __future__ import annotations
 
@@ -13,9 +15,7 @@ import pytest
 
 from mrl_llm.contract import learner_tokenizer_dir
 from mrl_llm.distributed.actors import PolicyActorSpec
-from mrl_llm.distributed.ray_trainer import plan_run
 from mrl_llm.trainer import train
-from shared_interfaces.config_io import ConfigError
 from tests.llm.helpers import local_ray
 from tests.llm.test_ray import PROBLEMS, config, policy
 from tests.llm.test_ray_ranks import _files
@@ -63,11 +63,29 @@ def test_split_placement_equals_colocated(ray_llm, tmp_path, caplog, mode):
         assert any(f"{n} rank 1/2: rollout (CPU)" in m for m in caplog.messages)
 
 
-def test_split_with_a_vllm_policy_is_refused_before_anything_starts():
-    pols = [{**policy("a", "llama", "utf8-bytes", 4), "engine": "vllm"}, policy("b", "llama", "utf8-bytes", 4)]
-    cfg = config(pols, runtime={"backend": "ray", "placement": "split"})
-    with pytest.raises(ConfigError, match=r"placement split runs HF engines only so far; policies \['a'\]"):
-        plan_run(cfg, None)  # refused before the cluster is read
+def test_split_trainers_build_no_engine_and_loads_are_folded_into_the_train_answer():
+    """A split policy's trainer (``rollout_engine: false``) starts no engine, even for ``engine: vllm``: it
+    refuses to sample, and its weight sync only gathers; the train answer gets the rollout actors' loads."""
+    from mrl_llm.distributed.split_group import trained
+    from mrl_llm.rollout import SamplingConfig
+    from tests.llm.parallel_ranks import policy_worker
+
+    w = policy_worker(None, engine="vllm", rollout_engine=False)
+    try:
+        assert w.engine is None and w.drift_metrics() == {}
+        with pytest.raises(RuntimeError, match="this rank has no rollout engine"):
+            w.sampler.sample([[1, 2]], 1, SamplingConfig(max_new_tokens=2))
+        w.sync_engine()  # nothing to sync into
+    finally:
+        w.close()
+    res = {"version": 1, "metrics": {"loss": 0.5, "sync_s": 0.25}}
+    assert trained(res) == res  # no rollout actors: the trainers' answer as it is
+    loads = [{"version": 1, "metrics": {"sync_s": 1.0, "drift_mean_abs": 1e-4, "drift_exceeded": 0.0}},
+             {"version": 1, "metrics": {"sync_s": 2.0, "drift_mean_abs": 3e-4, "drift_exceeded": 0.0}},
+             {"version": 1}]  # a load without metrics (a worker without a drift check) counts as 0 s
+    m = trained(res, *loads)["metrics"]
+    assert m == {"loss": 0.5, "sync_s": 2.25, "drift_mean_abs": 3e-4, "drift_exceeded": 0.0}
+    assert res["metrics"]["sync_s"] == 0.25  # the trainers' answer itself is left alone
 
 
 def test_actor_spec_roles_are_validated():
@@ -108,3 +126,37 @@ def test_a_dead_rollout_actor_restarts_its_split_policy_from_the_last_checkpoint
     assert [r["record_id"] for r in recs2] == [r["record_id"] for r in recs1]
     for n in "ab":
         assert max(float((w2[n][k] - w1[n][k]).abs().max()) for k in w1[n]) < 1e-5, n
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_split_with_two_trainer_ranks_equals_colocated(ray_llm, tmp_path, caplog):
+    """``a`` with ``ranks: 2`` under ``placement: split``: 2 FSDP2 trainer ranks (one gloo group) and 2 rollout
+    actors that share the step's prompts (per-sample seeds) and take the gathered weights after each update;
+    ``b`` one trainer and one rollout actor (6 actors). It equals the colocated run with the same ranks."""
+    caplog.set_level(logging.INFO, logger="mrl_llm.ray_trainer")
+
+    def cfg(placement: str):
+        pols = [{**policy("a", "llama", "utf8-bytes", 4), "ranks": 2}, policy("b", "qwen2", learner_tokenizer_dir(), 16)]
+        for p in pols:
+            p["sampling"] = {**p["sampling"], "seeding": "sample"}
+        return config(pols, steps=2, eval={"enabled": False}, runtime={"backend": "ray", "placement": placement})
+
+    train(cfg("cpu"), tmp_path / "colocated", problems=PROBLEMS)
+    train(cfg("split"), tmp_path / "split", problems=PROBLEMS)
+    _, rows1, recs1, w1 = _files(tmp_path / "colocated")
+    _, rows2, recs2, w2 = _files(tmp_path / "split")
+    assert len(recs2) == len(recs1) > 0
+    for a, b in zip(recs1, recs2, strict=True):
+        assert {k: v for k, v in b.items() if k != "token_logprobs"} == {k: v for k, v in a.items() if k != "token_logprobs"}
+        assert b["token_logprobs"] == pytest.approx(a["token_logprobs"], abs=1e-5)
+    assert sorted(rows2) == sorted(rows1) == [(0, "a"), (0, "b"), (1, "a"), (1, "b")]
+    for key, r1 in rows1.items():
+        assert {k: rows2[key].get(k) for k in DECISIONS} == {k: r1.get(k) for k in DECISIONS}, key
+        assert rows2[key]["loss"] == pytest.approx(r1["loss"], abs=1e-5)
+    assert {r["policy_version"] for r in recs2 if r["policy_id"] == "a" and r["step"] == 1} == {1}
+    for n in "ab":
+        assert max(float((w2[n][k] - w1[n][k]).abs().max()) for k in w1[n]) < 1e-5, n
+    plan = (tmp_path / "split" / "plan.txt").read_text()
+    for r, role in enumerate(("train", "train", "rollout", "rollout")):
+        assert f"a rank {r}/4: {role} (CPU) on node0/ram" in plan

@@ -72,6 +72,10 @@ def test_vllm_policies_sharing_a_gpu_get_their_planned_memory(tmp_path: Path):
     args = [s.config["engine_args"] for s in ray_specs(c, plan, tmp_path)]
     assert sum(a["gpu_memory_utilization"] for a in args) <= 0.9
     assert all(a["max_model_len"] == 1024 + 256 and a["kv_cache_memory_bytes"] > 0 for a in args)
-    with pytest.raises(ConfigError, match="split"):
-        plan_run(config_from_mapping({**c.to_dict(), "runtime": {"backend": "ray", "placement": "split"}}),
-                 ClusterSpec("4gpu", (NodeSpec(gpus=4, gpu_memory_gib=80, cpus=8, ram_gib=64),)))
+    # split pools plan vllm policies too (their engines run in the rollout actors only): one rollout GPU and one
+    # trainer GPU each, the engine's memory settings for its rollout GPU
+    cs = config_from_mapping({**c.to_dict(), "runtime": {"backend": "ray", "placement": "split"}})
+    split = plan_run(cs, ClusterSpec("4gpu", (NodeSpec(gpus=4, gpu_memory_gib=80, cpus=8, ram_gib=64),)))
+    assert split.mode == "split" and all(p.bundle_roles == ("rollout", "train") for p in split.policies)
+    specs = ray_specs(cs, split, tmp_path)
+    assert all(s.ranks == 1 and 0 < s.config["engine_args"]["gpu_memory_utilization"] <= 0.9 for s in specs)
