@@ -57,7 +57,7 @@ class StudyConfig(DemoConfig):
     optimizer's. ``pool_per_family`` training prompts per family form the RL pool; evaluation covers the
     pool and every held-out prompt of each family."""
 
-    steps: int = 40
+    steps: int = 60
     prompts_per_step: int = 16
     group_size: int = 8
     lr: float = 1e-4
@@ -67,8 +67,8 @@ class StudyConfig(DemoConfig):
     sft_steps: int = 150
     max_new_tokens: int = 14
     pool_per_family: int = 64
-    eval_every: int = 20
-    eval_k: int = 8
+    eval_every: int = 30
+    eval_k: int = 32
     families: tuple[str | Family, ...] = ("add", "sub", MUL_SMALL)
     policies: tuple[DemoPolicy, ...] = STUDY_POLICIES
     #: SFT steps per policy name (others: ``sft_steps``): the families differ in how fast they are learnt
