@@ -353,7 +353,9 @@ def _starts(cfg: Any) -> str:
     sft, pool = getattr(cfg, "sft_seed", None), getattr(cfg, "pool_seed", None)
     return (("one SFT'd start per policy shared by every seed (SFT seed " + f"{sft})" if sft is not None
              else "each seed SFTs its own start") + ", " +
-            (f"one RL pool shared by every seed (pool seed {pool})" if pool is not None else "each seed its own RL pool"))
+            (f"one RL pool shared by every seed (pool seed {pool})" if pool is not None else "each seed its own RL pool")
+            + (" -- the seeds vary the RL only (sampling, prompt order), as in the paper; start -> final differences "
+               "carry no start-to-start variance" if sft is not None and pool is not None else ""))
 
 
 def write_report(cfg: Any, out: Path, *, wall_s: float, load: tuple, sft: dict, say: Callable[[str], None],
