@@ -161,12 +161,31 @@ def _data(args: argparse.Namespace) -> int:
     return 0
 
 
+def _name_lr(text: str) -> tuple[str, float]:
+    """``NAME=LR`` of ``--lr-policy`` -> ``(NAME, LR)``; ValueError (one line) when malformed."""
+    name, sep, lr = text.partition("=")
+    try:
+        value = float(lr)
+    except ValueError:
+        value = None
+    if not sep or not name.strip() or value is None:
+        raise ValueError(f"--lr-policy {text!r}: expected NAME=LR, e.g. qwen-add=5e-5")
+    return name.strip(), value
+
+
 def _study(args: argparse.Namespace) -> int:
     from mrl_llm.demo.study import StudyConfig, run_study
 
     over = {k: getattr(args, k) for k in ("seeds", "first_seed", "steps", "prompts_per_step", "group_size", "lr",
                                           "optimizer", "sgt_weight", "kl_coef", "pool_per_family", "eval_every",
-                                          "eval_k", "sft_steps", "norm_lr", "embed_lr") if getattr(args, k) is not None}
+                                          "eval_k", "sft_steps", "norm_lr", "embed_lr", "sft_seed", "pool_seed")
+            if getattr(args, k) is not None}
+    if args.per_seed_sft:
+        over["sft_seed"] = None
+    if args.per_seed_pool:
+        over["pool_seed"] = None
+    if args.lr_policy:
+        over["lr_per_policy"] = tuple(_name_lr(x) for x in args.lr_policy)
     if args.no_norm_lr:
         over["norm_lr"] = None
     if args.no_embed_lr:
@@ -260,6 +279,12 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--no-norm-lr", action="store_true", help="the norm layers train at --lr")
     st.add_argument("--embed-lr", type=float, help="RL learning rate of the token embeddings (0 freezes them)")
     st.add_argument("--no-embed-lr", action="store_true", help="the token embeddings train at --lr")
+    st.add_argument("--lr-policy", action="append", metavar="NAME=LR",
+                    help="RL learning rate of one policy instead of --lr (repeatable; default: the preset's)")
+    st.add_argument("--sft-seed", type=int, help="seed of the one SFT'd start shared by every seed (default 0)")
+    st.add_argument("--per-seed-sft", action="store_true", help="each seed SFTs its own start (its seed)")
+    st.add_argument("--pool-seed", type=int, help="seed of the RL prompt pool shared by every seed (default 0)")
+    st.add_argument("--per-seed-pool", action="store_true", help="each seed draws its own RL pool (its seed)")
     st.add_argument("--regimes", help="comma-separated regimes (default: grpo,xgrpo,prp_snapshot,prp_thl,sgt)")
     st.add_argument("--jobs", type=int, default=5, help="worker processes (0: all in this process)")
     return ap

@@ -103,7 +103,7 @@ def main() -> None:
     if args.prompts == "all":
         pool = train_probs
     elif args.prompts == "pool":
-        pool = [p for p in rl_pool(task, cfg.pool_per_family, args.seed) if p.family == pol.family]
+        pool = [p for p in rl_pool(task, cfg.pool_per_family, cfg.pool_seed_of(args.seed)) if p.family == pol.family]
     else:
         succ = sampled_accuracy(sft_dir, train_probs, 16, cfg.max_new_tokens, args.seed)
         order = sorted(range(len(train_probs)), key=lambda i: (succ[i], train_probs[i].prompt_id))

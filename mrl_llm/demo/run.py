@@ -109,7 +109,7 @@ def run_job(cfg: DemoConfig, regime: str, seed: int, policy_dirs: dict[str, str]
     _fresh(d, done)
     _quiet()
     task = cfg.task()
-    pool = rl_pool(task, cfg.pool_per_family, seed)
+    pool = rl_pool(task, cfg.pool_per_family, cfg.pool_seed_of(seed))
     t0 = time.perf_counter()
     train(config_from_mapping(mapping), d, problems=pool, eval_problems=pool)
     held: dict[str, Any] = {}
@@ -156,16 +156,18 @@ def run_demo(cfg: DemoConfig, out: str | Path, *, jobs: int = 5, say: Callable[[
     tok_dirs = save_demo_tokenizers(out / "tokenizers", cfg.task(), kinds=tuple(dict.fromkeys(p.tokenizer for p in cfg.policies)))
     say(f"tokenizers: {', '.join(str(d) for d in tok_dirs.values())} ({time.perf_counter() - t0:.1f} s)")
     ex: Any = _Inline() if jobs == 0 else _pool(jobs)
-    sft_dirs = {s: {p.name: out / f"seed{s}" / "sft" / p.name for p in cfg.policies} for s in cfg.seed_list}
+    # one SFT per SFT seed (cfg.sft_seed_of): the runs of every seed that shares it start when it is done
+    sft_seeds = list(dict.fromkeys(cfg.sft_seed_of(s) for s in cfg.seed_list))
+    sft_dirs = {k: {p.name: out / f"seed{k}" / "sft" / p.name for p in cfg.policies} for k in sft_seeds}
     pending: dict[Future, tuple[str, int, str]] = {}
     reused = 0
-    sft_left = {s: len(cfg.policies) for s in cfg.seed_list}
-    sft_reports: dict[int, dict[str, Any]] = {s: {} for s in cfg.seed_list}
+    sft_left = {k: len(cfg.policies) for k in sft_seeds}
+    sft_reports: dict[int, dict[str, Any]] = {k: {} for k in sft_seeds}
     try:
-        for s in cfg.seed_list:
+        for k in sft_seeds:
             for p in cfg.policies:
-                f = ex.submit(sft_job, cfg, p, s, str(tok_dirs[p.tokenizer]), str(sft_dirs[s][p.name]))
-                pending[f] = ("sft", s, p.name)
+                f = ex.submit(sft_job, cfg, p, k, str(tok_dirs[p.tokenizer]), str(sft_dirs[k][p.name]))
+                pending[f] = ("sft", k, p.name)
         while pending:
             finished, _ = wait(list(pending), timeout=progress_every, return_when=FIRST_COMPLETED)
             if not finished:
@@ -184,9 +186,10 @@ def run_demo(cfg: DemoConfig, out: str | Path, *, jobs: int = 5, say: Callable[[
                     sft_left[s] -= 1
                     if sft_left[s] == 0:
                         dirs = {n: str(d) for n, d in sft_dirs[s].items()}
-                        for reg in _longest_first(cfg.regimes):
-                            g = ex.submit(run_fn, cfg, reg, s, dirs, str(out / f"seed{s}" / reg))
-                            pending[g] = ("run", s, reg)
+                        for rs in (x for x in cfg.seed_list if cfg.sft_seed_of(x) == s):
+                            for reg in _longest_first(cfg.regimes):
+                                g = ex.submit(run_fn, cfg, reg, rs, dirs, str(out / f"seed{rs}" / reg))
+                                pending[g] = ("run", rs, reg)
                 else:
                     say(f"[seed {s}] {name}: done" + (" (reused)" if res.get("reused") else f" in {res['wall_s']:.0f} s"))
     finally:

@@ -90,7 +90,15 @@ class DemoConfig:
 
     def sft_config(self, seed: int, policy: DemoPolicy | None = None) -> SFTConfig:
         """The SFT of a seed (the same for every policy here; the study's differs per policy)."""
-        return SFTConfig(steps=self.sft_steps, batch=self.sft_batch, lr=self.sft_lr, seed=seed)
+        return SFTConfig(steps=self.sft_steps, batch=self.sft_batch, lr=self.sft_lr, seed=self.sft_seed_of(seed))
+
+    def sft_seed_of(self, seed: int) -> int:
+        """The seed whose SFT'd policies run ``seed``'s RL starts from (here: its own; the study shares one)."""
+        return seed
+
+    def pool_seed_of(self, seed: int) -> int:
+        """The seed of ``seed``'s RL prompt pool (:func:`rl_pool`; here: its own; the study shares one)."""
+        return seed
 
     def task(self) -> ArithmeticTask:
         return ArithmeticTask(families=self.families)

@@ -57,7 +57,7 @@ class StudyConfig(DemoConfig):
     optimizer's. ``pool_per_family`` training prompts per family form the RL pool; evaluation covers the
     pool and every held-out prompt of each family."""
 
-    steps: int = 40
+    steps: int = 60
     prompts_per_step: int = 16
     group_size: int = 8
     lr: float = 1e-4
@@ -67,8 +67,8 @@ class StudyConfig(DemoConfig):
     sft_steps: int = 150
     max_new_tokens: int = 14
     pool_per_family: int = 64
-    eval_every: int = 20
-    eval_k: int = 8
+    eval_every: int = 30
+    eval_k: int = 32
     families: tuple[str | Family, ...] = ("add", "sub", MUL_SMALL)
     policies: tuple[DemoPolicy, ...] = STUDY_POLICIES
     #: SFT steps per policy name (others: ``sft_steps``): the families differ in how fast they are learnt
@@ -80,6 +80,16 @@ class StudyConfig(DemoConfig):
     #: RL learning rate of the token embeddings (tied output head); 0 freezes them, None: ``lr``. The
     #: PG gradient is largest there (as large as the weights, ``experiments/study/README.md`` 1a)
     embed_lr: float | None = None
+    #: the SFT seed of every run: ONE SFT'd start per policy, shared by all seeds, so the seeds vary the RL only
+    #: (its sampling and prompt order), as in the paper, where every RL seed starts from the same pretrained
+    #: model. None: each seed SFTs its own start (before study16d; the starts' differences then add to the
+    #: seed-to-seed spread of every start -> final difference, ``experiments/study/README.md``)
+    sft_seed: int | None = 0
+    #: the seed of the RL prompt pool (:func:`~mrl_llm.demo.setup.rl_pool`): the same training prompts in every
+    #: seed (a fixed data set, like the start). None: each seed draws its own pool
+    pool_seed: int | None = 0
+    #: RL base learning rate per policy name (others: ``lr``); the norm / embedding groups keep their own rates
+    lr_per_policy: tuple[tuple[str, float], ...] = ()
 
     def __post_init__(self) -> None:
         if self.seeds < 1 or self.steps < 1 or self.sft_steps < 1:
@@ -103,12 +113,40 @@ class StudyConfig(DemoConfig):
         if self.embed_lr is not None and unknown:
             raise ValueError(f"study: no embedding glob for architecture(s) {unknown}; add them to EMBED_GLOBS "
                              f"or unset --embed-lr")
+        for key, v in (("sft-seed", self.sft_seed), ("pool-seed", self.pool_seed)):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+                raise ValueError(f"study: --{key} must be an integer >= 0 (or unset: one per seed), got {v!r}")
+        names = [p.name for p in self.policies]
+        for item in self.lr_per_policy:
+            if not (isinstance(item, tuple) and len(item) == 2):
+                raise ValueError(f"study: --lr-policy entries are NAME=LR pairs, got {item!r}")
+            name, lr = item
+            if name not in names:
+                raise ValueError(f"study: --lr-policy names policy {name!r}, not one of {names}")
+            if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr > 0:
+                raise ValueError(f"study: --lr-policy {name}={lr!r}: the learning rate must be a number > 0")
+        dup = sorted({n for n, _ in self.lr_per_policy if [m for m, _ in self.lr_per_policy].count(n) > 1})
+        if dup:
+            raise ValueError(f"study: --lr-policy gives {dup} more than one learning rate; give each policy one")
 
 
     def sft_config(self, seed: int, policy: DemoPolicy | None = None) -> SFTConfig:
-        """The SFT of ``policy`` in a seed: ``sft_steps_per_policy``'s steps for it, else ``sft_steps``."""
+        """The SFT of ``policy`` in a seed: ``sft_steps_per_policy``'s steps for it, else ``sft_steps``; its
+        seed is :meth:`sft_seed_of` ``(seed)``."""
         steps = dict(self.sft_steps_per_policy).get(policy.name, self.sft_steps) if policy else self.sft_steps
-        return SFTConfig(steps=steps, batch=self.sft_batch, lr=self.sft_lr, seed=seed)
+        return SFTConfig(steps=steps, batch=self.sft_batch, lr=self.sft_lr, seed=self.sft_seed_of(seed))
+
+    def sft_seed_of(self, seed: int) -> int:
+        """``sft_seed`` (one start shared by every seed), or ``seed`` itself when it is None."""
+        return seed if self.sft_seed is None else self.sft_seed
+
+    def pool_seed_of(self, seed: int) -> int:
+        """``pool_seed`` (one RL pool shared by every seed), or ``seed`` itself when it is None."""
+        return seed if self.pool_seed is None else self.pool_seed
+
+    def lr_of(self, policy: str) -> float:
+        """The RL base learning rate of ``policy``: ``lr_per_policy``'s, else ``lr``."""
+        return dict(self.lr_per_policy).get(policy, self.lr)
 
 
 def study_run_config(cfg: StudyConfig, regime: str, seed: int, policy_dirs: dict[str, str | Path]) -> dict[str, Any]:
@@ -119,6 +157,7 @@ def study_run_config(cfg: StudyConfig, regime: str, seed: int, policy_dirs: dict
     arch = {p.name: p.arch for p in cfg.policies}
     for p in mapping["policies"]:
         p["train"]["optimizer"] = cfg.optimizer
+        p["train"]["lr"] = cfg.lr_of(p["name"])
         if cfg.optimizer != "sgd":
             p["train"]["betas"] = [0.9, cfg.beta2]
         groups = [{"match": globs[arch[p["name"]]], "lr": lr}
@@ -129,9 +168,9 @@ def study_run_config(cfg: StudyConfig, regime: str, seed: int, policy_dirs: dict
 
 
 def eval_set(cfg: StudyConfig, seed: int) -> list:
-    """The RL pool of the seed, then every held-out prompt of each family."""
+    """The RL pool of the seed (:meth:`StudyConfig.pool_seed_of`), then every held-out prompt of each family."""
     task = cfg.task()
-    return rl_pool(task, cfg.pool_per_family, seed) + task.problems("eval")
+    return rl_pool(task, cfg.pool_per_family, cfg.pool_seed_of(seed)) + task.problems("eval")
 
 
 def study_run_job(cfg: StudyConfig, regime: str, seed: int, policy_dirs: dict[str, str], out_dir: str) -> dict[str, Any]:
@@ -143,13 +182,14 @@ def study_run_job(cfg: StudyConfig, regime: str, seed: int, policy_dirs: dict[st
     d = Path(out_dir)
     done = d / "done.json"
     mapping = study_run_config(cfg, regime, seed, policy_dirs)
-    settings = {"run": mapping, "sft": [sft_settings(cfg, p, seed) for p in cfg.policies], "eval": "pool+heldout"}
+    settings = {"run": mapping, "sft": [sft_settings(cfg, p, seed) for p in cfg.policies], "eval": "pool+heldout",
+                "pool_seed": cfg.pool_seed_of(seed)}
     if _same(done, settings):
         return {"regime": regime, "seed": seed, "reused": True}
     _fresh(d, done)
     _quiet()
     t0 = time.perf_counter()
-    train(config_from_mapping(mapping), d, problems=rl_pool(cfg.task(), cfg.pool_per_family, seed),
+    train(config_from_mapping(mapping), d, problems=rl_pool(cfg.task(), cfg.pool_per_family, cfg.pool_seed_of(seed)),
           eval_problems=eval_set(cfg, seed))
     wall = time.perf_counter() - t0
     done.write_text(json.dumps({"settings": settings, "wall_s": wall}, indent=1))

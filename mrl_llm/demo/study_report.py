@@ -343,6 +343,21 @@ def _embed_lr(cfg: Any) -> str:
     return f"{cfg.lr}" if lr is None else ("0 (frozen)" if lr == 0 else f"{lr}")
 
 
+def _lrs(cfg: Any) -> str:
+    per = dict(getattr(cfg, "lr_per_policy", ()))
+    return f"{cfg.lr}" + (" (" + ", ".join(f"{n} {v}" for n, v in per.items()) + ")" if per else "")
+
+
+def _starts(cfg: Any) -> str:
+    """Where the seeds' runs start from and train on (shared or per seed)."""
+    sft, pool = getattr(cfg, "sft_seed", None), getattr(cfg, "pool_seed", None)
+    return (("one SFT'd start per policy shared by every seed (SFT seed " + f"{sft})" if sft is not None
+             else "each seed SFTs its own start") + ", " +
+            (f"one RL pool shared by every seed (pool seed {pool})" if pool is not None else "each seed its own RL pool")
+            + (" -- the seeds vary the RL only (sampling, prompt order), as in the paper; start -> final differences "
+               "carry no start-to-start variance" if sft is not None and pool is not None else ""))
+
+
 def write_report(cfg: Any, out: Path, *, wall_s: float, load: tuple, sft: dict, say: Callable[[str], None],
                  reused: int = 0) -> dict[str, Any]:
     """Write ``study.md``, ``study.json`` and ``study.png`` under ``out`` and return the JSON content."""
@@ -357,15 +372,15 @@ def write_report(cfg: Any, out: Path, *, wall_s: float, load: tuple, sft: dict, 
         raise FileNotFoundError(f"no finished study run under {out}; run `python -m mrl_llm study --out {out}`")
     md = [f"# mutual-RL study\n\n{cfg.seeds} seed(s) {seeds}, {len(pols)} policies "
           f"({', '.join(f'{p.name}: {p.arch}/{p.tokenizer}/{p.family}' for p in cfg.policies)}), {cfg.steps} RL steps x "
-          f"{cfg.prompts_per_step} prompts x G={cfg.group_size}, {cfg.optimizer} lr {cfg.lr} (beta2 {cfg.beta2}; norm "
+          f"{cfg.prompts_per_step} prompts x G={cfg.group_size}, {cfg.optimizer} lr {_lrs(cfg)} (beta2 {cfg.beta2}; norm "
           f"layers lr {getattr(cfg, 'norm_lr', None) or cfg.lr}; token embeddings lr {_embed_lr(cfg)}), eval {cfg.eval_k} "
           f"samples/prompt every {cfg.eval_every} steps, "
           f"SFT steps {', '.join(f'{p.name} {cfg.sft_config(0, p).steps}' for p in cfg.policies)}, "
-          f"pool {cfg.pool_per_family}/family, SGT λ {cfg.sgt_weight}; this invocation: "
+          f"pool {cfg.pool_per_family}/family, SGT λ {cfg.sgt_weight}; {_starts(cfg)}; this invocation: "
           f"wall {wall_s:.0f} s on {os.cpu_count()} CPU(s), load average {load[0][0]:.2f} -> {load[1][0]:.2f}; "
           f"{reused} SFT/run step(s) reused.\n",
           "## SFT start (greedy accuracy train / held-out per family)\n",
-          *[f"- seed {s} {n}: " + ", ".join(f"{f} {a['train']:.2f}/{a['eval']:.2f}" for f, a in rep["accuracy"].items())
+          *[f"- SFT seed {s} {n}: " + ", ".join(f"{f} {a['train']:.2f}/{a['eval']:.2f}" for f, a in rep["accuracy"].items())
             for s, reps in sft.items() for n, rep in reps.items()],
           "\n## Acceptance\n", f"Accuracies checked: sampled (successes / samples, {cfg.eval_k} samples per prompt at the "
           "rollout temperature): the policy's expected reward, what GRPO maximises; greedy accuracy is printed beside "

@@ -61,7 +61,28 @@ def test_gpt2_arch_is_built_without_dropout():
 def test_sft_steps_per_policy():
     cfg = StudyConfig(sft_steps=7, sft_steps_per_policy=(("qwen-add", 11),))
     assert cfg.sft_config(3, STUDY_POLICIES[0]).steps == 11 and cfg.sft_config(3, STUDY_POLICIES[1]).steps == 7
-    assert cfg.sft_config(3).steps == 7 and cfg.sft_config(3, STUDY_POLICIES[0]).seed == 3
+    assert cfg.sft_config(3).steps == 7 and cfg.sft_config(3, STUDY_POLICIES[0]).seed == 0  # the shared start
+    assert replace(cfg, sft_seed=None).sft_config(3, STUDY_POLICIES[0]).seed == 3
+
+
+def test_shared_start_and_pool_and_per_policy_lr():
+    from mrl_llm.demo.setup import DemoConfig
+    from mrl_llm.demo.study import eval_set, study_run_config
+
+    cfg = StudyConfig()  # the preset: one start and one pool, shared by every seed
+    assert (cfg.sft_seed, cfg.pool_seed) == (0, 0)
+    assert [cfg.sft_config(s, STUDY_POLICIES[0]).seed for s in (0, 1, 2)] == [0, 0, 0]
+    assert eval_set(cfg, 2) == eval_set(cfg, 0)
+    own = StudyConfig(sft_seed=None, pool_seed=None)
+    assert [own.sft_config(s, STUDY_POLICIES[0]).seed for s in (0, 1, 2)] == [0, 1, 2]
+    assert eval_set(own, 2) != eval_set(own, 0) and eval_set(own, 0) == eval_set(cfg, 0)
+    assert StudyConfig(sft_seed=5).sft_config(1).seed == 5 and StudyConfig(pool_seed=5).pool_seed_of(1) == 5
+    assert DemoConfig().sft_config(3).seed == 3 and DemoConfig().pool_seed_of(3) == 3  # the demo: per seed
+    dirs = {p.name: f"/m/{p.name}" for p in STUDY_POLICIES}
+    m = study_run_config(StudyConfig(lr=1e-4, lr_per_policy=(("qwen-add", 5e-5),)), "grpo", 1, dirs)
+    assert [p["train"]["lr"] for p in m["policies"]] == [5e-5, 1e-4, 1e-4] and m["seed"] == 1
+    assert [p["train"]["lr"] for p in study_run_config(StudyConfig(lr=2e-4, lr_per_policy=()), "grpo", 0,
+                                                       dirs)["policies"]] == [2e-4] * 3
 
 
 def test_cli_parses_study_options(monkeypatch, tmp_path):
@@ -86,6 +107,17 @@ def test_cli_parses_study_options(monkeypatch, tmp_path):
     main(["study", "--out", str(tmp_path), "--no-embed-lr"])
     assert seen["cfg"].embed_lr is None
     assert main(["study", "--out", str(tmp_path), "--embed-lr", "-1"]) == 2
+    main(["study", "--out", str(tmp_path), "--sft-seed", "4", "--pool-seed", "7"])
+    assert (seen["cfg"].sft_seed, seen["cfg"].pool_seed) == (4, 7)
+    main(["study", "--out", str(tmp_path), "--per-seed-sft", "--per-seed-pool"])
+    assert (seen["cfg"].sft_seed, seen["cfg"].pool_seed) == (None, None)
+    main(["study", "--out", str(tmp_path), "--lr-policy", "qwen-add=5e-5", "--lr-policy", "gpt2-mul=2e-4"])
+    assert seen["cfg"].lr_per_policy == (("qwen-add", 5e-5), ("gpt2-mul", 2e-4))
+    main(["study", "--out", str(tmp_path)])
+    assert seen["cfg"].lr_per_policy == StudyConfig().lr_per_policy
+    for bad in ("qwen-add", "qwen-add=fast", "=1e-4", "", "nobody=1e-4", "qwen-add=0"):
+        assert main(["study", "--out", str(tmp_path), "--lr-policy", bad]) == 2, bad
+    assert main(["study", "--out", str(tmp_path), "--sft-seed", "-1"]) == 2
 
 
 def test_study_run_config_gives_each_architecture_its_norm_group():
@@ -163,6 +195,14 @@ def test_study_policies_are_heterogeneous():
     ({"embed_lr": float("nan")}, "embed-lr must be >= 0"),
     ({"norm_lr": None, "embed_lr": 0.0, "policies": (STUDY_POLICIES[0], replace(STUDY_POLICIES[1], arch="mamba"))},
      "no embedding glob"),
+    ({"sft_seed": -1}, "sft-seed must be an integer >= 0"),
+    ({"sft_seed": True}, "sft-seed must be an integer >= 0"),
+    ({"pool_seed": 1.5}, "pool-seed must be an integer >= 0"),
+    ({"lr_per_policy": (("mistral-div", 1e-4),)}, "names policy 'mistral-div'"),
+    ({"lr_per_policy": (("qwen-add", 0.0),)}, "must be a number > 0"),
+    ({"lr_per_policy": (("qwen-add", float("nan")),)}, "must be a number > 0"),
+    ({"lr_per_policy": (("qwen-add", 1e-4), ("qwen-add", 5e-5))}, "more than one learning rate"),
+    ({"lr_per_policy": ("qwen-add",)}, "NAME=LR pairs"),
 ])
 def test_study_config_rejects_malformed_settings(kw, msg):
     with pytest.raises(ValueError, match=msg):
@@ -311,15 +351,25 @@ def test_study_end_to_end_tiny(tmp_path):
     pols = tuple(replace(p, size=ArchSize(hidden=32, layers=1, heads=2, kv_heads=1)) for p in STUDY_POLICIES)
     cfg = StudyConfig(families=TINY, policies=pols, steps=2, prompts_per_step=3, group_size=2, pool_per_family=2,
                       eval_every=1, eval_k=1, sft_steps=20, sft_steps_per_policy=(), sft_batch=16,
-                      regimes=("grpo", "sgt"), embed_lr=0.0)
+                      regimes=("grpo", "sgt"), embed_lr=0.0, seeds=2)
     lines: list[str] = []
     doc = run_study(cfg, tmp_path, jobs=0, say=lines.append)
     assert (tmp_path / "tokenizers" / "char" / "tokenizer.json").is_file()
     assert doc["steps"] == [0, 1, 2]
-    assert set(doc["runs"]) == {"grpo/seed0", "sgt/seed0"}
+    assert set(doc["runs"]) == {"grpo/seed0", "sgt/seed0", "grpo/seed1", "sgt/seed1"}
+    # one SFT per policy, shared by both seeds (sft_seed 0): no seed1/sft, three SFT lines, both seeds' runs
+    # start from the same weights and train on the same pool (the same prompts evaluated at step 0)
+    assert not (tmp_path / "seed1" / "sft").exists() and sum(x.startswith("[seed 0] SFT ") for x in lines) == 3
+    assert not any(x.startswith("[seed 1] SFT") for x in lines)
+    ids = [{json.loads(x)["prompt_id"] for x in (tmp_path / f"seed{s}" / "grpo" / "eval.jsonl").read_text().splitlines()}
+           for s in (0, 1)]
+    assert ids[0] == ids[1]
+    starts = [json.loads((tmp_path / f"seed{s}" / "grpo" / "done.json").read_text())["settings"]["run"]["policies"]
+              for s in (0, 1)]
+    assert [p["model_dir"] for p in starts[0]] == [p["model_dir"] for p in starts[1]]
     md = (tmp_path / "study.md").read_text()
     assert "## Acceptance" in md and "GRPO improves every policy" in md and "SGT vs GRPO" in md
-    assert "token embeddings lr 0 (frozen)" in md
+    assert "token embeddings lr 0 (frozen)" in md and "shared by every seed (SFT seed 0)" in md
     # embed_lr 0: every policy's token embedding (and tied head) leaves RL exactly as the SFT made it
     from mrl_llm.models import load_policy
 
@@ -335,4 +385,4 @@ def test_study_end_to_end_tiny(tmp_path):
     # resumable: the same command reuses every SFT and run
     lines.clear()
     run_study(cfg, tmp_path, jobs=0, say=lines.append)
-    assert sum("(reused)" in x for x in lines) == 3 + 2
+    assert sum("(reused)" in x for x in lines) == 3 + 4
