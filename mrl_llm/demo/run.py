@@ -54,6 +54,14 @@ def _same(path: Path, settings: dict[str, Any]) -> bool:
     return path.is_file() and json.loads(path.read_text()).get("settings") == json.loads(json.dumps(settings))
 
 
+def portable_run(mapping: dict[str, Any], out_dir: str | Path) -> dict[str, Any]:
+    """``mapping`` as a run's ``done`` file records it: each policy's start (``model_dir``) relative to the run's
+    own directory, so that a moved or copied output directory (or another spelling of ``--out``) is reused."""
+    d = Path(out_dir).resolve()
+    pols = [{**p, "model_dir": os.path.relpath(Path(p["model_dir"]).resolve(), d)} for p in mapping["policies"]]
+    return {**mapping, "policies": pols}
+
+
 def _fresh(d: Path, done: Path) -> None:
     """Make ``d`` empty for a new step: an unfinished one of ours (no ``done`` file) is removed."""
     if d.exists():
@@ -103,7 +111,7 @@ def run_job(cfg: DemoConfig, regime: str, seed: int, policy_dirs: dict[str, str]
     d = Path(out_dir)
     done = d / "heldout.json"
     mapping = run_config(cfg, regime, seed, policy_dirs)
-    settings = {"run": mapping, "sft": [sft_settings(cfg, p, seed) for p in cfg.policies]}
+    settings = {"run": portable_run(mapping, d), "sft": [sft_settings(cfg, p, seed) for p in cfg.policies]}
     if _same(done, settings):
         return {"regime": regime, "seed": seed, "reused": True}
     _fresh(d, done)

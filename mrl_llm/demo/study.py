@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mrl_llm.demo.run import _fresh, _quiet, _same, run_demo, sft_settings
+from mrl_llm.demo.run import _fresh, _quiet, _same, portable_run, run_demo, sft_settings
 from mrl_llm.demo.setup import DemoConfig, DemoPolicy, rl_pool, run_config
 from mrl_llm.demo.sft import ArchSize, SFTConfig
 from mrl_llm.rewards.arithmetic import Family
@@ -182,7 +182,7 @@ def study_run_job(cfg: StudyConfig, regime: str, seed: int, policy_dirs: dict[st
     d = Path(out_dir)
     done = d / "done.json"
     mapping = study_run_config(cfg, regime, seed, policy_dirs)
-    settings = {"run": mapping, "sft": [sft_settings(cfg, p, seed) for p in cfg.policies], "eval": "pool+heldout",
+    settings = {"run": portable_run(mapping, d), "sft": [sft_settings(cfg, p, seed) for p in cfg.policies], "eval": "pool+heldout",
                 "pool_seed": cfg.pool_seed_of(seed)}
     if _same(done, settings):
         return {"regime": regime, "seed": seed, "reused": True}

@@ -4,6 +4,8 @@ command end to end at a tiny size."""
 from __future__ import annotations
 
 import json
+import os
+import shutil
 from dataclasses import replace
 
 import pytest
@@ -340,6 +342,16 @@ def test_acceptance_and_claims_lines():
     assert "PASS" in acceptance(flip(False), seeds, ["p"], [0, 10])[0]
 
 
+def test_a_run_records_its_start_relative_to_its_own_directory(tmp_path):
+    from mrl_llm.demo.run import portable_run
+
+    run = {"name": "r", "policies": [{"name": "a", "model_dir": str(tmp_path / "seed0" / "sft" / "a"), "engine": "hf"}]}
+    rec = portable_run(run, tmp_path / "seed1" / "grpo")
+    assert rec["policies"] == [{"name": "a", "model_dir": os.path.join("..", "..", "seed0", "sft", "a"), "engine": "hf"}]
+    assert rec["name"] == "r" and run["policies"][0]["model_dir"] == str(tmp_path / "seed0" / "sft" / "a")
+    assert portable_run({"name": "r", "policies": []}, tmp_path) == {"name": "r", "policies": []}
+
+
 # -- end to end, tiny ----------------------------------------------------------------------------
 TINY = (Family("add", "+", (0, 4), (0, 4)), Family("sub", "-", (0, 4), (0, 4), b_le_a=True),
         Family("mul_small", "*", (0, 2), (0, 4)))
@@ -364,9 +376,10 @@ def test_study_end_to_end_tiny(tmp_path):
     ids = [{json.loads(x)["prompt_id"] for x in (tmp_path / f"seed{s}" / "grpo" / "eval.jsonl").read_text().splitlines()}
            for s in (0, 1)]
     assert ids[0] == ids[1]
-    starts = [json.loads((tmp_path / f"seed{s}" / "grpo" / "done.json").read_text())["settings"]["run"]["policies"]
+    starts = [[(tmp_path / f"seed{s}" / "grpo" / p["model_dir"]).resolve()
+               for p in json.loads((tmp_path / f"seed{s}" / "grpo" / "done.json").read_text())["settings"]["run"]["policies"]]
               for s in (0, 1)]
-    assert [p["model_dir"] for p in starts[0]] == [p["model_dir"] for p in starts[1]]
+    assert starts[0] == starts[1] == [(tmp_path / "seed0" / "sft" / p.name).resolve() for p in pols]
     md = (tmp_path / "study.md").read_text()
     assert "## Acceptance" in md and "GRPO improves every policy" in md and "SGT vs GRPO" in md
     assert "token embeddings lr 0 (frozen)" in md and "shared by every seed (SFT seed 0)" in md
@@ -385,4 +398,11 @@ def test_study_end_to_end_tiny(tmp_path):
     # resumable: the same command reuses every SFT and run
     lines.clear()
     run_study(cfg, tmp_path, jobs=0, say=lines.append)
+    assert sum("(reused)" in x for x in lines) == 3 + 4
+    # ... and so does a copy of the directory elsewhere, given under a relative spelling (the runs record their
+    # start relative to their own directory, not as --out spelt it)
+    copy = tmp_path.parent / f"{tmp_path.name}-copy"
+    shutil.copytree(tmp_path, copy)
+    lines.clear()
+    run_study(cfg, os.path.relpath(copy), jobs=0, say=lines.append)
     assert sum("(reused)" in x for x in lines) == 3 + 4
