@@ -30,7 +30,7 @@ step's diagnostics apart from it; :func:`run_update` is the loop and its one abo
 kept apart in the loop (``if share is not None``). Each mini-batch's rows become this rank's token-balanced
 share, its ``LossNorm`` the all-reduced global counts, its micro-batch count the ranks' largest (fillers
 with loss x 0), a non-finite loss anywhere aborts everywhere, and the logged loss terms are summed over
-ranks. Diagnostics other than the loss terms are this rank's rows'. Without ``share``: the one-process update.
+ranks — two small collectives a mini-batch (:mod:`mrl_llm.parallel.share`) besides FSDP's. Diagnostics other than the loss terms are this rank's rows'. Without ``share``: the one-process update.
 """
 
 from __future__ import annotations
@@ -221,26 +221,30 @@ def run_update(
     model.train()
     for rows in mbs:
         local = rows if share is None else share.rows(rows, seq_lens)  # worker group: this rank's share
-        norm = batch.norm(rows) if share is None else share.norm(batch, local)  # global counts either way
         groups = micro_batch_groups(local, seq_lens, micro_batch=micro_batch, max_tokens=max_tokens)
-        plan = [(g, True) for g in groups] if share is None else share.micro_batches(groups, filler=rows[:1])
+        if share is None:
+            norm, plan = batch.norm(rows), [(g, True) for g in groups]
+        else:  # global counts, and as many micro-batches as the busiest rank
+            norm, plan = share.plan(batch, local, groups, filler=rows[:1])
         optimizer.zero_grad(set_to_none=True)
         losses = {"loss": 0.0, "pg_loss": 0.0, "sgt_loss": 0.0, "kl_loss": 0.0}
-        grad_norm = None
+        finite = True
         for idx, real in plan:
             out, mb = micro_batch_loss(model, batch, idx, snapshot, loss_cfg=loss_cfg, temperature=temperature,
                                        pad_id=pad_id, norm=norm, ref_model=ref_model,
                                        res=res if real else UpdateResult(), logprob_chunk=logprob_chunk)
-            finite = bool(torch.isfinite(out.loss).all())
-            if not (finite if share is None else share.all_finite(finite)):
-                break
+            ok = bool(torch.isfinite(out.loss).all())
+            finite = finite and ok
+            if not finite and share is None:
+                break  # one process: nothing else to run; a rank goes on (its backward passes are collectives)
             (out.loss if real else out.loss * 0.0).backward()
-            if real:
+            if real and ok:
                 diag.micro_batch(mb, out, losses)
-        else:
+        if share is not None:  # the global loss terms, and a non-finite loss on any rank aborts on every rank
+            losses, finite = share.totals(losses, finite)
+        grad_norm = None
+        if finite:
             grad_norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip is not None else math.inf)
-            if share is not None:
-                losses = share.sum(losses)
         if grad_norm is None or not torch.isfinite(grad_norm):  # the one abort path: no step for this and the rest
             optimizer.zero_grad(set_to_none=True)
             res.nan_skipped = True

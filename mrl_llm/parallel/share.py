@@ -3,14 +3,20 @@
 For each optimizer mini-batch (the same global rows on every rank, each rank holding the whole batch):
 
 * :meth:`RankShare.rows`: this rank's rows, :func:`~mrl_llm.parallel.split.split_by_tokens` of the mini-batch;
-* :meth:`RankShare.norm`: the mini-batch's :class:`LossNorm` from the *global* counts — each rank counts its
-  own rows and the counts are all-reduced (summed). Every loss term divides by these, so the ranks' losses sum
-  to the one-process loss and FSDP's summed gradient (:mod:`mrl_llm.parallel.fsdp`) is its gradient;
-* :meth:`RankShare.micro_batches`: every rank runs the same number of forward/backward passes (each is a
-  collective under FSDP): a rank with fewer micro-batches pads with *fillers* (a real row whose loss is
-  multiplied by 0: no gradient, no diagnostics);
-* :meth:`RankShare.all_finite`: a non-finite loss on any rank aborts the mini-batch on every rank;
-* :meth:`RankShare.sum`: the mini-batch's loss terms summed over the ranks (the logged loss is the global one).
+* :meth:`RankShare.plan` (one collective): the mini-batch's :class:`LossNorm` from the *global* counts — each
+  rank counts its own rows and the counts are all-reduced (summed); every loss term divides by these, so the
+  ranks' losses sum to the one-process loss and FSDP's summed gradient (:mod:`mrl_llm.parallel.fsdp`) is its
+  gradient — and its micro-batches: every rank runs the same number of forward/backward passes (each is a
+  collective under FSDP), a rank with fewer pads with *fillers* (a real row whose loss is multiplied by 0: no
+  gradient, no diagnostics);
+* :meth:`RankShare.totals` (one collective, after the backward passes): the mini-batch's loss terms summed over
+  the ranks (the logged loss is the global one) and whether every rank's losses were finite — a non-finite loss
+  on any rank aborts the mini-batch on every rank. (A rank with a non-finite loss still runs its remaining
+  backward passes, collectives under FSDP; the gradients are dropped.)
+
+The counts, the micro-batch counts and the finite flags ride on the fp64 sum of :meth:`WorkerGroup.sum` (counts
+are integers far below 2**53; each rank's micro-batch count sits in its own slot, the largest is read off), so a
+mini-batch costs two small collectives besides FSDP's, not one per micro-batch.
 
 A group of one gives the one-process update exactly (its share is every row, its counts its own).
 """
@@ -37,20 +43,22 @@ class RankShare:
     def rows(self, rows: Sequence[int], seq_lens: Sequence[int]) -> list[int]:
         return split_by_tokens(list(rows), list(seq_lens), self.group.world_size)[self.group.rank]
 
-    def norm(self, batch: TrainBatch, local: Sequence[int]) -> LossNorm:
+    def plan(self, batch: TrainBatch, local: Sequence[int], groups: list[list[int]],
+             filler: list[int]) -> tuple[LossNorm, list[tuple[list[int], bool]]]:
+        """The mini-batch's global :class:`LossNorm` and this rank's ``(rows, real)`` micro-batches: ``groups``
+        (of ``local``, its share) then fillers up to the largest count over the ranks. One collective."""
         n = batch.norm(local)
-        pg_tok, pg_rows, sgt_tok, kl_tok, kl_rows = self.group.sum(
-            [n.pg_tokens, n.pg_rows, n.sgt_tokens, n.kl_tokens or 0.0, n.kl_rows or 0.0])
-        return LossNorm(pg_tokens=pg_tok, pg_rows=pg_rows, sgt_tokens=sgt_tok, kl_tokens=kl_tok, kl_rows=kl_rows)
+        k = self.group.world_size
+        counts = [0.0] * k
+        counts[self.group.rank] = float(len(groups))
+        got = self.group.sum([n.pg_tokens, n.pg_rows, n.sgt_tokens, n.kl_tokens or 0.0, n.kl_rows or 0.0, *counts])
+        pg_tok, pg_rows, sgt_tok, kl_tok, kl_rows = got[:5]
+        most = int(max(got[5:]))
+        norm = LossNorm(pg_tokens=pg_tok, pg_rows=pg_rows, sgt_tokens=sgt_tok, kl_tokens=kl_tok, kl_rows=kl_rows)
+        return norm, [(g, True) for g in groups] + [(list(filler), False)] * (most - len(groups))
 
-    def micro_batches(self, groups: list[list[int]], filler: list[int]) -> list[tuple[list[int], bool]]:
-        """``(rows, real)`` pairs: ``groups`` then fillers up to the largest count over the ranks."""
-        n = self.group.max_int(len(groups))
-        return [(g, True) for g in groups] + [(list(filler), False)] * (n - len(groups))
-
-    def all_finite(self, ok: bool) -> bool:
-        return self.group.all_true(ok)
-
-    def sum(self, values: dict[str, float]) -> dict[str, float]:
-        keys = sorted(values)
-        return dict(zip(keys, self.group.sum([values[k] for k in keys]), strict=True))
+    def totals(self, losses: dict[str, float], finite: bool) -> tuple[dict[str, float], bool]:
+        """``losses`` summed over the ranks and whether ``finite`` holds on every rank. One collective."""
+        keys = sorted(losses)
+        got = self.group.sum([losses[k] for k in keys] + [0.0 if finite else 1.0])
+        return dict(zip(keys, got[:-1], strict=True)), got[-1] == 0.0

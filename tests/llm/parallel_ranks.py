@@ -78,10 +78,12 @@ def _full(t: torch.Tensor) -> torch.Tensor:
 
 def update_once(group: WorkerGroup, *, dtype: str = "fp32", steps: int = 1, micro_batch: int = 2,
                 grad_accum: int | None = None, grad_clip: float | None = 1.0, eps: float = 1e-6,
-                max_tokens: int | None = None, logprob_chunk: int | None = None) -> dict[str, Any]:
+                max_tokens: int | None = None, logprob_chunk: int | None = None,
+                nan_rank: int | None = None) -> dict[str, Any]:
     """``steps`` updates of :func:`tiny_model` on :func:`synthetic_batch` over ``group``: the full weights after,
     each optimizer step's full gradients, and the metrics (``logprob_chunk``: the LM head in chunks). ``eps``: AdamW's (at the default 1e-8 a first step
-    is ``lr * sign(g)`` for a gradient element of ~1e-8, so float noise in such elements moves it by ~lr)."""
+    is ``lr * sign(g)`` for a gradient element of ~1e-8, so float noise in such elements moves it by ~lr).
+    ``nan_rank``: that rank's forward returns NaN log-probs (a loss that overflowed there only)."""
     precision = Precision(dtype)
     model = tiny_model()
     ref = lowp_copy(model, precision.compute_dtype)
@@ -89,12 +91,21 @@ def update_once(group: WorkerGroup, *, dtype: str = "fp32", steps: int = 1, micr
     shard_model(ref, precision, group)
     opt = RecordingAdamW(model.parameters(), lr=1e-3, weight_decay=0.01, eps=eps)
     metrics = []
-    for step in range(steps):
-        with precision.autocast("cpu"):
-            res = run_update(model, opt, synthetic_batch(seed=step), loss_cfg=LOSS, temperature=1.0,
-                             micro_batch=micro_batch, grad_accum=grad_accum, grad_clip=grad_clip, pad_id=0,
-                             ref_model=ref, max_tokens=max_tokens, share=RankShare(group), logprob_chunk=logprob_chunk)
-        metrics.append(res.metrics)
+    import mrl_llm.update as update_mod
+
+    real = update_mod.forward_logprobs
+    if nan_rank == group.rank:
+        update_mod.forward_logprobs = lambda *a, **kw: (lambda lp, ent: (lp * float("nan"), ent))(*real(*a, **kw))
+    try:
+        for step in range(steps):
+            with precision.autocast("cpu"):
+                res = run_update(model, opt, synthetic_batch(seed=step), loss_cfg=LOSS, temperature=1.0,
+                                 micro_batch=micro_batch, grad_accum=grad_accum, grad_clip=grad_clip, pad_id=0,
+                                 ref_model=ref, max_tokens=max_tokens, share=RankShare(group),
+                                 logprob_chunk=logprob_chunk)
+            metrics.append(res.metrics)
+    finally:
+        update_mod.forward_logprobs = real
     from mrl_llm.logprobs import SHARDED_METHOD
 
     return {"state": full_state_dict(model), "metrics": metrics, "grads": opt.grads,

@@ -18,6 +18,7 @@ VARIANTS = [
     {"steps": 2, "micro_batch": 2, "grad_accum": 2, "max_tokens": 40},  # 3 mini-batches a step, token budget
     {"dtype": "bf16"},
     {"logprob_chunk": 5},  # the LM head in chunks of 5 response positions (the root's registered forward method)
+    {"nan_rank": 1},  # a non-finite loss on rank 1 only (rank 0's are finite)
 ]
 
 
@@ -63,6 +64,13 @@ def test_bf16_on_two_ranks_keeps_fp32_masters_and_follows_one_process(one_and_tw
     assert all(v.dtype == torch.float32 for v in two["state"].values())
     assert two["metrics"][0]["loss"] == pytest.approx(one["metrics"][0]["loss"], abs=2e-2)  # bf16 compute
     assert _max_diff(one["state"], two["state"]) < 1e-3 * 2  # at most ~lr per element apart
+
+
+def test_a_non_finite_loss_on_one_rank_skips_the_update_on_every_rank(one_and_two):
+    one, two = one_and_two[0][4], one_and_two[1][4]
+    assert one["metrics"][0].get("nan_skipped", 0.0) == 0.0  # the one process (rank 0) has a finite loss
+    assert two["metrics"] == [{"nan_skipped": 1.0}] and two["grads"] == []  # rank 0 saw rank 1's NaN: no step
+    assert _max_diff(two["state"], tiny_model().state_dict()) == 0.0
 
 
 def test_group_spec_malformed_and_group_of_one():

@@ -68,6 +68,7 @@ def test_global_norm_is_the_sum_of_the_rank_counts():
     for f in ("pg_tokens", "pg_rows", "sgt_tokens", "kl_tokens", "kl_rows"):
         assert sum(getattr(p, f) for p in parts) == getattr(whole, f)
     one = RankShare(WorkerGroup(GroupSpec(rank=0, world_size=1)))
-    assert one.norm(batch, rows) == whole
-    assert one.micro_batches([[0, 1], [2]], filler=[0]) == [([0, 1], True), ([2], True)]
-    assert one.sum({"b": 1.0, "a": 2.0}) == {"a": 2.0, "b": 1.0}
+    assert one.plan(batch, rows, [[0, 1], [2]], filler=[0]) == (whole, [([0, 1], True), ([2], True)])
+    assert one.plan(batch, [], [], filler=[0]) == (batch.norm([]), [])  # an empty share: no micro-batches
+    assert one.totals({"b": 1.0, "a": 2.0}, True) == ({"a": 2.0, "b": 1.0}, True)
+    assert one.totals({}, False) == ({}, False)
