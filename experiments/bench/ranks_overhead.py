@@ -18,6 +18,10 @@ THL 0.038 vs 0.011 s, weight gather 0.006 vs 0 s, generation 0.082 vs 0.074 s); 
 0.285 s; update 0.264 vs 0.155 s). The demo's step is too short for the group's fixed costs: FSDP2's per-layer
 all-gathers and reduce-scatters on a 300 K-parameter model are latency, not work. Both miss the 1.15 target.
 Earlier, on the same machine while other jobs ran: 1.40x (1.163 vs 0.833 s; the gather then 0.104 s) and 7.57x.
+Again on the idle machine (2026-12-04, a faster day: k = 1 steps 0.15 s): ``--steps 6``: 1.66x (0.252 vs 0.152 s;
+update 0.145 vs 0.087 s, exchange + THL 0.023 vs 0.008 s); ``--steps 11``, alternating the code before and after the
+update's explicit collectives were merged (3 + one per micro-batch -> 2 a mini-batch): 1.69x, 1.63x before, 1.76x,
+1.73x after (k = 2 update 0.162 / 0.153 vs 0.157 / 0.156 s): no measurable change; the FSDP2 collectives remain.
 """
 
 from __future__ import annotations
