@@ -30,7 +30,8 @@ step's diagnostics apart from it; :func:`run_update` is the loop and its one abo
 kept apart in the loop (``if share is not None``). Each mini-batch's rows become this rank's token-balanced
 share, its ``LossNorm`` the all-reduced global counts, its micro-batch count the ranks' largest (fillers
 with loss x 0), a non-finite loss anywhere aborts everywhere, and the logged loss terms are summed over
-ranks — two small collectives a mini-batch (:mod:`mrl_llm.parallel.share`) besides FSDP's. Diagnostics other than the loss terms are this rank's rows'. Without ``share``: the one-process update.
+ranks — two small collectives a mini-batch (:mod:`mrl_llm.parallel.share`) besides FSDP's. Diagnostics other
+than the loss terms are this rank's rows'. Without ``share``: the one-process update.
 """
 
 from __future__ import annotations

@@ -185,8 +185,8 @@ def study_run_job(cfg: StudyConfig, regime: str, seed: int, policy_dirs: dict[st
     d = Path(out_dir)
     done = d / "done.json"
     mapping = study_run_config(cfg, regime, seed, policy_dirs)
-    settings = {"run": portable_run(mapping, d), "sft": [sft_settings(cfg, p, seed) for p in cfg.policies], "eval": "pool+heldout",
-                "pool_seed": cfg.pool_seed_of(seed)}
+    settings = {"run": portable_run(mapping, d), "sft": [sft_settings(cfg, p, seed) for p in cfg.policies],
+                "eval": "pool+heldout", "pool_seed": cfg.pool_seed_of(seed)}
     if _same(done, settings):
         return {"regime": regime, "seed": seed, "reused": True}
     _fresh(d, done)

@@ -6,9 +6,9 @@ and each calls :meth:`WorkerGroup.join`. The backend is ``gloo`` on CPU and ``nc
 (:func:`backend_for`). A group of one (``world_size == 1``) creates no process group: its collectives are the
 identity, so k = 1 runs the same code as k > 1.
 
-The collectives the trainer needs are small and explicit: :meth:`WorkerGroup.sum` (float vectors, fp64),
-:meth:`WorkerGroup.max_int`, :meth:`WorkerGroup.all_true` and :meth:`WorkerGroup.gather_objects` (picklable
-objects, e.g. the peer traces each rank aligned).
+The collectives the trainer needs are small and explicit: :meth:`WorkerGroup.sum` (float vectors, fp64: counts,
+loss terms and flags ride on it, :mod:`mrl_llm.parallel.share`) and :meth:`WorkerGroup.gather_objects`
+(picklable objects, e.g. the peer traces each rank aligned).
 
 Rank 0's process hosts the group's TCP store (the rendezvous every rank talks to), so leaving is ordered
 (:meth:`WorkerGroup.close`, a collective): a barrier (every rank's collectives are done), each rank destroys
@@ -132,14 +132,6 @@ class WorkerGroup:
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
         return t.cpu().tolist()
 
-    def max_int(self, value: int) -> int:
-        """The largest ``value`` over the ranks."""
-        if not self.sharded:
-            return int(value)
-        t = torch.tensor([int(value)], dtype=torch.int64, device=self._device())
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return int(t.item())
-
     def gather_objects(self, obj: Any) -> list[Any]:
         """Every rank's ``obj`` (picklable), in rank order; ``[obj]`` for a group of one."""
         if not self.sharded:
@@ -147,11 +139,3 @@ class WorkerGroup:
         out: list[Any] = [None] * self.world_size
         dist.all_gather_object(out, obj)
         return out
-
-    def all_true(self, flag: bool) -> bool:
-        """Whether ``flag`` holds on every rank."""
-        if not self.sharded:
-            return bool(flag)
-        t = torch.tensor([0 if flag else 1], dtype=torch.int64, device=self._device())
-        dist.all_reduce(t, op=dist.ReduceOp.SUM)
-        return int(t.item()) == 0
