@@ -177,8 +177,9 @@ def _study(args: argparse.Namespace) -> int:
     from mrl_llm.demo.study import StudyConfig, run_study
 
     over = {k: getattr(args, k) for k in ("seeds", "first_seed", "steps", "prompts_per_step", "group_size", "lr",
-                                          "optimizer", "sgt_weight", "kl_coef", "pool_per_family", "eval_every",
-                                          "eval_k", "sft_steps", "norm_lr", "embed_lr", "sft_seed", "pool_seed")
+                                          "optimizer", "sgt_weight", "sgt_successes", "kl_coef", "pool_per_family",
+                                          "eval_every", "eval_k", "sft_steps", "norm_lr", "embed_lr", "sft_seed",
+                                          "pool_seed")
             if getattr(args, k) is not None}
     if args.per_seed_sft:
         over["sft_seed"] = None
@@ -270,6 +271,8 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--lr", type=float, help="RL learning rate")
     st.add_argument("--optimizer", choices=["adamw", "adam", "sgd"])
     st.add_argument("--sgt-weight", type=float, help="SGT lambda")
+    st.add_argument("--sgt-successes", type=int, help="SGT targets per rescued prompt: the shortest N peer successes "
+                    "(default 1)")
     st.add_argument("--kl-coef", type=float)
     st.add_argument("--pool-per-family", type=int, help="RL prompt pool size per family")
     st.add_argument("--eval-every", type=int)

@@ -116,6 +116,8 @@ class StudyConfig(DemoConfig):
         if self.embed_lr is not None and unknown:
             raise ValueError(f"study: no embedding glob for architecture(s) {unknown}; add them to EMBED_GLOBS "
                              f"or unset --embed-lr")
+        if isinstance(self.sgt_successes, bool) or not isinstance(self.sgt_successes, int) or self.sgt_successes < 1:
+            raise ValueError(f"study: --sgt-successes must be an integer >= 1, got {self.sgt_successes!r}")
         for key, v in (("sft-seed", self.sft_seed), ("pool-seed", self.pool_seed)):
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
                 raise ValueError(f"study: --{key} must be an integer >= 0 (or unset: one per seed), got {v!r}")

@@ -11,7 +11,7 @@ from dataclasses import replace
 import pytest
 
 from mrl_llm.demo.sft import ArchSize, arch_config, encode_example
-from mrl_llm.demo.study import MUL_SMALL, STUDY_POLICIES, StudyConfig
+from mrl_llm.demo.study import MUL_SMALL, STUDY_POLICIES, StudyConfig, study_run_config
 from mrl_llm.demo.study_report import (
     acceptance,
     claims,
@@ -120,6 +120,11 @@ def test_cli_parses_study_options(monkeypatch, tmp_path):
     for bad in ("qwen-add", "qwen-add=fast", "=1e-4", "", "nobody=1e-4", "qwen-add=0"):
         assert main(["study", "--out", str(tmp_path), "--lr-policy", bad]) == 2, bad
     assert main(["study", "--out", str(tmp_path), "--sft-seed", "-1"]) == 2
+    main(["study", "--out", str(tmp_path), "--sgt-successes", "2"])
+    assert seen["cfg"].sgt_successes == 2
+    assert study_run_config(seen["cfg"], "sgt", 0, {p.name: "x" for p in STUDY_POLICIES})["regime"]["sgt"][
+        "successes_per_prompt"] == 2
+    assert main(["study", "--out", str(tmp_path), "--sgt-successes", "0"]) == 2
 
 
 def test_study_run_config_gives_each_architecture_its_norm_group():
