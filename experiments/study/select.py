@@ -17,14 +17,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 from pathlib import Path
 
 import numpy as np
 
+from experiments.study.noise_check import t_pass_probability
 from mrl_llm.demo.study_report import ACCEPT, paired
-
-CRIT3 = 4.302652729911275  # t(0.975, df 2)
 
 
 def load(d: str | Path) -> tuple[dict, list[int], list[str], list[int]]:
@@ -33,26 +31,31 @@ def load(d: str | Path) -> tuple[dict, list[int], list[str], list[int]]:
     path = Path(d) / "study.json"
     if not path.is_file():
         raise SystemExit(f"{path}: no study.json; run `python -m mrl_llm study --out {d}` to the end first")
-    doc = json.loads(path.read_text())
+    try:
+        doc = json.loads(path.read_text())
+        runs, steps = doc["runs"], doc["steps"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise SystemExit(f"{path}: not a study report ({type(e).__name__}: {e}); rerun `python -m mrl_llm study "
+                         f"--out {d}` to rewrite it") from None
     res = {}
-    for key, curves in doc["runs"].items():
+    for key, curves in runs.items():
         reg, seed = key.split("/seed")
         res[(reg, int(seed))] = {p: {m: {int(s): v for s, v in by.items()} for m, by in c.items()}
                                  for p, c in curves.items()}
     seeds = sorted({s for _, s in res})
     policies = list(next(iter(res.values()))) if res else []
-    return res, seeds, policies, [int(s) for s in doc["steps"]]
+    return res, seeds, policies, [int(s) for s in steps]
 
 
-def p3(diffs: list[float], sims: int = 200_000, seed: int = 0) -> float | None:
-    """P(a 3-seed 95 % t-interval of N(mean(diffs), sd(diffs)) draws excludes 0 on the positive side)."""
+def p3(diffs: list[float]) -> float | None:
+    """P(a 3-seed 95 % t-interval of N(mean(diffs), sd(diffs)) draws excludes 0 on the positive side)
+    (:func:`experiments.study.noise_check.t_pass_probability` at mean / sd)."""
     if len(diffs) < 2:
         return None
     m, sd = float(np.mean(diffs)), float(np.std(diffs, ddof=1))
     if sd == 0:
         return float(m > 0)
-    x = np.random.default_rng(seed).normal(m, sd, (sims, 3))
-    return float((x.mean(1) - CRIT3 * x.std(1, ddof=1) / math.sqrt(3) > 0).mean())
+    return t_pass_probability(m / sd, 3)
 
 
 def _diffs(res: dict, a: str, b: str | None, metric: str, step_a: int, step_b: int, seeds: list[int],

@@ -38,3 +38,10 @@ def test_report_gives_the_paired_differences_and_the_three_seed_pass_chance(tmp_
 def test_a_directory_without_a_study_report_is_an_error_that_says_what_to_run(tmp_path):
     with pytest.raises(SystemExit, match="no study.json; run `python -m mrl_llm study --out"):
         load(tmp_path)
+
+
+def test_a_malformed_study_report_is_an_error_that_says_what_to_run(tmp_path):
+    for text in ("{not json", "{}", "[]"):
+        (tmp_path / "study.json").write_text(text)
+        with pytest.raises(SystemExit, match="not a study report .*rerun `python -m mrl_llm study --out"):
+            load(tmp_path)
