@@ -25,8 +25,14 @@ of the micro-batch unchunked, or one chunk ``c = min(logprob_chunk, b s)`` when 
 in checkpointed chunks (:func:`mrl_llm.logprobs.forward_logprobs`). ``b s`` is ``micro_batch * s``, or the
 token budget ``max_tokens_per_micro_batch`` when one is set.
 
-Rollout engine: its own weights copy ``N e`` unless it samples from the trainer's model in the same
-process (the ``hf`` engine colocated or on CPU), the KV cache ``2 L h_kv e_kv (prompt_len + max_response_len)`` per sequence in
+A whole model in one process, ``N w`` (:func:`full_model_bytes`): with ``k > 1`` every trainer rank keeps one
+beside its shards — the unsharded rollout copy the gathered weights land in after each update (the ``hf``
+engine samples from it; under ``placement: split`` it is what the trainers hand the rollout actors and
+export), :attr:`mrl_llm.rank.model.PolicyModel.rollout_model` — and a split policy's rollout actor holds
+one (its whole policy, in fp32 like a trainer's masters).
+
+Rollout engine: its own weights copy ``N e`` unless it samples from a model of the same process (the
+``hf`` engine), the KV cache ``2 L h_kv e_kv (prompt_len + max_response_len)`` per sequence in
 flight, and the sampling logits ``2 * 4 V`` per sequence. Each process adds a fixed runtime overhead
 (CUDA context, allocator slack, Python + torch), :attr:`MemoryModel.process_overhead_gib`.
 """
@@ -271,6 +277,12 @@ def training_bytes(p: PolicyFootprint, shards: int = 1) -> MemoryBreakdown:
     return MemoryBreakdown(weights=weights, gradients=n * w / shards, optimizer=n * moments / shards, activations=acts)
 
 
+def full_model_bytes(p: PolicyFootprint) -> MemoryBreakdown:
+    """``N w``: one whole, unsharded model in the trainer's weight width (module docstring)."""
+    e = DTYPE_BYTES[p.dtype]
+    return MemoryBreakdown(weights=p.n_params * (4 if (e < 4 and p.master_weights) else e))
+
+
 def kv_bytes_per_sequence(p: PolicyFootprint) -> float:
     """``2 L h_kv e (prompt_len + max_response_len)``: one sequence's KV cache at full length."""
     return 2 * p.shape.n_layers * p.shape.kv_width * DTYPE_BYTES[p.dtype] * p.seq_len
@@ -278,7 +290,7 @@ def kv_bytes_per_sequence(p: PolicyFootprint) -> float:
 
 def rollout_bytes(p: PolicyFootprint, concurrent_seqs: int, *, own_weights: bool) -> MemoryBreakdown:
     """The rollout engine's footprint on one device with ``concurrent_seqs`` sequences in flight;
-    ``own_weights=False`` when it samples from the trainer's model in the same process."""
+    ``own_weights=False`` when it samples from a model of the same process (the ``hf`` engine)."""
     return MemoryBreakdown(
         weights=p.n_params * DTYPE_BYTES[p.dtype] if own_weights else 0.0,
         activations=2 * 4 * p.shape.vocab_size * concurrent_seqs,

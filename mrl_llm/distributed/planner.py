@@ -40,6 +40,7 @@ from mrl_llm.distributed.memory import (
     GiB,
     MemoryBreakdown,
     PolicyFootprint,
+    full_model_bytes,
     kv_bytes_per_sequence,
     rollout_bytes,
     training_bytes,
@@ -156,20 +157,21 @@ def _engines(slots: list[_Slot], i: int) -> int:
 
 
 def _slot_memory(fp: PolicyFootprint, slot: _Slot, n_train: int, seqs: int, cluster: ClusterSpec) -> MemoryBreakdown:
+    """One policy's bytes on one slot's device (:mod:`mrl_llm.distributed.memory`): a trainer's shard of the
+    training state plus, with ``n_train > 1`` ranks, its whole rollout copy; a rollout actor's whole model;
+    the engine's own weights copy only for ``vllm`` (``hf`` samples from the process's whole model)."""
     mm = cluster.memory_model
     over = MemoryBreakdown(overhead=mm.process_overhead_gib * GiB)
-    if slot.role == "colocated":
-        return training_bytes(fp, n_train) + rollout_bytes(fp, seqs, own_weights=fp.engine != "hf") + over
     if slot.device.kind == "ram":  # a CPU process: its own host overhead
         over = MemoryBreakdown(overhead=mm.host_process_gib * GiB)
-    if slot.role == "train":
-        return training_bytes(fp, n_train) + over
+    engine = rollout_bytes(fp, seqs, own_weights=fp.engine == "vllm")
     if slot.role == "rollout":
-        return rollout_bytes(fp, seqs, own_weights=True) + over
-    # cpu: trainer (sharded over the policy's ranks) and engine in one process in host RAM; with ranks > 1 the
-    # engine samples from a full copy of the weights
-    host = MemoryBreakdown(overhead=mm.host_process_gib * GiB)
-    return training_bytes(fp, n_train) + rollout_bytes(fp, seqs, own_weights=fp.engine == "vllm" or n_train > 1) + host
+        return full_model_bytes(fp) + engine + over
+    trainer = training_bytes(fp, n_train) + (full_model_bytes(fp) if n_train > 1 else MemoryBreakdown())
+    if slot.role == "train":
+        return trainer + over
+    # colocated (a GPU) or cpu (host RAM): trainer (sharded over the policy's ranks) and engine in one process
+    return trainer + engine + over
 
 
 def _evaluate(

@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
 from mrl_llm.distributed.cluster import ClusterSpec, NodeSpec, load_cluster
-from mrl_llm.distributed.memory import GiB, kv_bytes_per_sequence, rollout_bytes, training_bytes
+from mrl_llm.distributed.memory import (
+    GiB,
+    full_model_bytes,
+    kv_bytes_per_sequence,
+    rollout_bytes,
+    training_bytes,
+)
 from mrl_llm.distributed.planner import PlacementPlan, apportion, plan_placement
 from shared_interfaces.config_io import ConfigError
 from shared_interfaces.mwra import AllocationError, AllocationPlan
@@ -48,7 +55,8 @@ def test_paper_pair_on_8xA100_80GB() -> None:
     c = plan.policies[0].rollout_concurrency
     expect = (training_bytes(fp, k).total + rollout_bytes(fp, c, own_weights=True).total
               + cluster.memory_model.process_overhead_gib * GiB)
-    assert math.isclose(load.used_bytes, expect)
+    assert k > 1  # ... so each rank also holds the whole rollout copy the gathered weights land in
+    assert math.isclose(load.used_bytes, expect + full_model_bytes(fp).total)
     text = plan.render()
     assert "mode=colocated" in text and "kv_cache" in text and "node0/gpu7" in text
     # asynchronous training prefers split pools when they fit
@@ -57,6 +65,19 @@ def test_paper_pair_on_8xA100_80GB() -> None:
     assert split.mode == "split"
     for p in split.policies:
         assert set(p.train_devices).isdisjoint(p.rollout_devices) and p.rollout_devices
+    # a split trainer rank: its shard plus the whole rollout copy it hands the rollout actors (k > 1);
+    # a rollout actor: a whole model (fp32, like the masters) plus vLLM's own bf16 copy and its KV cache
+    p, fp = split.policies[0], paper_pair()[0]
+    k = len(p.train_devices)
+    assert k > 1
+    parts = {ld.device.name: ld.parts for ld in split.devices}
+    (train,) = parts[p.train_devices[0]]
+    assert train.role == "train"
+    assert math.isclose(train.memory.total, training_bytes(fp, k).total + full_model_bytes(fp).total
+                        + cluster.memory_model.process_overhead_gib * GiB)
+    (roll,) = parts[p.rollout_devices[0]]
+    assert roll.role == "rollout"
+    assert math.isclose(roll.memory.weights, fp.n_params * (4 + 2))
 
 
 def test_paper_pair_on_1xH200_141GB_shares_the_gpu() -> None:
@@ -83,6 +104,12 @@ def test_cpu_demo_on_2cpu_24GiB() -> None:
     assert [p.threads for p in plan.policies] == [1, 1]
     assert all(p.rollout_concurrency == p.rollouts_per_step for p in plan.policies)
     assert "node0/ram" in plan.render()
+    # two ranks per policy: each holds its shard of the training state plus the whole copy the HF engine
+    # samples from, and no third copy for the engine
+    two = plan_placement([replace(fp, ranks=2) for fp in cpu_demo()], cluster)
+    fp = cpu_demo()[0]
+    part = next(pt for ld in two.devices for pt in ld.parts if pt.policy == fp.name)
+    assert math.isclose(part.memory.weights, training_bytes(fp, 2).weights + full_model_bytes(fp).weights)
 
 
 def test_paper_pair_refused_on_the_cpu_machine_with_the_shortfall() -> None:
