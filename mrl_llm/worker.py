@@ -50,7 +50,7 @@ from mrl_llm.rank.alignment import PeerAlignment, run_tokenizers
 from mrl_llm.rank.config import WorkerConfig, learner_loss
 from mrl_llm.rank.engine import RankEngine, make_rollout_engine
 from mrl_llm.rank.evaluation import eval_rows
-from mrl_llm.rank.model import PolicyModel, step_metrics
+from mrl_llm.rank.model import PolicyModel, rollout_copy_device, step_metrics
 from mrl_llm.rank.prompts import PromptCache
 from mrl_llm.rank.rollouts import make_records, rollout_sampling
 from mrl_llm.rank.scoring import Scorer
@@ -104,7 +104,9 @@ class LLMPolicyWorker:
         self.group = WorkerGroup.join(config.group if config.group is not None else GroupSpec(rank=0, world_size=1))
         pm = self.policy_model = PolicyModel(pol, self.tokenizer, precision=self.precision, group=self.group,
                                              device=self.device, init_seed=init_seed,
-                                             with_ref=config.loss.kl_coef > 0 or config.track_ref_kl)
+                                             with_ref=config.loss.kl_coef > 0 or config.track_ref_kl,
+                                             rollout_device=rollout_copy_device(self.device,
+                                                                                engine=config.rollout_engine))
         engine = make_rollout_engine(pol, pm.rollout_model, self.tokenizer, seed=self.seed,
                                      max_positions=pm.max_positions,
                                      engine_args=config.engine_args) if config.rollout_engine else None

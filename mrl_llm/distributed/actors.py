@@ -386,12 +386,13 @@ class PolicyActor:
         return str(d)
 
     def weights(self) -> dict[str, Any] | None:
-        """The full current weights and version, for a split policy's rollout actors (a collective in a worker
-        group: every trainer rank gathers; rank 0 answers, the others ``None``)."""
-        from mrl_llm.parallel.fsdp import full_state_dict
-
-        state = full_state_dict(self.worker.model)
-        return {"state": state, "version": int(self.worker.version)} if self.rank == 0 else None
+        """The full current weights (CPU tensors) and version, for a split policy's rollout actors: rank 0's
+        rollout copy, which took the gathered weights right after the update (``sync_engine``; for k > 1 it
+        lives in host memory on a trainer rank), so no collective; the other ranks answer ``None``."""
+        if self.rank != 0:
+            return None
+        state = {n: t.detach().cpu() for n, t in self.worker.rollout_model.state_dict().items()}
+        return {"state": state, "version": int(self.worker.version)}
 
     def load_weights(self, payload: Mapping[str, Any]) -> dict[str, Any]:
         """Take the trainers' weights (:meth:`weights`) into this rollout actor's model and engine (a vllm engine

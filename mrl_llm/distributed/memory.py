@@ -26,10 +26,11 @@ in checkpointed chunks (:func:`mrl_llm.logprobs.forward_logprobs`). ``b s`` is `
 token budget ``max_tokens_per_micro_batch`` when one is set.
 
 A whole model in one process, ``N w`` (:func:`full_model_bytes`): with ``k > 1`` every trainer rank keeps one
-beside its shards — the unsharded rollout copy the gathered weights land in after each update (the ``hf``
-engine samples from it; under ``placement: split`` it is what the trainers hand the rollout actors and
-export), :attr:`mrl_llm.rank.model.PolicyModel.rollout_model` — and a split policy's rollout actor holds
-one (its whole policy, in fp32 like a trainer's masters).
+beside its shards — the unsharded rollout copy the gathered weights land in after each update
+(:attr:`mrl_llm.rank.model.PolicyModel.rollout_model`): on the device when the rank's engine samples from
+it (``hf``) or reloads out of it (``vllm``), in host RAM on a split policy's trainer ranks, which have no
+engine and hand it to the rollout actors — and a split policy's rollout actor holds one (its whole policy,
+in fp32 like a trainer's masters).
 
 Rollout engine: its own weights copy ``N e`` unless it samples from a model of the same process (the
 ``hf`` engine), the KV cache ``2 L h_kv e_kv (prompt_len + max_response_len)`` per sequence in

@@ -158,8 +158,9 @@ def _engines(slots: list[_Slot], i: int) -> int:
 
 def _slot_memory(fp: PolicyFootprint, slot: _Slot, n_train: int, seqs: int, cluster: ClusterSpec) -> MemoryBreakdown:
     """One policy's bytes on one slot's device (:mod:`mrl_llm.distributed.memory`): a trainer's shard of the
-    training state plus, with ``n_train > 1`` ranks, its whole rollout copy; a rollout actor's whole model;
-    the engine's own weights copy only for ``vllm`` (``hf`` samples from the process's whole model)."""
+    training state plus, with ``n_train > 1`` ranks and an engine in the process, its whole rollout copy (a
+    split trainer, without an engine, keeps it in host RAM: :func:`_host_loads`); a rollout actor's whole
+    model; the engine's own weights copy only for ``vllm`` (``hf`` samples from the process's whole model)."""
     mm = cluster.memory_model
     over = MemoryBreakdown(overhead=mm.process_overhead_gib * GiB)
     if slot.device.kind == "ram":  # a CPU process: its own host overhead
@@ -167,11 +168,11 @@ def _slot_memory(fp: PolicyFootprint, slot: _Slot, n_train: int, seqs: int, clus
     engine = rollout_bytes(fp, seqs, own_weights=fp.engine == "vllm")
     if slot.role == "rollout":
         return full_model_bytes(fp) + engine + over
-    trainer = training_bytes(fp, n_train) + (full_model_bytes(fp) if n_train > 1 else MemoryBreakdown())
     if slot.role == "train":
-        return trainer + over
+        return training_bytes(fp, n_train) + over
     # colocated (a GPU) or cpu (host RAM): trainer (sharded over the policy's ranks) and engine in one process
-    return trainer + engine + over
+    copy = full_model_bytes(fp) if n_train > 1 else MemoryBreakdown()
+    return training_bytes(fp, n_train) + copy + engine + over
 
 
 def _evaluate(
@@ -218,14 +219,18 @@ def _evaluate(
 
 
 def _host_loads(fps: Sequence[PolicyFootprint], slots: list[_Slot], cluster: ClusterSpec) -> list[DeviceLoad]:
-    """Host RAM on GPU nodes: one process per GPU slot plus a staging copy of each policy's weights."""
+    """Host RAM on GPU nodes: one process per GPU slot, a staging copy of each policy's weights, and the whole
+    rollout copy of each split trainer rank of a policy trained on more than one (:func:`_slot_memory`)."""
     mm, out = cluster.memory_model, []
     for ram in cluster.rams():
         parts = []
         for i, fp in enumerate(fps):
             procs = sum(s.policy == i and s.device.node == ram.node for s in slots)
+            trainers = [s for s in slots if s.policy == i and s.role == "train"]
+            copies = sum(s.device.node == ram.node for s in trainers) if len(trainers) > 1 else 0
             if procs:
-                mem = MemoryBreakdown(weights=fp.n_params * DTYPE_BYTES[fp.dtype],
+                staging = fp.n_params * DTYPE_BYTES[fp.dtype]
+                mem = MemoryBreakdown(weights=staging + copies * full_model_bytes(fp).weights,
                                       overhead=procs * mm.host_process_gib * GiB)
                 parts.append(DevicePart(fp.name, "host", mem))
         if parts:

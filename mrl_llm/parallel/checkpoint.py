@@ -1,13 +1,13 @@
 """A worker group's checkpoint: the same files as one process's, so a run resumes with any k.
 
-* ``model/``: the **full fp32 master weights** in the HF layout, gathered from the shards
-  (:func:`~mrl_llm.parallel.fsdp.full_state_dict`) and written by rank 0;
+* ``model/``: the **full fp32 master weights** in the HF layout: rank 0's rollout copy, which took the
+  gathered shards after the last update (:func:`~mrl_llm.parallel.fsdp.gather_into`), written by rank 0;
 * ``optimizer.pt``: the optimizer state gathered to full tensors, in ``torch.optim.Optimizer.state_dict()``'s
   layout of one process (state keyed by parameter index in ``model.parameters()`` order, which sharding
   keeps), written by rank 0. :func:`load_optimizer_state` shards each full moment like its parameter, so a
   k = 2 checkpoint loads on k = 1 or 3 and the other way round.
 
-Gathering is a collective: every rank calls :func:`gathered_optimizer_state` / ``full_state_dict``; only
+Gathering is a collective: every rank calls :func:`gathered_optimizer_state`; only
 rank 0 writes. The caller then writes the manifest (:func:`mrl_llm.runstate.write_manifest`) over every file.
 """
 

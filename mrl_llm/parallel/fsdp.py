@@ -18,10 +18,9 @@ forwards with the root left gathered gave gradients off by up to 0.06; resharded
 
 A group of one is not sharded: the models are returned unchanged (the one-process trainer).
 
-:func:`full_state_dict` gathers every parameter and buffer to a full CPU tensor on every rank (each rank must
-call it; HF names, so ``save_pretrained(state_dict=...)`` writes the HF layout); :func:`load_full_state_dict`
-copies a full state dict into the shards; :func:`gather_into` copies the sharded weights into an unsharded copy
-(a rank's rollout model) bucket by bucket — one all-gather per bucket of shards (``bucket_mb``, in model order:
+:func:`load_full_state_dict` copies a full state dict (HF names, e.g. a checkpoint's ``model/``) into the
+shards; :func:`gather_into` copies the sharded weights into an unsharded copy (a rank's rollout model, the
+source of its engine, of a checkpoint's ``model/`` and of a split policy's rollout actors) bucket by bucket — one all-gather per bucket of shards (``bucket_mb``, in model order:
 a layer or a few), not one per tensor — so the gather never holds a second whole model and makes few collectives.
 """
 
@@ -75,16 +74,6 @@ def is_sharded(model: torch.nn.Module) -> bool:
     return isinstance(model, FSDPModule)
 
 
-def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Every parameter and buffer of ``model`` as a full CPU tensor (a collective when sharded: every rank calls it)."""
-    out = {}
-    for name, v in model.state_dict().items():
-        if isinstance(v, DTensor):
-            v = v.full_tensor()
-        out[name] = v.detach().cpu().clone()
-    return out
-
-
 def load_full_state_dict(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
     """Copy the full tensors ``state`` (HF names, e.g. a checkpoint's ``model/``) into ``model``'s parameters and
     buffers, each rank its shard; the same keys as ``model.state_dict()`` or a ``KeyError`` naming the difference."""
@@ -108,9 +97,9 @@ def gather_into(sharded: torch.nn.Module, full: torch.nn.Module, *, bucket_mb: f
     """Copy ``sharded``'s parameters and buffers into ``full`` (the same architecture, unsharded), bucket by bucket:
     consecutive dim-0 shards (FSDP2's ``Shard(0)``) of one dtype, up to ``bucket_mb`` MiB of this rank's shards, are
     all-gathered in one collective, put back together (rank ``r`` holds rows ``torch.chunk(rows, k)[r]``) and
-    copied into ``full``; the transient memory is one bucket's full tensors, not a whole model
-    (:func:`full_state_dict` would hold all of them at once). Other tensors (buffers, other placements) are copied
-    one by one. A collective when sharded: every rank calls it. Returns the number of tensors copied (0 for
+    copied into ``full`` (on any device: a trainer rank's copy may live in host memory); the transient memory
+    is one bucket's full tensors, not a whole model. Other tensors (buffers, other placements) are copied one
+    by one. A collective when sharded: every rank calls it. Returns the number of tensors copied (0 for
     modules without any); names or shapes that differ are a ``KeyError`` naming them, before anything is copied."""
     src, dst = sharded.state_dict(), full.state_dict()
     missing, extra = sorted(set(dst) - set(src)), sorted(set(src) - set(dst))

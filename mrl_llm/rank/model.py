@@ -7,7 +7,10 @@
 * ``ref_model`` — a frozen copy in the compute dtype, sharded the same way (None when the run neither
   penalises nor tracks the KL to the reference);
 * ``rollout_model`` — what the engine samples from: ``model`` itself for k = 1, a full (unsharded) copy
-  for k > 1 that gets the gathered weights after every update (:meth:`mrl_llm.rank.engine.RankEngine.sync`);
+  for k > 1 that gets the gathered weights after every update (:meth:`mrl_llm.rank.engine.RankEngine.sync`),
+  on the rank's device, or in host memory for a rank without an engine (``rollout_device``: a split
+  policy's trainer, whose copy only goes to the rollout actors, checkpoints and exports, all through host
+  memory; :func:`rollout_copy_device`);
 * ``optimizer`` — over the trainable masters, one group per ``train.lr_groups`` (:func:`make_optimizer`);
 * ``share`` — this rank's share of each mini-batch (:class:`~mrl_llm.parallel.share.RankShare`).
 
@@ -56,17 +59,27 @@ def make_optimizer(model: torch.nn.Module, policy: PolicyConfig) -> torch.optim.
     return torch.optim.SGD(params, lr=t.lr, weight_decay=t.weight_decay)
 
 
+def rollout_copy_device(device: torch.device, *, engine: bool) -> torch.device:
+    """Where a k > 1 rank keeps its whole rollout copy: on ``device`` when an engine on this rank samples from
+    it or reloads from it, in host memory (``cpu``) when the rank has no engine (module docstring)."""
+    return device if engine else torch.device("cpu")
+
+
 class PolicyModel:
-    """One rank's trainable state (module docstring). ``with_ref``: build the reference model."""
+    """One rank's trainable state (module docstring). ``with_ref``: build the reference model;
+    ``rollout_device``: where a k > 1 rank's rollout copy lives (default ``device``)."""
 
     def __init__(self, policy: PolicyConfig, tokenizer: Any, *, precision: Precision, group: WorkerGroup,
-                 device: torch.device, init_seed: int, with_ref: bool) -> None:
+                 device: torch.device, init_seed: int, with_ref: bool,
+                 rollout_device: torch.device | None = None) -> None:
         self.precision, self.group, self.device = precision, group, device
-        self.model = build_model(policy, tokenizer, seed=init_seed, dtype="fp32").to(device)
+        built = build_model(policy, tokenizer, seed=init_seed, dtype="fp32")
+        # k > 1: the engine samples from a whole copy; the trained model and the reference are sharded
+        rollout = copy.deepcopy(built).to(rollout_device or device) if group.sharded else None
+        self.model = built.to(device)
+        self.rollout_model = self.model if rollout is None else rollout
         self.params = count_params(self.model)
         self.ref_model = lowp_copy(self.model, precision.compute_dtype) if with_ref else None
-        # k > 1: the engine samples from a full copy; the trained model and the reference are sharded
-        self.rollout_model = copy.deepcopy(self.model) if group.sharded else self.model
         shard_model(self.model, precision, group)
         if self.ref_model is not None:
             shard_model(self.ref_model, precision, group)

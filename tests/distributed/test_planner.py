@@ -65,19 +65,22 @@ def test_paper_pair_on_8xA100_80GB() -> None:
     assert split.mode == "split"
     for p in split.policies:
         assert set(p.train_devices).isdisjoint(p.rollout_devices) and p.rollout_devices
-    # a split trainer rank: its shard plus the whole rollout copy it hands the rollout actors (k > 1);
-    # a rollout actor: a whole model (fp32, like the masters) plus vLLM's own bf16 copy and its KV cache
-    p, fp = split.policies[0], paper_pair()[0]
-    k = len(p.train_devices)
-    assert k > 1
+    # a split trainer rank: its shard on the GPU; the whole rollout copy it hands the rollout actors (k > 1)
+    # in host RAM, one per trainer rank beside the node's staging copy; a rollout actor: a whole model (fp32,
+    # like the masters) plus vLLM's own bf16 copy and its KV cache
     parts = {ld.device.name: ld.parts for ld in split.devices}
-    (train,) = parts[p.train_devices[0]]
-    assert train.role == "train"
-    assert math.isclose(train.memory.total, training_bytes(fp, k).total + full_model_bytes(fp).total
-                        + cluster.memory_model.process_overhead_gib * GiB)
-    (roll,) = parts[p.rollout_devices[0]]
-    assert roll.role == "rollout"
-    assert math.isclose(roll.memory.weights, fp.n_params * (4 + 2))
+    host = {pt.policy: pt.memory for pt in parts["node0/ram"]}
+    for p, fp in zip(split.policies, paper_pair(), strict=True):
+        k = len(p.train_devices)
+        assert k > 1
+        (train,) = parts[p.train_devices[0]]
+        assert train.role == "train"
+        assert math.isclose(train.memory.total, training_bytes(fp, k).total
+                            + cluster.memory_model.process_overhead_gib * GiB)
+        (roll,) = parts[p.rollout_devices[0]]
+        assert roll.role == "rollout"
+        assert math.isclose(roll.memory.weights, fp.n_params * (4 + 2))
+        assert math.isclose(host[fp.name].weights, fp.n_params * 2 + k * full_model_bytes(fp).weights)
 
 
 def test_paper_pair_on_1xH200_141GB_shares_the_gpu() -> None:

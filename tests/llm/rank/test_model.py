@@ -9,7 +9,7 @@ from mrl_llm.config import PolicyConfig, TrainSection
 from mrl_llm.parallel.group import GroupSpec, WorkerGroup
 from mrl_llm.param_groups import LrGroup
 from mrl_llm.precision import Precision
-from mrl_llm.rank.model import PolicyModel, make_optimizer
+from mrl_llm.rank.model import PolicyModel, make_optimizer, rollout_copy_device
 from mrl_llm.update import UpdateResult
 from tests.llm.helpers import tiny
 
@@ -32,6 +32,17 @@ def test_a_group_of_one_trains_fp32_masters_and_samples_from_them():
     assert not any(p.requires_grad for p in pm.ref_model.parameters())
     assert pm.max_positions == 512 and model(policy(), with_ref=False).ref_model is None
     assert pm.optimizer_state() == pm.optimizer.state_dict()
+
+
+def test_a_rank_without_an_engine_keeps_its_rollout_copy_in_host_memory():
+    gpu, cpu = torch.device("cuda", 1), torch.device("cpu")
+    assert rollout_copy_device(gpu, engine=True) == gpu  # the engine samples from (or reloads out of) it
+    assert rollout_copy_device(gpu, engine=False) == cpu  # a split trainer: it goes to host-bound consumers only
+    assert rollout_copy_device(cpu, engine=False) == cpu and rollout_copy_device(cpu, engine=True) == cpu
+    # a group of one has no copy to place: the engine samples from the masters wherever they are
+    pm = PolicyModel(policy(), byte_tokenizer(), precision=Precision("fp32"), group=WorkerGroup.join(GroupSpec(0, 1)),
+                     device=cpu, init_seed=0, with_ref=False, rollout_device=torch.device("meta"))
+    assert pm.rollout_model is pm.model and next(pm.model.parameters()).device == cpu
 
 
 def test_the_same_seed_builds_the_same_weights_without_touching_the_global_rng():
