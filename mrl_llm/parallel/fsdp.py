@@ -18,8 +18,9 @@ forwards with the root left gathered gave gradients off by up to 0.06; resharded
 
 A group of one is not sharded: the models are returned unchanged (the one-process trainer).
 
-:func:`load_full_state_dict` copies a full state dict (HF names, e.g. a checkpoint's ``model/``) into the
-shards; :func:`gather_into` copies the sharded weights into an unsharded copy (a rank's rollout model, the
+:func:`full_state_dict` gathers every parameter and buffer to a full CPU tensor on every rank, tensor by
+tensor (each rank must call it; tests and the GPU smoke compare models with it); :func:`load_full_state_dict`
+copies a full state dict (HF names, e.g. a checkpoint's ``model/``) into the shards; :func:`gather_into` copies the sharded weights into an unsharded copy (a rank's rollout model, the
 source of its engine, of a checkpoint's ``model/`` and of a split policy's rollout actors) bucket by bucket — one all-gather per bucket of shards (``bucket_mb``, in model order:
 a layer or a few), not one per tensor — so the gather never holds a second whole model and makes few collectives.
 """
@@ -72,6 +73,16 @@ def shard_model(model: torch.nn.Module, precision: Precision, group: WorkerGroup
 
 def is_sharded(model: torch.nn.Module) -> bool:
     return isinstance(model, FSDPModule)
+
+
+def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter and buffer of ``model`` as a full CPU tensor (a collective when sharded: every rank calls it)."""
+    out = {}
+    for name, v in model.state_dict().items():
+        if isinstance(v, DTensor):
+            v = v.full_tensor()
+        out[name] = v.detach().cpu().clone()
+    return out
 
 
 def load_full_state_dict(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
