@@ -158,8 +158,8 @@ def _engines(slots: list[_Slot], i: int) -> int:
 
 def _slot_memory(fp: PolicyFootprint, slot: _Slot, n_train: int, seqs: int, cluster: ClusterSpec) -> MemoryBreakdown:
     """One policy's bytes on one slot's device (:mod:`mrl_llm.distributed.memory`): a trainer's shard of the
-    training state plus, with ``n_train > 1`` ranks and an engine in the process, its whole rollout copy (a
-    split trainer, without an engine, keeps it in host RAM: :func:`_host_loads`); a rollout actor's whole
+    training state plus, with ``n_train > 1`` ranks, its whole rollout copy (a split trainer keeps it in host
+    RAM: counted here on a CPU slot, by :func:`_host_loads` on a GPU node); a rollout actor's whole
     model; the engine's own weights copy only for ``vllm`` (``hf`` samples from the process's whole model)."""
     mm = cluster.memory_model
     over = MemoryBreakdown(overhead=mm.process_overhead_gib * GiB)
@@ -168,8 +168,9 @@ def _slot_memory(fp: PolicyFootprint, slot: _Slot, n_train: int, seqs: int, clus
     engine = rollout_bytes(fp, seqs, own_weights=fp.engine == "vllm")
     if slot.role == "rollout":
         return full_model_bytes(fp) + engine + over
-    if slot.role == "train":
-        return training_bytes(fp, n_train) + over
+    if slot.role == "train":  # its rollout copy (n_train > 1) is in host RAM: this slot's on a CPU, else the node's
+        on_host = n_train > 1 and slot.device.kind == "ram"
+        return training_bytes(fp, n_train) + (full_model_bytes(fp) if on_host else MemoryBreakdown()) + over
     # colocated (a GPU) or cpu (host RAM): trainer (sharded over the policy's ranks) and engine in one process
     copy = full_model_bytes(fp) if n_train > 1 else MemoryBreakdown()
     return training_bytes(fp, n_train) + copy + engine + over

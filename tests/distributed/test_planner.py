@@ -113,6 +113,11 @@ def test_cpu_demo_on_2cpu_24GiB() -> None:
     fp = cpu_demo()[0]
     part = next(pt for ld in two.devices for pt in ld.parts if pt.policy == fp.name)
     assert math.isclose(part.memory.weights, training_bytes(fp, 2).weights + full_model_bytes(fp).weights)
+    # split pools of CPU slots: a trainer rank's copy is in host RAM, i.e. on its own slot here
+    split = plan_placement([replace(fp, ranks=2) for fp in cpu_demo()], cluster, mode="split")
+    roles = {pt.role: pt.memory for ld in split.devices for pt in ld.parts if pt.policy == fp.name}
+    assert math.isclose(roles["train"].weights, training_bytes(fp, 2).weights + full_model_bytes(fp).weights)
+    assert math.isclose(roles["rollout"].weights, full_model_bytes(fp).weights)  # hf: no second copy
 
 
 def test_paper_pair_refused_on_the_cpu_machine_with_the_shortfall() -> None:
