@@ -262,8 +262,8 @@ def training_bytes(p: PolicyFootprint, shards: int = 1) -> MemoryBreakdown:
     if shards < 1:
         raise ValueError(f"shards must be >= 1, got {shards}")
     sh, e, n = p.shape, DTYPE_BYTES[p.dtype], p.n_params
-    w = 4 if (e < 4 and p.master_weights) else e
-    weights = n * w / shards + (sh.layer_params * e if shards > 1 else 0)
+    whole = full_model_bytes(p).weights  # N w
+    weights = whole / shards + (sh.layer_params * e if shards > 1 else 0)
     if p.kl_coef > 0:
         weights += n * e / shards
     moments = 8 if p.optimizer == "adamw" else 0
@@ -275,7 +275,7 @@ def training_bytes(p: PolicyFootprint, shards: int = 1) -> MemoryBreakdown:
         acts = sh.n_layers * layer
     c = p.logits_positions
     acts += e * c * sh.vocab_size + 2 * 4 * c * sh.vocab_size
-    return MemoryBreakdown(weights=weights, gradients=n * w / shards, optimizer=n * moments / shards, activations=acts)
+    return MemoryBreakdown(weights=weights, gradients=whole / shards, optimizer=n * moments / shards, activations=acts)
 
 
 def full_model_bytes(p: PolicyFootprint) -> MemoryBreakdown:
