@@ -23,7 +23,7 @@ Layout (every key optional unless marked; unknown keys are errors naming the key
         sampling: {temperature: 1.0, top_p: 1.0, max_new_tokens: 1024}
         train: {optimizer: adamw, lr: 1e-6, micro_batch: 4, grad_accum: null, grad_clip: 1.0,
                 gradient_checkpointing: true, max_tokens_per_micro_batch: 16384, logprob_chunk: 1024,
-                lr_groups: [{match: "*norm*", lr: 1e-3}]}   # optional per-parameter-name rates; lr 0 freezes
+                lr_groups: [{match: "*norm*", lr: 1e-3}]}   # optional per-parameter-name rates; lr 0 freezes, sgt: false keeps them out of SGT
     checkpoint_every: 1            # steps between checkpoints (0: only at the end)
     runtime: {backend: local}      # local | ray (see RuntimeConfig)
 
@@ -151,7 +151,8 @@ class TrainSection:
 
     ``lr_groups`` (opt-in): ``[{match: GLOB, lr: LR}, ...]`` -- parameters whose name matches ``GLOB``
     train at ``LR`` (first match wins; ``lr: 0`` freezes them; the rest at ``lr``), e.g. a larger rate
-    for the norms' gains and a frozen embedding (:func:`mrl_llm.param_groups.split_param_groups`).
+    for the norms' gains and a frozen embedding (:func:`mrl_llm.param_groups.split_param_groups`);
+    ``sgt: false`` on a group: its parameters take no gradient from SGT's term (one rank only).
     """
 
     optimizer: Literal["adamw", "adam", "sgd"] = "adamw"
@@ -252,6 +253,10 @@ class PolicyConfig:
         if isinstance(self.ranks, bool) or not isinstance(self.ranks, int) or self.ranks < 1:
             raise ConfigError(f"policy {self.name!r}: ranks must be an integer >= 1 (the policy's worker-group size), "
                               f"got {self.ranks!r}")
+        if self.ranks > 1 and any(not g.sgt for g in self.train.lr_groups):
+            raise ConfigError(f"policy {self.name!r}: train.lr_groups with sgt: false needs ranks: 1 (the SGT term "
+                              f"is back-propagated apart, which an FSDP2 worker group cannot do); drop sgt: false "
+                              f"or run the policy on one rank")
         if self.max_prompt_len < 1:
             raise ConfigError(f"policy {self.name!r}: max_prompt_len must be >= 1")
         budget, longest = self.train.max_tokens_per_micro_batch, self.max_prompt_len + self.sampling.max_new_tokens

@@ -19,7 +19,9 @@ groups instead (:mod:`mrl_llm.micro_batches`); ``logprob_chunk`` runs the LM hea
 (:func:`mrl_llm.logprobs.chunked_forward_logprobs`). ``padding_waste`` = padded / real tokens of the step.
 
 The micro-batch losses of a mini-batch sum to its loss (``LossNorm``), so the accumulated gradient is
-the mini-batch gradient; then grad-norm clipping and one optimizer step. A non-finite loss or gradient
+the mini-batch gradient (parameters of an optimizer group with ``sgt: False``, ``train.lr_groups``, take the
+gradient of ``loss - lambda L_SGT`` only: the SGT term is back-propagated first and their gradients are put
+back, :func:`backward`); then grad-norm clipping and one optimizer step. A non-finite loss or gradient
 norm aborts the update: the gradients are dropped, no optimizer step is taken for that mini-batch and
 the rest, and the result says so (``nan_skipped``); the caller counts consecutive skips.
 
@@ -46,7 +48,7 @@ import torch
 from mrl_llm.batch import TrainBatch, pad_rows, pad_tensors, response_layout
 from mrl_llm.logprobs import forward_logprobs, pack, response_logprob_rows
 from mrl_llm.micro_batches import micro_batch_groups, token_budget_groups
-from shared_interfaces.losses import LossNorm, LossOutput, kl_k3, regime_loss
+from shared_interfaces.losses import LossNorm, LossOutput, kl_k3, regime_loss, sgt_nll_loss
 from shared_interfaces.regimes.config import LossConfig
 from shared_interfaces.regimes.math import ratio_variance
 
@@ -145,14 +147,32 @@ class MicroBatch:
     rows_pg: torch.Tensor
     own_mask: torch.Tensor
     use_mu: torch.Tensor
+    sgt_term: torch.Tensor | None = None  # lambda L_SGT with its graph, when asked for (``split_sgt``)
+
+
+def backward(loss: torch.Tensor, sgt_term: torch.Tensor | None, no_sgt: list[torch.Tensor]) -> None:
+    """``loss.backward()``, except that the parameters ``no_sgt`` get the gradient of ``loss - sgt_term`` only:
+    ``sgt_term`` (``lambda L_SGT``, a part of ``loss`` with its graph) is back-propagated first, their
+    gradients (accumulated over earlier micro-batches) are put back, then the rest. One backward when there
+    is nothing to keep apart."""
+    if sgt_term is None or not no_sgt or not sgt_term.requires_grad:
+        loss.backward()
+        return
+    kept = [None if p.grad is None else p.grad.clone() for p in no_sgt]
+    sgt_term.backward(retain_graph=True)
+    for p, g in zip(no_sgt, kept, strict=True):
+        p.grad = g
+    (loss - sgt_term).backward()
 
 
 def micro_batch_loss(model: torch.nn.Module, batch: TrainBatch, idx: list[int], snapshot: list[torch.Tensor] | None, *,
                      loss_cfg: LossConfig, temperature: float, pad_id: int, norm: LossNorm,
                      ref_model: torch.nn.Module | None, res: UpdateResult,
-                     logprob_chunk: int | None = None) -> tuple[LossOutput, MicroBatch]:
+                     logprob_chunk: int | None = None, split_sgt: bool = False) -> tuple[LossOutput, MicroBatch]:
     """Rows ``idx``: one forward, the core's behaviour correction and loss (module docstring). ``snapshot``:
-    the rows' ``log pi_old`` from a pass before the first update, or None (``old = logp.detach()``)."""
+    the rows' ``log pi_old`` from a pass before the first update, or None (``old = logp.detach()``).
+    ``split_sgt``: also return the loss's SGT term with its graph (``MicroBatch.sgt_term``; None when the
+    rows hold no SGT token)."""
     device = next(model.parameters()).device
     packed = pack([batch.prompts[i] for i in idx], [batch.responses[i] for i in idx], pad_id)
     logp_full, ent_full = forward_logprobs(model, packed, temperature, with_entropy=True, chunk_size=logprob_chunk)
@@ -171,18 +191,21 @@ def micro_batch_loss(model: torch.nn.Module, batch: TrainBatch, idx: list[int], 
             ref_full, _ = forward_logprobs(ref_model, packed, temperature, chunk_size=logprob_chunk)
         ref = response_layout(ref_full, packed)[0].to(logp.dtype)
         res.ref_seq_tokens += int(packed.attention_mask.sum())
+    sgt_scale = None if batch.sgt_scale is None else batch.sgt_scale[idx].to(device)
     out = regime_loss(
         logp, old, rows.advantages.to(device), pg_mask, loss_cfg,
         behaviour_coef=coef, sample_weight=rows.sample_weight.to(device),
-        sgt_mask=sgt_mask, sgt_weight=rows.sgt_weight,
-        sgt_scale=None if batch.sgt_scale is None else batch.sgt_scale[idx].to(device),
+        sgt_mask=sgt_mask, sgt_weight=rows.sgt_weight, sgt_scale=sgt_scale,
         ref_logp=ref, own_mask=own_mask, norm=norm,
     )
+    sgt_term = None
+    if split_sgt and rows.sgt_weight > 0 and bool(sgt_mask.any()):  # the same term regime_loss added
+        sgt_term = sgt_nll_loss(logp, sgt_mask, rows.sgt_weight, norm=norm, row_scale=sgt_scale)
     res.tokens += int(mask.sum())
     res.seq_tokens += int(packed.attention_mask.sum())
     res.padded_tokens += packed.input_ids.numel()
     entropy, _ = response_layout(ent_full, packed)
-    return out, MicroBatch(logp, entropy, old, mu, ref, coef, mask, pg_mask, rows_pg, own_mask, use_mu)
+    return out, MicroBatch(logp, entropy, old, mu, ref, coef, mask, pg_mask, rows_pg, own_mask, use_mu, sgt_term)
 
 
 def run_update(
@@ -219,6 +242,10 @@ def run_update(
         res.old_seq_tokens = sum(seq_lens)
     diag = Diagnostics()
     params = [p for p in model.parameters() if p.requires_grad]
+    no_sgt = [p for g in optimizer.param_groups if not g.get("sgt", True) for p in g["params"]]
+    if no_sgt and share is not None and share.group.sharded:
+        raise ValueError("train.lr_groups with sgt: false needs a policy on one rank (ranks: 1); a worker group's "
+                         "FSDP2 backward cannot be split into two passes")
     model.train()
     for rows in mbs:
         local = rows if share is None else share.rows(rows, seq_lens)  # worker group: this rank's share
@@ -233,12 +260,16 @@ def run_update(
         for idx, real in plan:
             out, mb = micro_batch_loss(model, batch, idx, snapshot, loss_cfg=loss_cfg, temperature=temperature,
                                        pad_id=pad_id, norm=norm, ref_model=ref_model,
-                                       res=res if real else UpdateResult(), logprob_chunk=logprob_chunk)
+                                       res=res if real else UpdateResult(), logprob_chunk=logprob_chunk,
+                                       split_sgt=bool(no_sgt))
             ok = bool(torch.isfinite(out.loss).all())
             finite = finite and ok
             if not finite and share is None:
                 break  # one process: nothing else to run; a rank goes on (its backward passes are collectives)
-            (out.loss if real else out.loss * 0.0).backward()
+            if real:
+                backward(out.loss, mb.sgt_term, no_sgt)
+            else:
+                (out.loss * 0.0).backward()
             if real and ok:
                 diag.micro_batch(mb, out, losses)
         if share is not None:  # the global loss terms, and a non-finite loss on any rank aborts on every rank

@@ -82,6 +82,10 @@ class StudyConfig(DemoConfig):
     #: every parameter) -- the cheap, consistent direction of how sharply a policy samples, which Adam at
     #: ``lr`` alone barely moves in the study's steps (``experiments/study/README.md``)
     norm_lr: float | None = 3e-2
+    #: whether the norm group (``norm_lr``) takes gradient from SGT's term (``train.lr_groups[].sgt``). At
+    #: 1000x the base rate, lambda on the norms' gains is 1000x larger than on the rest: SGT's NLL on a
+    #: peer's text there warms the policy's sampling instead of teaching it the text
+    norm_sgt: bool = True
     #: RL learning rate of the token embeddings (tied output head); 0 freezes them, None: ``lr``. The
     #: PG gradient is largest there (as large as the weights, ``experiments/study/README.md`` 1a)
     embed_lr: float | None = None
@@ -112,6 +116,11 @@ class StudyConfig(DemoConfig):
         if self.norm_lr is not None and unknown:
             raise ValueError(f"study: no norm-parameter glob for architecture(s) {unknown}; add them to NORM_GLOBS "
                              f"or unset --norm-lr")
+        if not isinstance(self.norm_sgt, bool):
+            raise ValueError(f"study: norm_sgt must be True or False, got {self.norm_sgt!r}")
+        if not self.norm_sgt and self.norm_lr is None:
+            raise ValueError("study: --no-norm-sgt keeps the norm group out of SGT's term; it needs --norm-lr "
+                             "(the norm layers' own group)")
         if self.embed_lr is not None and not self.embed_lr >= 0:
             raise ValueError(f"study: --embed-lr must be >= 0 (0 freezes the embeddings) or unset, got {self.embed_lr}")
         unknown = sorted({p.arch for p in self.policies} - set(EMBED_GLOBS))
@@ -158,7 +167,8 @@ class StudyConfig(DemoConfig):
 
 def study_run_config(cfg: StudyConfig, regime: str, seed: int, policy_dirs: dict[str, str | Path]) -> dict[str, Any]:
     """The demo's run config (:func:`~mrl_llm.demo.setup.run_config`) with the study's optimizer (and the
-    norm layers' and the embeddings' own rates, :attr:`StudyConfig.norm_lr`, :attr:`StudyConfig.embed_lr`)."""
+    norm layers' and the embeddings' own rates, :attr:`StudyConfig.norm_lr`, :attr:`StudyConfig.embed_lr`;
+    the norm group out of SGT's term unless :attr:`StudyConfig.norm_sgt`)."""
     mapping = run_config(cfg, regime, seed, policy_dirs)
     mapping["name"] = f"study-seed{seed}"
     arch = {p.name: p.arch for p in cfg.policies}
@@ -167,8 +177,9 @@ def study_run_config(cfg: StudyConfig, regime: str, seed: int, policy_dirs: dict
         p["train"]["lr"] = cfg.lr_of(p["name"])
         if cfg.optimizer != "sgd":
             p["train"]["betas"] = [0.9, cfg.beta2]
-        groups = [{"match": globs[arch[p["name"]]], "lr": lr}
-                  for globs, lr in ((NORM_GLOBS, cfg.norm_lr), (EMBED_GLOBS, cfg.embed_lr)) if lr is not None]
+        groups = [{"match": globs[arch[p["name"]]], "lr": lr, **extra}
+                  for globs, lr, extra in ((NORM_GLOBS, cfg.norm_lr, {} if cfg.norm_sgt else {"sgt": False}),
+                                           (EMBED_GLOBS, cfg.embed_lr, {})) if lr is not None]
         if groups:
             p["train"]["lr_groups"] = groups
     return mapping

@@ -338,6 +338,11 @@ def plot(res: dict, regimes: Sequence[str], seeds: Sequence[int], policies: Sequ
     plt.close(fig)
 
 
+def _norm_sgt(cfg: Any) -> str:
+    """`` without SGT's gradient`` when the study keeps its norm group out of SGT's term, else nothing."""
+    return "" if getattr(cfg, "norm_sgt", True) or getattr(cfg, "norm_lr", None) is None else ", without SGT's gradient"
+
+
 def _embed_lr(cfg: Any) -> str:
     lr = getattr(cfg, "embed_lr", None)
     return f"{cfg.lr}" if lr is None else ("0 (frozen)" if lr == 0 else f"{lr}")
@@ -373,7 +378,7 @@ def write_report(cfg: Any, out: Path, *, wall_s: float, load: tuple, sft: dict, 
     md = [f"# mutual-RL study\n\n{cfg.seeds} seed(s) {seeds}, {len(pols)} policies "
           f"({', '.join(f'{p.name}: {p.arch}/{p.tokenizer}/{p.family}' for p in cfg.policies)}), {cfg.steps} RL steps x "
           f"{cfg.prompts_per_step} prompts x G={cfg.group_size}, {cfg.optimizer} lr {_lrs(cfg)} (beta2 {cfg.beta2}; norm "
-          f"layers lr {getattr(cfg, 'norm_lr', None) or cfg.lr}; token embeddings lr {_embed_lr(cfg)}), eval {cfg.eval_k} "
+          f"layers lr {getattr(cfg, 'norm_lr', None) or cfg.lr}{_norm_sgt(cfg)}; token embeddings lr {_embed_lr(cfg)}), eval {cfg.eval_k} "
           f"samples/prompt every {cfg.eval_every} steps, "
           f"SFT steps {', '.join(f'{p.name} {cfg.sft_config(0, p).steps}' for p in cfg.policies)}, "
           f"pool {cfg.pool_per_family}/family, SGT λ {cfg.sgt_weight}; {_starts(cfg)}; this invocation: "

@@ -104,6 +104,12 @@ def test_cli_parses_study_options(monkeypatch, tmp_path):
     assert seen["cfg"].norm_lr == 0.03
     main(["study", "--out", str(tmp_path), "--no-norm-lr"])
     assert seen["cfg"].norm_lr is None
+    assert seen["cfg"].norm_sgt == StudyConfig().norm_sgt
+    main(["study", "--out", str(tmp_path), "--no-norm-sgt"])
+    assert seen["cfg"].norm_sgt is False
+    main(["study", "--out", str(tmp_path), "--norm-sgt"])
+    assert seen["cfg"].norm_sgt is True
+    assert main(["study", "--out", str(tmp_path), "--no-norm-lr", "--no-norm-sgt"]) == 2
     main(["study", "--out", str(tmp_path), "--embed-lr", "0"])
     assert seen["cfg"].embed_lr == 0.0
     main(["study", "--out", str(tmp_path), "--no-embed-lr"])
@@ -145,6 +151,10 @@ def test_study_run_config_gives_each_architecture_its_norm_group():
     emb = study_run_config(StudyConfig(norm_lr=None, embed_lr=1e-5), "grpo", 0, dirs)
     assert emb["policies"][0]["train"]["lr_groups"] == [{"match": "*embed_tokens*", "lr": 1e-5}]
     assert config_from_mapping(both).policies[0].train.lr_groups[1].lr == 0.0
+    kept = study_run_config(StudyConfig(norm_lr=0.03, norm_sgt=False, embed_lr=0.0), "sgt", 0, dirs)
+    assert kept["policies"][1]["train"]["lr_groups"] == [{"match": "*norm*", "lr": 0.03, "sgt": False},
+                                                         {"match": "*embed_tokens*", "lr": 0.0}]
+    assert [g.sgt for g in config_from_mapping(kept).policies[1].train.lr_groups] == [False, True]
 
 
 def test_study_norm_globs_match_the_built_architectures():
@@ -198,6 +208,8 @@ def test_study_policies_are_heterogeneous():
     ({"norm_lr": 0.0}, "norm-lr must be > 0"),
     ({"norm_lr": -1e-2}, "norm-lr must be > 0"),
     ({"policies": (STUDY_POLICIES[0], replace(STUDY_POLICIES[1], arch="mamba"))}, "no norm-parameter glob"),
+    ({"norm_lr": None, "norm_sgt": False}, "needs --norm-lr"),
+    ({"norm_sgt": "no"}, "norm_sgt must be True or False"),
     ({"embed_lr": -1e-3}, "embed-lr must be >= 0"),
     ({"embed_lr": float("nan")}, "embed-lr must be >= 0"),
     ({"norm_lr": None, "embed_lr": 0.0, "policies": (STUDY_POLICIES[0], replace(STUDY_POLICIES[1], arch="mamba"))},

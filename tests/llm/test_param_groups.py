@@ -63,6 +63,20 @@ def _cfg(lr_groups):
 def test_config_reads_lr_groups():
     cfg = config_from_mapping(_cfg([{"match": "*norm*", "lr": 0.01}, {"match": "*embed*", "lr": 0}]))
     assert cfg.policies[0].train.lr_groups == (LrGroup("*norm*", 0.01), LrGroup("*embed*", 0.0))
+    kept = config_from_mapping(_cfg([{"match": "*norm*", "lr": 0.01, "sgt": False}]))
+    assert kept.policies[0].train.lr_groups == (LrGroup("*norm*", 0.01, sgt=False),)
+
+
+def test_split_carries_each_groups_sgt_flag():
+    groups = split_param_groups(_named(), [LrGroup("*norm*", 1e-2, sgt=False)], 1e-4, policy="a")
+    assert [(g["sgt"], len(g["params"])) for g in groups] == [(False, 2), (True, 2)]
+
+
+def test_sgt_false_needs_one_rank():
+    mapping = _cfg([{"match": "*norm*", "lr": 0.01, "sgt": False}])
+    mapping["policies"][0]["ranks"] = 2
+    with pytest.raises(ConfigError, match="sgt: false needs ranks: 1"):
+        config_from_mapping(mapping)
 
 
 @pytest.mark.parametrize("lr_groups, match", [
@@ -71,6 +85,7 @@ def test_config_reads_lr_groups():
     ([{"match": "*norm*"}], "missing required key.*lr"),
     ([{"match": "*norm*", "lr": 1e-3, "beta": 1}], "unknown key.*beta"),
     ([{"match": "*norm*", "lr": "fast"}], "expected a number"),
+    ([{"match": "*norm*", "lr": 1e-3, "sgt": "no"}], "sgt"),
     ({"*norm*": 1e-3}, "expected a list"),
 ])
 def test_config_bad_lr_groups_are_errors(lr_groups, match):

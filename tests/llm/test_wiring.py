@@ -234,3 +234,72 @@ def test_kl_own_rows_and_prompt_sgt_scale_reach_the_loss(pair, monkeypatch):
                          ref_model=w.ref_model)
         losses.append((res.metrics["loss"], res.metrics["sgt_loss"], res.metrics["kl_loss"]))
     assert losses[0] == pytest.approx(losses[1], rel=1e-5, abs=1e-7)
+
+
+@pytest.mark.parametrize("regime", ["sgt", "prp_thl+sgt"])
+def test_a_group_with_sgt_false_takes_no_gradient_from_the_sgt_term(pair, regime):
+    """``train.lr_groups[].sgt: false``: that group's parameters move as if lambda were 0, every other parameter
+    as with the full loss (micro-batches of one row: the kept gradients accumulate across them); SGT's term
+    does move the group when it is not kept out, so the comparison can fail."""
+    from dataclasses import replace
+
+    a, _, ex = pair
+    batch = a.build_batch(rows_for(ex, "A", regime))
+    assert bool(batch.rows.sgt_mask.any())
+    no_sgt_batch = replace(batch, rows=replace(batch.rows, sgt_weight=0.0))
+
+    def deltas(b, keep_norms_out):
+        torch.manual_seed(0)
+        w = worker("A", "utf8-bytes")
+        named = list(w.model.named_parameters())
+        norms = [p for n, p in named if "norm" in n]
+        rest = [p for n, p in named if "norm" not in n]
+        opt = torch.optim.SGD([{"params": norms, "sgt": not keep_norms_out}, {"params": rest}], lr=1.0)
+        before = {n: p.detach().clone() for n, p in named}
+        res = run_update(w.model, opt, b, loss_cfg=w.cfg.loss, temperature=1.0, micro_batch=1, grad_accum=None,
+                         grad_clip=None, pad_id=w.pad_id, ref_model=w.ref_model)
+        assert res.optimizer_steps == 1 and not res.nan_skipped
+        return {n: p.detach() - before[n] for n, p in named}
+
+    kept, without, full = deltas(batch, True), deltas(no_sgt_batch, False), deltas(batch, False)
+    for name, d in kept.items():
+        want = without[name] if "norm" in name else full[name]
+        torch.testing.assert_close(d, want, atol=1e-6, rtol=1e-5, msg=name)
+    moved = max(float((full[n] - without[n]).abs().max()) for n in kept if "norm" in n)
+    assert moved > 1e-4  # SGT's term reaches the norms when they are not kept out
+
+
+def test_sgt_false_groups_without_sgt_rows_are_one_plain_backward(pair):
+    """No SGT token in the batch (the learner is not rescued): the kept-out group changes nothing."""
+    _, b, ex = pair
+    batch = b.build_batch(rows_for(ex, "B", "sgt"))
+    assert not bool(batch.rows.sgt_mask.any())
+    params = []
+    for keep in (True, False):
+        torch.manual_seed(0)
+        w = worker("B", learner_tokenizer_dir())
+        named = list(w.model.named_parameters())
+        opt = torch.optim.SGD([{"params": [p for n, p in named if "norm" in n], "sgt": not keep},
+                               {"params": [p for n, p in named if "norm" not in n]}], lr=1.0)
+        run_update(w.model, opt, batch, loss_cfg=w.cfg.loss, temperature=1.0, micro_batch=2, grad_accum=None,
+                   grad_clip=None, pad_id=w.pad_id, ref_model=w.ref_model)
+        params.append(torch.cat([p.detach().flatten() for p in w.model.parameters()]))
+    assert torch.equal(params[0], params[1])
+
+
+def test_sgt_false_runs_in_a_group_of_one_and_is_refused_by_a_sharded_group(pair):
+    from types import SimpleNamespace
+
+    from mrl_llm.parallel.group import GroupSpec, WorkerGroup
+    from mrl_llm.parallel.share import RankShare
+
+    a, _, ex = pair
+    batch = a.build_batch(rows_for(ex, "A", "sgt"))
+    named = list(a.model.named_parameters())
+    opt = torch.optim.SGD([{"params": [p for n, p in named if "norm" in n], "sgt": False},
+                           {"params": [p for n, p in named if "norm" not in n]}], lr=0.0)
+    kw = dict(loss_cfg=a.cfg.loss, temperature=1.0, micro_batch=2, grad_accum=None, grad_clip=None, pad_id=a.pad_id)
+    res = run_update(a.model, opt, batch, share=RankShare(WorkerGroup.join(GroupSpec(0, 1))), **kw)
+    assert res.optimizer_steps == 1 and res.metrics["sgt_loss"] > 0
+    with pytest.raises(ValueError, match="sgt: false needs a policy on one rank"):
+        run_update(a.model, opt, batch, share=SimpleNamespace(group=SimpleNamespace(sharded=True)), **kw)
