@@ -23,7 +23,8 @@ Layout (every key optional unless marked; unknown keys are errors naming the key
         sampling: {temperature: 1.0, top_p: 1.0, max_new_tokens: 1024}
         train: {optimizer: adamw, lr: 1e-6, micro_batch: 4, grad_accum: null, grad_clip: 1.0,
                 gradient_checkpointing: true, max_tokens_per_micro_batch: 16384, logprob_chunk: 1024,
-                lr_groups: [{match: "*norm*", lr: 1e-3}]}   # optional per-parameter-name rates; lr 0 freezes, sgt: false keeps them out of SGT
+                lr_groups: [{match: "*norm*", lr: 1e-3}],   # optional per-parameter-name rates; lr 0 freezes, sgt: false keeps them out of SGT
+                fsdp_unit: layer}          # ranks > 1: FSDP2 units of one decoder layer | model (one unit: small models)
     checkpoint_every: 1            # steps between checkpoints (0: only at the end)
     runtime: {backend: local}      # local | ray (see RuntimeConfig)
 
@@ -153,6 +154,11 @@ class TrainSection:
     train at ``LR`` (first match wins; ``lr: 0`` freezes them; the rest at ``lr``), e.g. a larger rate
     for the norms' gains and a frozen embedding (:func:`mrl_llm.param_groups.split_param_groups`);
     ``sgt: false`` on a group: its parameters take no gradient from SGT's term (one rank only).
+
+    ``fsdp_unit`` (``ranks > 1``): ``layer`` shards each decoder layer as its own FSDP2 unit (one layer's full
+    weights gathered at a time: what a large model needs); ``model`` makes the whole model one unit (one
+    all-gather per forward and per backward instead of one per layer: for a small model, where the per-layer
+    collectives are latency; the planner counts the whole gathered model) (:func:`mrl_llm.parallel.fsdp.shard_model`).
     """
 
     optimizer: Literal["adamw", "adam", "sgd"] = "adamw"
@@ -168,6 +174,7 @@ class TrainSection:
     logprob_chunk: int | None = 1024
     #: per-parameter-name learning rates (:mod:`mrl_llm.param_groups`): first matching glob wins, lr 0 freezes
     lr_groups: tuple[LrGroup, ...] = ()
+    fsdp_unit: Literal["layer", "model"] = "layer"
 
     def __post_init__(self) -> None:
         if self.max_tokens_per_micro_batch is not None and self.max_tokens_per_micro_batch < 2:

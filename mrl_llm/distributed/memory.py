@@ -7,7 +7,8 @@ Everything is in bytes; ``e`` is the bytes per element of the policy's dtype (fp
 
 Training state, sharded FSDP-style over ``k`` devices (``k = 1``: unsharded):
 
-* weights ``N w / k`` (+ one gathered layer ``N_layer e`` when ``k > 1``), where ``w = 4`` under mixed
+* weights ``N w / k`` (+ one gathered FSDP unit when ``k > 1``: a layer ``N_layer e``, or the whole model
+  ``N e`` with ``fsdp_unit: model``), where ``w = 4`` under mixed
   precision (``e < 4`` and ``master_weights``: the trainable weights ARE the fp32 master copy and forward
   and backward run under autocast, :mod:`mrl_llm.precision`), else ``w = e``;
 * gradients ``N w / k`` (they land on the weights: fp32 under mixed precision);
@@ -181,6 +182,7 @@ class PolicyFootprint:
     max_num_seqs: int = 256  # the engine's cap on sequences in flight
     tokenizer_id: str = ""
     ranks: int = 1  # CPU mode: the policy's worker-group size (one CPU slot per rank)
+    fsdp_unit: Literal["layer", "model"] = "layer"  # what one FSDP2 all-gather holds on a k > 1 device
 
     def __post_init__(self) -> None:
         for f in ("rollouts_per_step", "max_response_len", "micro_batch", "max_num_seqs", "ranks"):
@@ -188,6 +190,8 @@ class PolicyFootprint:
                 raise ValueError(f"policy {self.name!r}: {f} must be >= 1, got {getattr(self, f)}")
         if self.dtype not in DTYPE_BYTES:
             raise ValueError(f"policy {self.name!r}: dtype {self.dtype!r} is not one of {sorted(DTYPE_BYTES)}")
+        if self.fsdp_unit not in ("layer", "model"):
+            raise ValueError(f"policy {self.name!r}: fsdp_unit {self.fsdp_unit!r} is not 'layer' or 'model'")
 
     @property
     def n_params(self) -> int:
@@ -263,7 +267,8 @@ def training_bytes(p: PolicyFootprint, shards: int = 1) -> MemoryBreakdown:
         raise ValueError(f"shards must be >= 1, got {shards}")
     sh, e, n = p.shape, DTYPE_BYTES[p.dtype], p.n_params
     whole = full_model_bytes(p).weights  # N w
-    weights = whole / shards + (sh.layer_params * e if shards > 1 else 0)
+    gathered = (sh.layer_params if p.fsdp_unit == "layer" else n) * e  # one FSDP unit's full weights
+    weights = whole / shards + (gathered if shards > 1 else 0)
     if p.kl_coef > 0:
         weights += n * e / shards
     moments = 8 if p.optimizer == "adamw" else 0

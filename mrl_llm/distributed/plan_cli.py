@@ -125,6 +125,7 @@ def footprints_from_config(data: Mapping[str, Any], base: Path = Path(".")) -> l
             max_tokens_per_micro_batch=int(_get(pol, data, "max_tokens_per_micro_batch", default=0) or 0),
             engine=str(_get(pol, data, "engine", default="hf")),  # type: ignore[arg-type]
             ranks=int(_get(pol, {}, "ranks", default=1)),
+            fsdp_unit=str(_get(pol, data, "fsdp_unit", default="layer")),  # type: ignore[arg-type]
         ))
     return out
 

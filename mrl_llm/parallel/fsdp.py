@@ -1,7 +1,12 @@
 """FSDP2 sharding of a policy's models, keeping :mod:`mrl_llm.precision`'s semantics for every k.
 
 :func:`shard_model` applies ``torch.distributed.fsdp.fully_shard`` to each decoder layer and then to the root
-(the embeddings, final norm and LM head, tied or not, stay in the root's unit). The sharded parameters are
+(the embeddings, final norm and LM head, tied or not, stay in the root's unit) — ``unit="layer"``, the default:
+one layer's full weights are gathered at a time, and the next layer's all-gather overlaps this one's compute.
+``unit="model"`` (``train.fsdp_unit``) makes the whole model one unit: one all-gather per forward and per
+backward and one reduce-scatter, instead of one of each per layer — for a small model whose whole weights fit
+a device beside its shards, where the per-layer collectives are latency, not bandwidth; any HF model (no
+decoder-layer list needed). The sharded parameters are
 the **fp32 masters** (the optimizer is built over them afterwards, so its moments are fp32 and sharded too).
 With ``dtype: bf16`` the units gather their parameters in bf16 for compute
 (``MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32)``: gradients are reduced in fp32 onto the
@@ -43,8 +48,9 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     base = getattr(model, "base_model", model)
     layers = getattr(base, "layers", None)
     if layers is None or len(layers) == 0:
-        raise ValueError(f"{type(model).__name__}: no decoder layers at base_model.layers; FSDP sharding needs a "
-                         "Hugging Face decoder-only model (llama, qwen2, mistral, ...)")
+        raise ValueError(f"{type(model).__name__}: no decoder layers at base_model.layers; per-layer FSDP units need "
+                         "a Hugging Face decoder-only model (llama, qwen2, mistral, ...); set train.fsdp_unit: model to "
+                         "shard this one as a single unit")
     return list(layers)
 
 
@@ -56,12 +62,19 @@ def mp_policy(precision: Precision) -> MixedPrecisionPolicy:
     return MixedPrecisionPolicy(param_dtype=precision.compute_dtype, reduce_dtype=torch.float32)
 
 
-def shard_model(model: torch.nn.Module, precision: Precision, group: WorkerGroup) -> torch.nn.Module:
-    """Shard ``model`` over ``group`` in place (module docstring) and return it; unchanged for a group of one."""
+FSDP_UNITS = ("layer", "model")
+
+
+def shard_model(model: torch.nn.Module, precision: Precision, group: WorkerGroup, *,
+                unit: str = "layer") -> torch.nn.Module:
+    """Shard ``model`` over ``group`` in place, in FSDP units of one decoder layer (``unit="layer"``) or of the
+    whole model (``"model"``; module docstring), and return it; unchanged for a group of one."""
+    if unit not in FSDP_UNITS:
+        raise ValueError(f"FSDP unit {unit!r} is not one of {FSDP_UNITS}")
     if not group.sharded:
         return model
     policy = mp_policy(precision)
-    for layer in decoder_layers(model):
+    for layer in decoder_layers(model) if unit == "layer" else ():
         fully_shard(layer, mp_policy=policy)
     fully_shard(model, mp_policy=policy, reshard_after_forward=True)
     for m in model.modules():

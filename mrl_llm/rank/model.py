@@ -80,9 +80,10 @@ class PolicyModel:
         self.rollout_model = self.model if rollout is None else rollout
         self.params = count_params(self.model)
         self.ref_model = lowp_copy(self.model, precision.compute_dtype) if with_ref else None
-        shard_model(self.model, precision, group)
+        unit = policy.train.fsdp_unit
+        shard_model(self.model, precision, group, unit=unit)
         if self.ref_model is not None:
-            shard_model(self.ref_model, precision, group)
+            shard_model(self.ref_model, precision, group, unit=unit)
         self.share = RankShare(group)
         self.optimizer = make_optimizer(self.model, policy)
         #: the model's positions (``max_position_embeddings``; 10**9 when it names none)

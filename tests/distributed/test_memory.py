@@ -94,6 +94,11 @@ def test_training_bytes_hand_computed() -> None:
     # fp32 master shard + the gathered layer in bf16 + the bf16 reference copy's shard
     assert sharded.weights == 4 * n / 4 + 2 * p.shape.layer_params + 2 * n / 4
     assert sharded.optimizer == 8 * n / 4
+    whole = training_bytes(_tiny(kl_coef=0.01, fsdp_unit="model"), shards=4)  # the whole model is one FSDP unit
+    assert whole.weights == 4 * n / 4 + 2 * n + 2 * n / 4
+    assert training_bytes(_tiny(fsdp_unit="model")).weights == training_bytes(p).weights  # k = 1: nothing gathered
+    with pytest.raises(ValueError, match="fsdp_unit 'block' is not 'layer' or 'model'"):
+        _tiny(fsdp_unit="block")
 
 
 def test_logits_term_follows_the_chunk_and_the_token_budget() -> None:

@@ -60,7 +60,10 @@ def test_malformed_ranks_are_refused_naming_the_policy():
     mc = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
           "num_attention_heads": 4, "vocab_size": 300}
     fps = footprints_from_config({"policies": [{"name": "a", "model_config": mc, "ranks": 3}, {"name": "b", "model_config": mc}]})
-    assert [f.ranks for f in fps] == [3, 1]
+    assert [f.ranks for f in fps] == [3, 1] and [f.fsdp_unit for f in fps] == ["layer", "layer"]
+    fps = footprints_from_config({"policies": [{"name": "a", "model_config": mc, "ranks": 2,
+                                                "train": {"fsdp_unit": "model"}}]})
+    assert fps[0].fsdp_unit == "model"
     assert isinstance(fps[0], PolicyFootprint)
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.distributed.fsdp import FSDPModule
 
 from mrl_llm.batch import TrainBatch
 from mrl_llm.parallel.fsdp import full_state_dict, shard_model
@@ -79,16 +80,17 @@ def _full(t: torch.Tensor) -> torch.Tensor:
 def update_once(group: WorkerGroup, *, dtype: str = "fp32", steps: int = 1, micro_batch: int = 2,
                 grad_accum: int | None = None, grad_clip: float | None = 1.0, eps: float = 1e-6,
                 max_tokens: int | None = None, logprob_chunk: int | None = None,
-                nan_rank: int | None = None) -> dict[str, Any]:
+                nan_rank: int | None = None, unit: str = "layer") -> dict[str, Any]:
     """``steps`` updates of :func:`tiny_model` on :func:`synthetic_batch` over ``group``: the full weights after,
     each optimizer step's full gradients, and the metrics (``logprob_chunk``: the LM head in chunks). ``eps``: AdamW's (at the default 1e-8 a first step
     is ``lr * sign(g)`` for a gradient element of ~1e-8, so float noise in such elements moves it by ~lr).
-    ``nan_rank``: that rank's forward returns NaN log-probs (a loss that overflowed there only)."""
+    ``nan_rank``: that rank's forward returns NaN log-probs (a loss that overflowed there only); ``unit``: the
+    FSDP2 unit (:func:`shard_model`)."""
     precision = Precision(dtype)
     model = tiny_model()
     ref = lowp_copy(model, precision.compute_dtype)
-    shard_model(model, precision, group)
-    shard_model(ref, precision, group)
+    shard_model(model, precision, group, unit=unit)
+    shard_model(ref, precision, group, unit=unit)
     opt = RecordingAdamW(model.parameters(), lr=1e-3, weight_decay=0.01, eps=eps)
     metrics = []
     import mrl_llm.update as update_mod
@@ -110,6 +112,7 @@ def update_once(group: WorkerGroup, *, dtype: str = "fp32", steps: int = 1, micr
 
     return {"state": full_state_dict(model), "metrics": metrics, "grads": opt.grads,
             "sharded_chunked": hasattr(model, SHARDED_METHOD),
+            "units": sum(isinstance(m, FSDPModule) for m in model.modules()),
             "dtypes": sorted({str(p.dtype) for p in model.parameters()}),
             "opt_dtypes": sorted({str(v.dtype) for st in opt.state.values() for v in st.values()
                                   if torch.is_tensor(v) and v.numel() > 1})}

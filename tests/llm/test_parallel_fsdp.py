@@ -9,8 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mrl_llm.parallel.fsdp import chunk_rows, gather_into
+from mrl_llm.parallel.fsdp import chunk_rows, decoder_layers, gather_into, shard_model
 from mrl_llm.parallel.group import GroupSpec, WorkerGroup, backend_for, rendezvous
+from mrl_llm.precision import Precision
 from tests.llm.parallel_ranks import run_close, run_gather, run_group, tiny_model, update_once
 
 VARIANTS = [
@@ -19,6 +20,7 @@ VARIANTS = [
     {"dtype": "bf16"},
     {"logprob_chunk": 5},  # the LM head in chunks of 5 response positions (the root's registered forward method)
     {"nan_rank": 1},  # a non-finite loss on rank 1 only (rank 0's are finite)
+    {"steps": 2, "micro_batch": 2, "grad_accum": 2, "max_tokens": 40, "unit": "model"},  # variant 1, one FSDP unit
 ]
 
 
@@ -35,9 +37,12 @@ def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     return max(float((a[k] - b[k]).abs().max()) for k in a)
 
 
-@pytest.mark.parametrize("v", [0, 1])
+@pytest.mark.parametrize("v", [0, 1, 5])
 def test_two_fsdp_ranks_update_like_one_process(one_and_two, v):
+    """Per-layer units (0, 1) and the whole model as one unit (5: variant 1's schedule) alike."""
     one, two = one_and_two[0][v], one_and_two[1][v]
+    layers = len(tiny_model().model.layers)
+    assert (one["units"], two["units"]) == (0, 1 if v == 5 else layers + 1)
     assert len(one["grads"]) == len(two["grads"]) == (1 if v == 0 else 6)
     for g1, g2 in zip(one["grads"], two["grads"], strict=True):
         for a, b in zip(g1, g2, strict=True):
@@ -107,6 +112,17 @@ def test_gather_into_copies_the_shards_bucket_by_bucket(tmp_path):
         assert _max_diff(tiny_model(1, v["vocab"]).state_dict(), want) > 1e-3  # the copy started elsewhere
     assert got[0]["collectives"] == got[1]["collectives"] == 1
     assert got[2]["collectives"] >= len(tiny_model().state_dict()) // 2
+
+
+def test_shard_model_refuses_an_unknown_unit_and_names_the_way_out_for_a_model_without_layers():
+    with pytest.raises(ValueError, match="FSDP unit 'block' is not one of"):
+        shard_model(tiny_model(), Precision("fp32"), WorkerGroup(GroupSpec(rank=0, world_size=1)), unit="block")
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=32, n_positions=16))
+    with pytest.raises(ValueError, match="set train.fsdp_unit: model to shard this one as a single unit"):
+        decoder_layers(gpt2)
+    assert len(decoder_layers(tiny_model())) == 2
 
 
 def test_chunk_rows_is_torch_chunk():

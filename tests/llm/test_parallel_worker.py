@@ -89,3 +89,24 @@ def test_the_single_process_runtime_says_it_runs_ranks_as_one(tmp_path, caplog, 
     assert any("policy a: ranks 2 applies to --runtime ray; the single-process runtime trains it as one rank"
                in m for m in caplog.messages)
     assert (tmp_path / "run" / "policies" / "a" / "model.safetensors").is_file()
+
+
+def test_a_rank_shards_its_model_and_reference_in_the_configured_fsdp_unit(monkeypatch):
+    """``train.fsdp_unit`` reaches :func:`shard_model` for the trained model and the reference alike."""
+    import mrl_llm.rank.model as rank_model
+    from mrl_llm.config import PolicyConfig, TrainSection
+    from mrl_llm.models import load_tokenizer
+    from mrl_llm.parallel.group import GroupSpec, WorkerGroup
+    from mrl_llm.precision import Precision
+    from tests.llm.helpers import tiny
+
+    units = []
+    monkeypatch.setattr(rank_model, "shard_model", lambda m, p, g, *, unit: units.append(unit) or m)
+
+    for unit, with_ref in (("model", True), ("layer", False)):
+        pol = PolicyConfig(name="A", model_config=tiny("llama"), tokenizer_dir="utf8-bytes", device="cpu",
+                           train=TrainSection(fsdp_unit=unit))
+        rank_model.PolicyModel(pol, load_tokenizer(pol), precision=Precision("fp32"),
+                               group=WorkerGroup(GroupSpec(rank=0, world_size=1)), device=torch.device("cpu"),
+                               init_seed=0, with_ref=with_ref)
+    assert units == ["model", "model", "layer"]
