@@ -1,15 +1,24 @@
 """Worker-group overhead under Ray: a step's wall time with every policy on k ranks vs on one rank.
 
-Runs the same config twice on one local Ray cluster through the trainer's Ray runtime (sync mode,
-evaluation off, ``sampling.seeding: sample`` for both, so the k-rank run splits each step's rollouts over
-its ranks): once with ``policies[].ranks: 1``, once with ``ranks: k``. It prints the driver's mean wall time
+Runs the same config on one local Ray cluster through the trainer's Ray runtime (sync mode, evaluation off,
+``sampling.seeding: sample`` for all, so a k-rank run splits each step's rollouts over its ranks): once with
+``policies[].ranks: 1``, then with ``ranks: k`` once per FSDP unit. It prints the driver's mean wall time
 per step (barrier to barrier, ``runtime.json``; the first ``--warmup`` steps left out) of each and their
 ratio. On a 2-core machine k ranks cannot run faster (the ranks share the cores): the ratio is the overhead
 of the group — collectives, the full rollout copy's weight gather, the ranks' duplicated planning and THL
 (target <= 1.15). The config is ``--config FILE`` or, with ``--demo DIR``, the CPU demo's run config for
 seed 0 (:func:`experiments.bench.step_overhead.demo_config`; SFT made in DIR or reused from it).
 
-    PYTHONPATH=. python experiments/bench/ranks_overhead.py --demo DIR [--ranks 2] [--steps 6]
+    PYTHONPATH=. python experiments/bench/ranks_overhead.py --demo DIR [--ranks 2] [--steps 6] [--fsdp-units layer,model]
+
+Each k-rank run is made once per ``--fsdp-units`` value (``train.fsdp_unit``: ``layer``, FSDP2 units of one
+decoder layer; ``model``, the whole model one unit), all against the same one-rank run.
+
+2026-12-05, idle machine (load average ~1): ``--steps 6``: one unit 1.59x (0.253 vs 0.159 s), per layer 1.74x
+(0.276 s); ``--steps 11 --fsdp-units model,layer``: 1.55x (0.245 vs 0.158 s), 1.63x (0.258 s). The update at k = 2
+is 0.142 / 0.137 s with one unit, 0.161 / 0.151 s per layer, 0.093 / 0.088 s at k = 1: one unit saves most of the
+per-layer collectives' latency; what remains is 4 rank processes on 2 cores waiting on each other at every
+collective (and the ranks' exchange + THL, 0.022-0.027 vs 0.007-0.008 s).
 
 Measured on the idle 2-core machine (2026-12-03, load average < 1.1; `--demo` with the demo's SFT'd policies,
 ``--num-cpus 2``), after the rollout copy's gather went bucketed and peer alignment was split over the ranks:
