@@ -15,10 +15,12 @@ Each k-rank run is made once per ``--fsdp-units`` value (``train.fsdp_unit``: ``
 decoder layer; ``model``, the whole model one unit), all against the same one-rank run.
 
 2026-12-05, idle machine (load average ~1): ``--steps 6``: one unit 1.59x (0.253 vs 0.159 s), per layer 1.74x
-(0.276 s); ``--steps 11 --fsdp-units model,layer``: 1.55x (0.245 vs 0.158 s), 1.63x (0.258 s). The update at k = 2
-is 0.142 / 0.137 s with one unit, 0.161 / 0.151 s per layer, 0.093 / 0.088 s at k = 1: one unit saves most of the
-per-layer collectives' latency; what remains is 4 rank processes on 2 cores waiting on each other at every
-collective (and the ranks' exchange + THL, 0.022-0.027 vs 0.007-0.008 s).
+(0.276 s); ``--steps 11 --fsdp-units model,layer``: 1.55x (0.245 vs 0.158 s), 1.63x (0.258 s); ``--steps 6
+--fsdp-units model`` once more: 1.72x (0.268 vs 0.156 s). The update at k = 2 is 0.142 / 0.137 / 0.152 s with one
+unit, 0.161 / 0.151 s per layer, 0.088-0.093 s at k = 1: one unit removes some of the per-layer collectives'
+latency, less than run-to-run noise of ~0.15x. The rest is 4 rank processes on 2 cores waiting on each other:
+exchange + THL is 0.022-0.028 s at k = 2 against 0.007-0.008 s, of which fetching the records (waiting for the
+slowest rank's samples) is 0.014 vs 0.003 s and THL (the ranks' split alignment, gathered) 0.008 vs 0.000 s.
 
 Measured on the idle 2-core machine (2026-12-03, load average < 1.1; `--demo` with the demo's SFT'd policies,
 ``--num-cpus 2``), after the rollout copy's gather went bucketed and peer alignment was split over the ranks:
@@ -46,6 +48,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 PARTS = ("generation_s", "scoring_s", "exchange_thl_s", "update_s", "sync_s")
+EXCHANGE_PARTS = ("publish_s", "fetch_s", "peer_check_s", "plan_s", "thl_s")  # exchange_thl_s in detail
 
 
 def with_ranks(cfg, k: int, unit: str = "layer"):
@@ -96,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
                 per_step[label] = statistics.mean(v for s, v in walls.items() if int(s) >= args.warmup)
                 rows = [r for r in read_metrics(out / "metrics.jsonl") if r["kind"] == "train" and r["step"] >= args.warmup]
                 parts = ", ".join(f"{p[:-2]} {statistics.mean(r[p] for r in rows):.3f}" for p in PARTS)
+                parts += " (" + ", ".join(f"{p[:-2]} {statistics.mean(r.get(p) or 0.0 for r in rows):.3f}"
+                                          for p in EXCHANGE_PARTS) + ")"
                 print(f"{label}: mean step {per_step[label]:.3f} s over steps {args.warmup}..{args.steps - 1} "
                       f"(rank 0, mean over policies, s: {parts}); whole run incl. start-up "
                       f"{time.perf_counter() - t0:.1f} s; {(out / 'plan.txt').read_text().splitlines()[0]}")
