@@ -9,6 +9,9 @@
   :mod:`mrl_llm.hub`) in the policy's dtype, or
   a fresh ``from_config`` model from ``model_config`` (vocabulary size and special ids default to the
   tokenizer's; initialised from ``seed`` without touching the global RNG).
+  Dropout is switched off (:func:`disable_dropout`; GPT-2's config, for one, has 0.1): the update's forward
+  must give the log-probs the rollout engine, the snapshot pass and the reference give in eval mode, or the
+  importance ratio and the KL are noise from the first step (what TRL's ``disable_dropout`` does).
 * :func:`tokenizer_id` — the id records carry: a hash of the vocabulary, so two policies with the same
   vocabulary share it (and THL passes their traces through).
 * :func:`save_policy` / :func:`load_policy` — a model + tokenizer directory that
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
@@ -35,6 +39,7 @@ from shared_interfaces.config_io import ConfigError
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 POLICY_META = "mrl_policy.json"
+log = logging.getLogger(__name__)
 
 
 class ModelLoadError(ConfigError):
@@ -229,8 +234,34 @@ def build_model(policy: PolicyConfig, tokenizer, *, seed: int, dtype: str | None
         )
     if policy.train.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    off = disable_dropout(model)
+    if off:
+        log.info("policy %s: dropout off in %d modules (RL's ratios and KL compare train-mode and eval-mode "
+                 "forwards)", policy.name, off)
     model.train()
     return model
+
+
+def disable_dropout(model: torch.nn.Module) -> int:
+    """Switch every dropout of ``model`` off: ``p = 0`` on its ``torch.nn.Dropout*`` modules (HF's GPT-2 passes its
+    attention dropout module's ``p`` to the fused kernel) and on the float dropout rates modules keep as
+    attributes (Llama / Qwen2 / Mistral attention: ``attention_dropout``), and the config's rates (saved with
+    the policy) zeroed; returns how many modules had a rate > 0."""
+    n = 0
+    for m in model.modules():
+        changed = False
+        if isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p > 0:
+            m.p, changed = 0.0, True
+        for key, value in vars(m).items():
+            if "dropout" in key and isinstance(value, float) and value > 0:
+                setattr(m, key, 0.0)
+                changed = True
+        n += changed
+    cfg = getattr(model, "config", None)
+    for key, value in list(vars(cfg).items()) if cfg is not None else ():
+        if ("dropout" in key or key.endswith("_pdrop")) and isinstance(value, float) and value > 0:
+            setattr(cfg, key, 0.0)
+    return n
 
 
 def resolve_device(device: str) -> torch.device:

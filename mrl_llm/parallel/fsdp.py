@@ -5,7 +5,7 @@
 one layer's full weights are gathered at a time, and the next layer's all-gather overlaps this one's compute.
 ``unit="model"`` (``train.fsdp_unit``) makes the whole model one unit: one all-gather per forward and per
 backward and one reduce-scatter, instead of one of each per layer — for a small model whose whole weights fit
-a device beside its shards, where the per-layer collectives are latency, not bandwidth; any HF model (no
+a device beside its shards, where the per-layer collectives are latency, not bandwidth; any model (no
 decoder-layer list needed). The sharded parameters are
 the **fp32 masters** (the optimizer is built over them afterwards, so its moments are fp32 and sharded too).
 With ``dtype: bf16`` the units gather their parameters in bf16 for compute
@@ -44,14 +44,18 @@ from mrl_llm.precision import Precision
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The decoder layers of an HF causal LM (``model.base_model.layers``), in order."""
-    base = getattr(model, "base_model", model)
-    layers = getattr(base, "layers", None)
-    if layers is None or len(layers) == 0:
-        raise ValueError(f"{type(model).__name__}: no decoder layers at base_model.layers; per-layer FSDP units need "
-                         "a Hugging Face decoder-only model (llama, qwen2, mistral, ...); set train.fsdp_unit: model to "
-                         "shard this one as a single unit")
-    return list(layers)
+    """The decoder layers of an HF causal LM, in order: the modules whose class the model names in
+    ``_no_split_modules`` (the blocks HF and verl wrap as FSDP units: ``LlamaDecoderLayer``, ``GPT2Block``, ...),
+    else ``model.base_model.layers``."""
+    blocks = set(getattr(model, "_no_split_modules", None) or ())
+    layers = [m for m in model.modules() if type(m).__name__ in blocks]
+    if not layers:
+        layers = list(getattr(getattr(model, "base_model", model), "layers", None) or ())
+    if not layers:
+        raise ValueError(f"{type(model).__name__}: no decoder layers (no module of a class in _no_split_modules, "
+                         "nothing at base_model.layers); per-layer FSDP units need a Hugging Face decoder-only model "
+                         "(llama, qwen2, mistral, gpt2, ...); set train.fsdp_unit: model to shard it as a single unit")
+    return layers
 
 
 def mp_policy(precision: Precision) -> MixedPrecisionPolicy:

@@ -25,13 +25,18 @@ VOCAB = 96
 LOSS = LossConfig(kl_coef=0.05, max_response_len=12)
 
 
-def tiny_model(seed: int = 0, vocab: int = VOCAB) -> torch.nn.Module:
-    """A 2-layer, 64-wide Qwen2 causal LM (fp32, untied embeddings), the same weights for the same seed."""
-    from transformers import AutoModelForCausalLM, Qwen2Config
+def tiny_model(seed: int = 0, vocab: int = VOCAB, arch: str = "qwen2") -> torch.nn.Module:
+    """A 2-layer, 64-wide causal LM (fp32), the same weights for the same seed: Qwen2 with untied embeddings, or
+    (``arch="gpt2"``) GPT-2 (tied embeddings, learned positions, ``transformer.h`` blocks)."""
+    from transformers import AutoModelForCausalLM, GPT2Config, Qwen2Config
 
-    cfg = Qwen2Config(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                      tie_word_embeddings=False)
+    if arch == "gpt2":  # dropout off, as mrl_llm.models.build_model makes it
+        cfg = GPT2Config(vocab_size=vocab, n_embd=64, n_layer=2, n_head=4, n_positions=128, bos_token_id=0,
+                         eos_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    else:
+        cfg = Qwen2Config(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                          tie_word_embeddings=False)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
@@ -80,14 +85,14 @@ def _full(t: torch.Tensor) -> torch.Tensor:
 def update_once(group: WorkerGroup, *, dtype: str = "fp32", steps: int = 1, micro_batch: int = 2,
                 grad_accum: int | None = None, grad_clip: float | None = 1.0, eps: float = 1e-6,
                 max_tokens: int | None = None, logprob_chunk: int | None = None,
-                nan_rank: int | None = None, unit: str = "layer") -> dict[str, Any]:
+                nan_rank: int | None = None, unit: str = "layer", arch: str = "qwen2") -> dict[str, Any]:
     """``steps`` updates of :func:`tiny_model` on :func:`synthetic_batch` over ``group``: the full weights after,
     each optimizer step's full gradients, and the metrics (``logprob_chunk``: the LM head in chunks). ``eps``: AdamW's (at the default 1e-8 a first step
     is ``lr * sign(g)`` for a gradient element of ~1e-8, so float noise in such elements moves it by ~lr).
     ``nan_rank``: that rank's forward returns NaN log-probs (a loss that overflowed there only); ``unit``: the
-    FSDP2 unit (:func:`shard_model`)."""
+    FSDP2 unit (:func:`shard_model`); ``arch``: :func:`tiny_model`'s."""
     precision = Precision(dtype)
-    model = tiny_model()
+    model = tiny_model(arch=arch)
     ref = lowp_copy(model, precision.compute_dtype)
     shard_model(model, precision, group, unit=unit)
     shard_model(ref, precision, group, unit=unit)

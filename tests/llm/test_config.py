@@ -125,3 +125,4 @@ def test_missing_tokenizer_and_unavailable_engine_fail_clearly(tmp_path):
         pol = PolicyConfig(name="a", model_config=tiny("llama"), tokenizer_dir="utf8-bytes", engine="vllm")
         with pytest.raises(ConfigError, match="engine 'vllm' needs"):
             LLMPolicyWorker("a", WorkerConfig(policy=pol), seed=0)
+

@@ -21,6 +21,7 @@ VARIANTS = [
     {"logprob_chunk": 5},  # the LM head in chunks of 5 response positions (the root's registered forward method)
     {"nan_rank": 1},  # a non-finite loss on rank 1 only (rank 0's are finite)
     {"steps": 2, "micro_batch": 2, "grad_accum": 2, "max_tokens": 40, "unit": "model"},  # variant 1, one FSDP unit
+    {"arch": "gpt2"},  # GPT-2: per-layer units found by _no_split_modules (GPT2Block), tied embeddings
 ]
 
 
@@ -37,18 +38,18 @@ def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     return max(float((a[k] - b[k]).abs().max()) for k in a)
 
 
-@pytest.mark.parametrize("v", [0, 1, 5])
+@pytest.mark.parametrize("v", [0, 1, 5, 6])
 def test_two_fsdp_ranks_update_like_one_process(one_and_two, v):
-    """Per-layer units (0, 1) and the whole model as one unit (5: variant 1's schedule) alike."""
+    """Per-layer units (0, 1; 6: GPT-2) and the whole model as one unit (5: variant 1's schedule) alike."""
     one, two = one_and_two[0][v], one_and_two[1][v]
-    layers = len(tiny_model().model.layers)
+    layers = 2  # tiny_model's, either architecture
     assert (one["units"], two["units"]) == (0, 1 if v == 5 else layers + 1)
-    assert len(one["grads"]) == len(two["grads"]) == (1 if v == 0 else 6)
+    assert len(one["grads"]) == len(two["grads"]) == (6 if v in (1, 5) else 1)
     for g1, g2 in zip(one["grads"], two["grads"], strict=True):
         for a, b in zip(g1, g2, strict=True):
             torch.testing.assert_close(b, a, atol=1e-6, rtol=0)
     assert _max_diff(one["state"], two["state"]) < 1e-6
-    assert _max_diff(one["state"], tiny_model().state_dict()) > 1e-4  # the update moved the weights
+    assert _max_diff(one["state"], tiny_model(arch=VARIANTS[v].get("arch", "qwen2")).state_dict()) > 1e-4  # it moved
     for m1, m2 in zip(one["metrics"], two["metrics"], strict=True):  # the logged loss is the global one
         assert m2["loss"] == pytest.approx(m1["loss"], abs=1e-6)
         assert m2["grad_norm"] == pytest.approx(m1["grad_norm"], rel=1e-5)
@@ -114,15 +115,17 @@ def test_gather_into_copies_the_shards_bucket_by_bucket(tmp_path):
     assert got[2]["collectives"] >= len(tiny_model().state_dict()) // 2
 
 
-def test_shard_model_refuses_an_unknown_unit_and_names_the_way_out_for_a_model_without_layers():
+def test_shard_model_refuses_an_unknown_unit_and_finds_any_hf_models_layers():
     with pytest.raises(ValueError, match="FSDP unit 'block' is not one of"):
         shard_model(tiny_model(), Precision("fp32"), WorkerGroup(GroupSpec(rank=0, world_size=1)), unit="block")
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=32, n_positions=16))
-    with pytest.raises(ValueError, match="set train.fsdp_unit: model to shard this one as a single unit"):
-        decoder_layers(gpt2)
-    assert len(decoder_layers(tiny_model())) == 2
+    gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=3, n_embd=16, n_head=2, vocab_size=32, n_positions=16))
+    assert decoder_layers(gpt2) == list(gpt2.transformer.h)  # its _no_split_modules: GPT2Block
+    qwen = tiny_model()
+    assert decoder_layers(qwen) == list(qwen.model.layers)
+    with pytest.raises(ValueError, match="set train.fsdp_unit: model to shard it as a single unit"):
+        decoder_layers(torch.nn.Sequential(torch.nn.Linear(2, 2)))
 
 
 def test_chunk_rows_is_torch_chunk():
