@@ -317,6 +317,10 @@ class RuntimeConfig:
     null starts a local one with ``num_cpus`` CPUs (null: all). ``cluster``: a cluster YAML to plan
     for (default: the Ray cluster's resources); ``placement``: the plan's layout (auto, colocated,
     split — trainer and rollout actors on their own bundles, :mod:`mrl_llm.distributed.split_group` —, cpu).
+    ``weight_transfer`` (split only): how the trainers' weights reach the rollout actors after each update —
+    ``collective`` (a broadcast over the policy's weight bus, :mod:`mrl_llm.parallel.weight_bus`: nccl between
+    GPUs, gloo on CPU), ``object_store`` (Ray's object store), ``auto`` (collective on GPUs, the object store
+    on CPUs).
     The workers of an existing cluster must be able to import this package (install it
     there); a local cluster inherits this process's environment."""
 
@@ -327,6 +331,7 @@ class RuntimeConfig:
     num_cpus: int | None = None
     cluster: str | None = None
     placement: Literal["auto", "colocated", "split", "cpu"] = "auto"
+    weight_transfer: Literal["auto", "object_store", "collective"] = "auto"
 
     def __post_init__(self) -> None:
         if self.max_staleness < 0 or (self.mode == "sync" and self.max_staleness):

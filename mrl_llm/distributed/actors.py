@@ -399,14 +399,62 @@ class PolicyActor:
         reloads them and runs its drift check: a :class:`~mrl_llm.rollout.DriftError` above its threshold);
         its records then carry the trainers' version. Returns ``{"version", "metrics"}``: the metrics are
         ``sync_s`` (the load's seconds) and the engine's drift check (``worker.drift_metrics()``, when it has one)."""
+        self._rollout_only("load_weights")
+        return self._take_weights(payload["state"], int(payload["version"]), time.perf_counter())
+
+    # -- the weight bus (placement: split, runtime.weight_transfer: collective) -----------------------------
+    def join_bus(self, bus: Mapping[str, Any]) -> bool:
+        """Join the policy's weight bus (:mod:`mrl_llm.parallel.weight_bus`; ``bus``: its
+        :class:`~mrl_llm.parallel.group.GroupSpec` as a mapping): the trainers' rank 0 as the source (bus rank 0),
+        rollout actor ``r`` as bus rank ``1 + r``; the other trainer ranks are not members (``False``). Every
+        member must call it at the same time: it blocks until all have joined."""
+        from mrl_llm.parallel.group import GroupSpec
+        from mrl_llm.parallel.weight_bus import WeightBus
+
+        if self.spec.role == "rollout":
+            rank = 1 + self.spec.rollout_rank
+        elif self.rank == 0:
+            rank = 0
+        else:
+            return False
+        self.bus = WeightBus.join(GroupSpec(**{**dict(bus), "rank": rank}))
+        return True
+
+    def push_weights(self) -> dict[str, Any] | None:
+        """The trainers' rank 0: broadcast its rollout copy (the whole updated model, :meth:`weights`) and version
+        over the bus, to every rollout actor's :meth:`pull_weights`; the other ranks answer ``None``."""
+        if self.rank != 0:
+            return None
+        bus = self._bus("push_weights")
+        t0 = time.perf_counter()
+        n = bus.send(self.worker.rollout_model.state_dict(), int(self.worker.version))
+        return {"broadcasts": n, "push_s": time.perf_counter() - t0}
+
+    def pull_weights(self) -> dict[str, Any]:
+        """A rollout actor: receive the trainers' :meth:`push_weights` and take them as :meth:`load_weights` does
+        (same answer; ``sync_s`` includes the broadcast)."""
+        self._rollout_only("pull_weights")
+        t0 = time.perf_counter()
+        state, version = self._bus("pull_weights").recv(self.worker.model.state_dict())
+        return self._take_weights(state, version, t0)
+
+    def _bus(self, method: str) -> Any:
+        bus = getattr(self, "bus", None)
+        if bus is None:
+            raise RuntimeError(f"policy {self.spec.name!r}: {method} needs the weight bus; join_bus first "
+                               "(runtime.weight_transfer: collective under placement: split)")
+        return bus
+
+    def _rollout_only(self, method: str) -> None:
+        if self.spec.role != "rollout":
+            raise RuntimeError(f"policy {self.spec.name!r}: {method} is for rollout actors, this one is "
+                               f"{self.spec.role}")
+
+    def _take_weights(self, state: Mapping[str, Any], version: int, t0: float) -> dict[str, Any]:
         from mrl_llm.parallel.fsdp import load_full_state_dict
 
-        if self.spec.role != "rollout":
-            raise RuntimeError(f"policy {self.spec.name!r}: load_weights is for rollout actors, this one is "
-                               f"{self.spec.role}")
-        t0 = time.perf_counter()
-        load_full_state_dict(self.worker.model, payload["state"])
-        self.worker.version = int(payload["version"])
+        load_full_state_dict(self.worker.model, state)
+        self.worker.version = version
         self.worker.sync_engine()
         drift = getattr(self.worker, "drift_metrics", None)
         metrics = {"sync_s": time.perf_counter() - t0, **(drift() if callable(drift) else {})}
@@ -433,7 +481,11 @@ class PolicyActor:
         return str(self.worker.export(out_dir))
 
     def close(self) -> None:
-        """Release the worker's resources (``worker.close()``: verifier processes, the rollout engine)."""
+        """Release the worker's resources (``worker.close()``: verifier processes, the rollout engine) and leave the
+        weight bus."""
+        bus, self.bus = getattr(self, "bus", None), None
+        if bus is not None:
+            bus.close()
         fn = getattr(self.worker, "close", None)
         if callable(fn):
             fn()

@@ -96,8 +96,9 @@ class RayBackend:
     name = "ray"
 
     def __init__(self, *, placement: PlacementPlan | None = None, placement_timeout_s: float = 120.0,
-                 exchange_fsync: bool = True) -> None:
+                 exchange_fsync: bool = True, weight_transfer: str = "auto") -> None:
         self.placement = placement
+        self.weight_transfer = weight_transfer
         self.placement_timeout_s = placement_timeout_s
         self.exchange_fsync = exchange_fsync
         self.placement_groups: dict[str, Any] = {}
@@ -141,7 +142,8 @@ class RayBackend:
 
             gpu = self.placement is not None and self.placement.for_policy(name).num_gpus > 0
             return start_split_group(spec, lambda: RemoteExchange(self.exchange_handle, producer=name),
-                                     lambda b: self._actor_options(name, b), roles, gpu=gpu)
+                                     lambda b: self._actor_options(name, b), roles, gpu=gpu,
+                                     transfer=self.weight_transfer)
         if spec.ranks == 1:
             return ray.remote(PolicyActor).options(**self._actor_options(name)).remote(
                 spec, RemoteExchange(self.exchange_handle, producer=name))

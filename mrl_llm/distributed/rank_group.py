@@ -82,6 +82,15 @@ def generated(*answers: dict[str, Any]) -> dict[str, Any]:
 COMBINE: dict[str, Callable[..., Any]] = {"generate": generated, "probe_run_dir": _every_rank}
 
 
+def bundle_rendezvous(options: dict[str, Any]) -> tuple[str, int]:
+    """A rendezvous (address, free port) on the node of the bundle ``options`` place an actor in: a zero-CPU task
+    placed there picks it (:func:`mrl_llm.parallel.group.rendezvous`)."""
+    import ray
+
+    first = {key: v for key, v in options.items() if key == "scheduling_strategy"}
+    return ray.get(zero_cpu_remote(_rendezvous).options(**first).remote())
+
+
 def _rendezvous() -> tuple[str, int]:
     from mrl_llm.parallel.group import rendezvous
 
@@ -222,8 +231,7 @@ def start_ranks(spec: PolicyActorSpec, make_exchange: Callable[[], Any],
     import ray
 
     k = spec.ranks
-    first = {key: v for key, v in options(0).items() if key == "scheduling_strategy"}
-    addr, port = ray.get(zero_cpu_remote(_rendezvous).options(**first).remote())
+    addr, port = bundle_rendezvous(options(0))
     actors = []
     for r in range(k):
         group = GroupSpec(rank=r, world_size=k, addr=addr, port=port, backend="nccl" if gpu else "gloo")

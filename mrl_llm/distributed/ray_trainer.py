@@ -124,7 +124,8 @@ def ray_runtime(config: RunConfig, out: Path, *,
         plan = plan_run(config, ray_cluster_spec(rt.cluster))
         (out / "plan.txt").write_text(plan.render() + "\n")
         specs = ray_specs(config, plan, out / "checkpoints", faults)
-        yield Runtime(RayBackend(placement=plan, exchange_fsync=config.exchange_fsync), specs, rt.mode,
+        yield Runtime(RayBackend(placement=plan, exchange_fsync=config.exchange_fsync,
+                                 weight_transfer=rt.weight_transfer), specs, rt.mode,
                       rt.max_staleness)
     finally:
         if started:

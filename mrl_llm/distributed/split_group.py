@@ -10,9 +10,13 @@ ranks, one ``torch.distributed`` group, FSDP2-sharded for ``k > 1``) and ``m`` r
   actor ``r`` samples prompts ``r, r + m, ...`` with ``sampling.seeding: sample``, else rollout 0 samples them
   all; they publish; the answer is the sum over all (``records``).
 * ``train(...)`` — the trainers (every rank: a collective), which fetch their own records from the exchange
-  like the peers'. Right behind it the trainers' weights go to every rollout actor: ``weights()`` (gathered,
-  through Ray's object store) then ``load_weights(ref)``, queued on each rollout actor before anything the
-  driver sends it later — so the next ``generate`` samples from the updated weights, as a colocated actor
+  like the peers'. Right behind it the trainers' weights go to every rollout actor, as ``transfer`` says
+  (``runtime.weight_transfer``): ``object_store`` — ``weights()`` (rank 0's gathered copy, through Ray's object
+  store) then ``load_weights(ref)``; ``collective`` — ``push_weights()`` on the trainers and ``pull_weights()``
+  on every rollout actor, one broadcast per bucket over the policy's weight bus
+  (:mod:`mrl_llm.parallel.weight_bus`: the trainers' rank 0 and the rollout actors, joined when they start;
+  nccl between GPUs, gloo on CPU; ``auto``: collective on GPUs). Either way the load is queued on each rollout
+  actor before anything the driver sends it later — so the next ``generate`` samples from the updated weights, as a colocated actor
   does (Ray runs an actor's calls in submission order). The answer is the trainers' once every rollout actor
   has loaded the weights (:func:`trained`): a load that fails (a vllm engine's drift check above its
   threshold) fails the call, and the row gets the rollout actors' drift check and load time.
@@ -38,7 +42,16 @@ from dataclasses import replace
 from typing import Any
 
 from mrl_llm.distributed.actors import PolicyActor, PolicyActorSpec
-from mrl_llm.distributed.rank_group import RankGroup, generated, rank0, start_ranks, zero_cpu_remote
+from mrl_llm.distributed.rank_group import (
+    RankGroup,
+    bundle_rendezvous,
+    generated,
+    rank0,
+    start_ranks,
+    zero_cpu_remote,
+)
+from mrl_llm.parallel.group import GroupSpec
+from shared_interfaces.config_io import to_mapping
 
 log = logging.getLogger("mrl_llm.split_group")
 
@@ -61,6 +74,10 @@ class _SplitCall:
             return getattr(g.trainers, m).remote(*args, **kwargs)
         if m == "train":
             out = g.trainers.train.remote(*args, **kwargs)
+            if g.collective:  # behind the update: rank 0 broadcasts, every rollout actor receives
+                pushed = g.trainers.push_weights.remote()
+                loads = [g.track(r.pull_weights.remote()) for r in g.rollouts]
+                return zero_cpu_remote(trained).remote(out, *loads, pushed=pushed)
             weights = g.trainers.weights.remote()  # behind the update on every trainer rank (a collective)
             # queued before whatever the driver sends these actors next
             loads = [g.track(r.load_weights.remote(weights)) for r in g.rollouts]
@@ -73,9 +90,11 @@ class _SplitCall:
         raise AttributeError(f"a split policy's actors have no method {m!r}")
 
 
-def trained(res: dict[str, Any], *loads: dict[str, Any]) -> dict[str, Any]:
-    """The trainers' ``train`` answer ``res`` with the rollout actors' ``load_weights`` answers: ``sync_s`` is the
-    trainers' plus the slowest load, each ``drift_*`` metric the largest over the rollout actors."""
+def trained(res: dict[str, Any], *loads: dict[str, Any], pushed: Any = None) -> dict[str, Any]:
+    """The trainers' ``train`` answer ``res`` with the rollout actors' ``load_weights`` / ``pull_weights`` answers:
+    ``sync_s`` is the trainers' plus the slowest load, each ``drift_*`` metric the largest over the rollout
+    actors. ``pushed``: the trainers' ``push_weights`` answer (a collective transfer; Ray resolves it first, so
+    a failed broadcast fails the call), whose broadcast count the row gets (``weight_broadcasts``)."""
     out = dict(res)
     metrics = dict(res.get("metrics") or {})
     got = [ld.get("metrics") or {} for ld in loads]
@@ -83,6 +102,8 @@ def trained(res: dict[str, Any], *loads: dict[str, Any]) -> dict[str, Any]:
         metrics["sync_s"] = float(metrics.get("sync_s", 0.0)) + max(float(g.get("sync_s", 0.0)) for g in got)
         for k in sorted({k for g in got for k in g if k.startswith("drift_")}):
             metrics[k] = max(float(g[k]) for g in got if k in g)
+    if pushed is not None:
+        metrics["weight_broadcasts"] = float(pushed["broadcasts"])
     out["metrics"] = metrics
     return out
 
@@ -98,10 +119,12 @@ class SplitGroup(RankGroup):
     """A split policy's trainers (a :class:`RankGroup`) and rollout actors behind one actor's interface, restarted
     together (module docstring). ``start()`` starts them all: ``(trainers, rollouts)``."""
 
-    def __init__(self, start: Callable[[], tuple[RankGroup, list[Any]]], *, policy: str = "") -> None:
+    def __init__(self, start: Callable[[], tuple[RankGroup, list[Any]]], *, policy: str = "",
+                 collective: bool = False) -> None:
         trainers, rollouts = start()
         super().__init__([*trainers.actors, *rollouts], policy=policy)
         self.trainers, self.rollouts, self.start_all = trainers, rollouts, start
+        self.collective = collective
 
     def __getattr__(self, method: str) -> _SplitCall:  # type: ignore[override]
         if method.startswith("_"):
@@ -137,11 +160,19 @@ class SplitGroup(RankGroup):
             ray.kill(a, no_restart=True)
 
 
+TRANSFERS = ("auto", "object_store", "collective")
+
+
 def start_split_group(spec: PolicyActorSpec, make_exchange: Callable[[], Any], options: Callable[[int], dict[str, Any]],
-                      roles: Sequence[str], *, gpu: bool) -> SplitGroup:
+                      roles: Sequence[str], *, gpu: bool, transfer: str = "auto") -> SplitGroup:
     """Start ``spec``'s trainers in the ``train`` bundles and a rollout actor in each ``rollout`` bundle of
-    ``roles`` (the plan's ``bundle_roles``); ``options(b)``: bundle ``b``'s Ray actor options."""
+    ``roles`` (the plan's ``bundle_roles``); ``options(b)``: bundle ``b``'s Ray actor options; ``transfer``: how
+    the weights reach the rollout actors (module docstring; ``collective``: the weight bus is joined here)."""
     import ray
+
+    if transfer not in TRANSFERS:
+        raise ValueError(f"policy {spec.name!r}: weight transfer {transfer!r} is not one of {list(TRANSFERS)}")
+    collective = transfer == "collective" or (transfer == "auto" and gpu)
 
     train_b = [b for b, r in enumerate(roles) if r == "train"]
     roll_b = [b for b, r in enumerate(roles) if r == "rollout"]
@@ -170,6 +201,11 @@ def start_split_group(spec: PolicyActorSpec, make_exchange: Callable[[], Any], o
                             config={k: v for k, v in spec.config.items() if k != "group"})
             opts = {**options(b), "max_restarts": 0}
             rollouts.append(ray.remote(PolicyActor).options(**opts).remote(rspec, make_exchange()))
+        if collective:  # a fresh bus for every start: rank 0's bundle picks its rendezvous
+            addr, port = bundle_rendezvous(options(train_b[0]))
+            bus = to_mapping(GroupSpec(rank=0, world_size=1 + len(roll_b), addr=addr, port=port,
+                                       backend="nccl" if gpu else "gloo"))
+            ray.get([trainers.actors[0].join_bus.remote(bus), *(r.join_bus.remote(bus) for r in rollouts)])
         return trainers, rollouts
 
-    return SplitGroup(start, policy=spec.name)
+    return SplitGroup(start, policy=spec.name, collective=collective)

@@ -12,8 +12,10 @@ from shared_interfaces.exchange import InMemoryExchange
 PROMPTS = ["p0", "p1", "p2", "p3", "p4"]
 
 
-def _actor(tmp_path, *, seeding: str = "call", **kw) -> PolicyActor:
+def _actor(tmp_path, *, seeding: str = "call", config_group: dict | None = None, **kw) -> PolicyActor:
     cfg = {"good_on": 0, "n_prompts": 6, "policy": {"sampling": {"seeding": seeding}}}
+    if config_group is not None:  # the rank this actor believes it is (no process group is joined here)
+        cfg["group"] = config_group
     spec = PolicyActorSpec(name="A", factory="tests.distributed.toy_worker:build", config=cfg, seed=1,
                            regime={"name": "grpo"}, checkpoint_dir=str(tmp_path / "ckpt"), **kw)
     return PolicyActor(spec, InMemoryExchange())
@@ -41,6 +43,18 @@ def test_a_trainer_samples_nothing_and_only_rollout_actors_take_weights(tmp_path
     assert trainer.generate([], 1)["records"] == 0  # empty step
 
 
+def test_the_weight_bus_calls_need_a_joined_bus_and_the_right_role(tmp_path):
+    trainer, rollout = _actor(tmp_path / "t", role="train"), _actor(tmp_path / "r", role="rollout")
+    with pytest.raises(RuntimeError, match="pull_weights is for rollout actors, this one is train"):
+        trainer.pull_weights()
+    with pytest.raises(RuntimeError, match="push_weights needs the weight bus; join_bus first"):
+        trainer.push_weights()
+    with pytest.raises(RuntimeError, match="pull_weights needs the weight bus; join_bus first"):
+        rollout.pull_weights()
+    rank1 = _actor(tmp_path / "t1", role="train", ranks=2, config_group={"rank": 1, "world_size": 2})
+    assert rank1.push_weights() is None and rank1.join_bus({"rank": 0, "world_size": 2, "port": 1}) is False
+
+
 def test_a_split_plan_without_both_pools_or_with_other_trainer_counts_is_refused():
     from mrl_llm.distributed.split_group import start_split_group
 
@@ -50,3 +64,6 @@ def test_a_split_plan_without_both_pools_or_with_other_trainer_counts_is_refused
             start_split_group(spec, lambda: None, lambda b: {}, roles, gpu=False)
     with pytest.raises(ValueError, match="has 1 trainer ranks but its plan 2 train bundles"):
         start_split_group(spec, lambda: None, lambda b: {}, ["train", "train", "rollout"], gpu=False)
+    with pytest.raises(ValueError, match=r"policy 'A': weight transfer 'nccl' is not one of \['auto', 'object_store', "
+                                         r"'collective'\]"):
+        start_split_group(spec, lambda: None, lambda b: {}, ["train", "rollout"], gpu=False, transfer="nccl")

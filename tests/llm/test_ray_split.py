@@ -30,19 +30,22 @@ def ray_llm():
         yield ray
 
 
-def _config(placement: str, mode: str):
+def _config(placement: str, mode: str, transfer: str = "auto"):
     pols = [policy("a", "llama", "utf8-bytes", 4), policy("b", "qwen2", learner_tokenizer_dir(), 16)]
-    runtime = {"backend": "ray", "placement": placement, "mode": mode, "max_staleness": 1 if mode == "async" else 0}
+    runtime = {"backend": "ray", "placement": placement, "mode": mode, "max_staleness": 1 if mode == "async" else 0,
+               "weight_transfer": transfer}
     return config(pols, steps=3, eval={"enabled": False}, runtime=runtime)
 
 
 @pytest.mark.ray
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["sync", "async"])
-def test_split_placement_equals_colocated(ray_llm, tmp_path, caplog, mode):
+@pytest.mark.parametrize("mode, transfer", [("sync", "auto"), ("async", "auto"), ("sync", "collective")])
+def test_split_placement_equals_colocated(ray_llm, tmp_path, caplog, mode, transfer):
+    """``auto`` on CPUs hands the weights over through Ray's object store; ``collective`` broadcasts them over the
+    policy's gloo weight bus (the row counts the broadcasts: a header and one bucket)."""
     caplog.set_level(logging.INFO, logger="mrl_llm.ray_trainer")
     train(_config("cpu", mode), tmp_path / "colocated", problems=PROBLEMS)
-    train(_config("split", mode), tmp_path / "split", problems=PROBLEMS)
+    train(_config("split", mode, transfer), tmp_path / "split", problems=PROBLEMS)
     _, rows1, recs1, w1 = _files(tmp_path / "colocated")
     _, rows2, recs2, w2 = _files(tmp_path / "split")
     assert len(recs2) == len(recs1) > 0
@@ -55,6 +58,7 @@ def test_split_placement_equals_colocated(ray_llm, tmp_path, caplog, mode):
         assert rows2[key]["loss"] == pytest.approx(r1["loss"], abs=1e-5)
     assert any(r["peer_rows"] > 0 for r in rows2.values())  # experience really crossed
     assert {r["policy_version"] for r in recs2 if r["step"] == 2} != {0}  # step 2 sampled from updated weights
+    assert {r.get("weight_broadcasts") for r in rows2.values()} == ({2.0} if transfer == "collective" else {None})
     for n in "ab":
         assert max(float((w2[n][k] - w1[n][k]).abs().max()) for k in w1[n]) < 1e-5, n
     plan = (tmp_path / "split" / "plan.txt").read_text()
@@ -86,6 +90,8 @@ def test_split_trainers_build_no_engine_and_loads_are_folded_into_the_train_answ
     m = trained(res, *loads)["metrics"]
     assert m == {"loss": 0.5, "sync_s": 2.25, "drift_mean_abs": 3e-4, "drift_exceeded": 0.0}
     assert res["metrics"]["sync_s"] == 0.25  # the trainers' answer itself is left alone
+    pushed = trained(res, *loads[:1], pushed={"broadcasts": 3, "push_s": 0.1})["metrics"]
+    assert pushed["weight_broadcasts"] == 3.0 and pushed["sync_s"] == 1.25
 
 
 def test_actor_spec_roles_are_validated():
@@ -130,9 +136,11 @@ def test_a_dead_rollout_actor_restarts_its_split_policy_from_the_last_checkpoint
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_split_with_two_trainer_ranks_equals_colocated(ray_llm, tmp_path, caplog):
+@pytest.mark.parametrize("transfer", ["object_store", "collective"])
+def test_split_with_two_trainer_ranks_equals_colocated(ray_llm, tmp_path, caplog, transfer):
     """``a`` with ``ranks: 2`` under ``placement: split``: 2 FSDP2 trainer ranks (one gloo group) and 2 rollout
-    actors that share the step's prompts (per-sample seeds) and take the gathered weights after each update;
+    actors that share the step's prompts (per-sample seeds) and take the gathered weights after each update
+    (through the object store, or broadcast by trainer rank 0 over a weight bus of 3 members);
     ``b`` one trainer and one rollout actor (6 actors). It equals the colocated run with the same ranks."""
     caplog.set_level(logging.INFO, logger="mrl_llm.ray_trainer")
 
@@ -140,7 +148,8 @@ def test_split_with_two_trainer_ranks_equals_colocated(ray_llm, tmp_path, caplog
         pols = [{**policy("a", "llama", "utf8-bytes", 4), "ranks": 2}, policy("b", "qwen2", learner_tokenizer_dir(), 16)]
         for p in pols:
             p["sampling"] = {**p["sampling"], "seeding": "sample"}
-        return config(pols, steps=2, eval={"enabled": False}, runtime={"backend": "ray", "placement": placement})
+        return config(pols, steps=2, eval={"enabled": False},
+                      runtime={"backend": "ray", "placement": placement, "weight_transfer": transfer})
 
     train(cfg("cpu"), tmp_path / "colocated", problems=PROBLEMS)
     train(cfg("split"), tmp_path / "split", problems=PROBLEMS)

@@ -32,6 +32,10 @@ def test_runtime_section_defaults_and_validation():
         cfg({"backend": "ray", "max_staleness": 1})
     with pytest.raises(ConfigError, match="runtime.*unknown|unknown.*bogus|bogus"):
         cfg({"backend": "ray", "bogus": 1})
+    assert rt.weight_transfer == "auto"
+    assert cfg({"backend": "ray", "weight_transfer": "collective"}).runtime.weight_transfer == "collective"
+    with pytest.raises(ConfigError, match=r"runtime.weight_transfer: 'nccl' is not one of"):
+        cfg({"backend": "ray", "weight_transfer": "nccl"})
     with pytest.raises(ConfigError, match="join_step/leave_step, which only the Ray runtime"):
         cfg(join_step=1)
     with pytest.raises(ConfigError, match="join_step < leave_step"):

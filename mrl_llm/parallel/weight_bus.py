@@ -1,0 +1,120 @@
+"""Weights from a split policy's trainers to its rollout actors by a collective (``runtime.weight_transfer``).
+
+Under ``placement: split`` (:mod:`mrl_llm.distributed.split_group`) the trainers' rank 0 holds the whole updated
+model after each update (its rollout copy, gathered from the FSDP2 shards) and every rollout actor needs it
+before its next ``generate``. ``weight_transfer: object_store`` hands it over through Ray's object store (a
+pickled copy per rollout actor); ``collective`` broadcasts it over a :class:`WeightBus`: its own process group
+of ``1 + m`` members — the trainers' rank 0 (bus rank 0, the source) and the ``m`` rollout actors (bus ranks
+``1..m``) — ``nccl`` between GPUs, ``gloo`` on CPU, apart from the trainers' FSDP2 group (a process has one
+default ``torch.distributed`` group; the bus is built on its own ``TCPStore``, never the default).
+
+One transfer (:meth:`WeightBus.send` on the source, :meth:`WeightBus.recv` on every other member, at the same
+time): a header ``[version, tensors, elements]`` (int64), then the tensors in model order, packed into flat
+buckets of at most ``bucket_mb`` (a tensor larger than that is a bucket alone; a bucket holds one dtype), one
+broadcast per bucket. Both sides derive the buckets from the same names, shapes and dtypes (the same policy
+config), so no other metadata crosses; a receiver whose model differs from the header's raises
+:class:`WeightBusError` naming both counts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from mrl_llm.parallel.group import GroupSpec
+
+
+class WeightBusError(RuntimeError):
+    """The trainers' weights and a rollout actor's model disagree (another model, another config)."""
+
+
+def buckets(state: Mapping[str, torch.Tensor], bucket_mb: float) -> list[list[str]]:
+    """``state``'s names in order, cut into buckets of at most ``bucket_mb`` MiB of one dtype each (a larger tensor
+    is a bucket alone); ``[]`` for an empty state."""
+    if not bucket_mb > 0:
+        raise ValueError(f"bucket_mb must be > 0, got {bucket_mb}")
+    limit = bucket_mb * 2**20
+    out: list[list[str]] = []
+    size, dtype = 0.0, None
+    for name, t in state.items():
+        nbytes = t.numel() * t.element_size()
+        if not out or t.dtype != dtype or size + nbytes > limit:
+            out.append([])
+            size, dtype = 0.0, t.dtype
+        out[-1].append(name)
+        size += nbytes
+    return out
+
+
+class WeightBus:
+    """One member of a policy's weight bus (module docstring). ``spec.rank`` 0 is the source."""
+
+    def __init__(self, spec: GroupSpec, store: dist.Store, pg: dist.ProcessGroup) -> None:
+        self.spec, self._store, self._pg = spec, store, pg
+
+    @classmethod
+    def join(cls, spec: GroupSpec) -> WeightBus:
+        """Join the bus (blocks until all ``spec.world_size`` members have joined)."""
+        if spec.world_size < 2:
+            raise ValueError(f"a weight bus needs the source and at least one rollout actor, got world_size "
+                             f"{spec.world_size}")
+        timeout = timedelta(seconds=spec.timeout_s)
+        store = dist.TCPStore(spec.addr, spec.port, spec.world_size, is_master=spec.rank == 0, timeout=timeout,
+                              wait_for_workers=False)
+        prefixed = dist.PrefixStore("weight-bus", store)
+        if spec.backend == "nccl":
+            pg = dist.ProcessGroupNCCL(prefixed, spec.rank, spec.world_size)
+        else:
+            pg = dist.ProcessGroupGloo(prefixed, spec.rank, spec.world_size, timeout)
+        return cls(spec, store, pg)
+
+    @property
+    def device(self) -> torch.device:
+        """Where the broadcast buffers live: the current CUDA device for nccl, the CPU for gloo."""
+        return torch.device("cuda", torch.cuda.current_device()) if self.spec.backend == "nccl" else torch.device("cpu")
+
+    def _broadcast(self, t: torch.Tensor) -> None:
+        opts = dist.BroadcastOptions()
+        opts.rootRank, opts.rootTensor = 0, 0
+        self._pg.broadcast([t], opts).wait()
+
+    def send(self, state: Mapping[str, torch.Tensor], version: int, *, bucket_mb: float = 64.0) -> int:
+        """Broadcast ``state`` (any device) and ``version`` to every member (the source only); returns the
+        broadcasts made (the header's included)."""
+        if self.spec.rank != 0:
+            raise RuntimeError("WeightBus.send is the source's (bus rank 0); a rollout actor calls recv")
+        elements = sum(t.numel() for t in state.values())
+        self._broadcast(torch.tensor([int(version), len(state), elements], dtype=torch.int64, device=self.device))
+        n = 1
+        for names in buckets(state, bucket_mb):
+            flat = torch.cat([state[k].detach().reshape(-1).to(self.device) for k in names])
+            self._broadcast(flat)
+            n += 1
+        return n
+
+    def recv(self, like: Mapping[str, torch.Tensor], *, bucket_mb: float = 64.0) -> tuple[dict[str, torch.Tensor], int]:
+        """Receive the source's weights, shaped as ``like`` (this actor's state dict: names, shapes, dtypes), as CPU
+        tensors, and their version."""
+        if self.spec.rank == 0:
+            raise RuntimeError("WeightBus.recv is a rollout actor's; the source (bus rank 0) calls send")
+        header = torch.zeros(3, dtype=torch.int64, device=self.device)
+        self._broadcast(header)
+        version, count, elements = (int(v) for v in header.tolist())
+        mine = sum(t.numel() for t in like.values())
+        if (count, elements) != (len(like), mine):
+            raise WeightBusError(f"the trainers sent {count} tensors of {elements} elements, this rollout actor's model "
+                                 f"has {len(like)} of {mine}: trainers and rollout actors must build the same model")
+        out: dict[str, torch.Tensor] = {}
+        for names in buckets(like, bucket_mb):
+            flat = torch.empty(sum(like[k].numel() for k in names), dtype=like[names[0]].dtype, device=self.device)
+            self._broadcast(flat)
+            for k, part in zip(names, flat.split([like[k].numel() for k in names]), strict=True):
+                out[k] = part.view(like[k].shape).cpu()
+        return out, version
+
+    def close(self) -> None:
+        """Leave the bus; a second call does nothing."""
+        self._pg, self._store = None, None  # type: ignore[assignment]

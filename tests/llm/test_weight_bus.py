@@ -1,0 +1,95 @@
+"""The weight bus (:mod:`mrl_llm.parallel.weight_bus`): the source's weights reach every rollout member exactly,
+bucket by bucket, over its own gloo group (3 spawned processes); an empty model crosses as a header only; a
+receiver with another model refuses naming both sizes; the buckets follow the size limit and the dtypes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from mrl_llm.parallel.group import GroupSpec, rendezvous
+from mrl_llm.parallel.weight_bus import WeightBus, WeightBusError, buckets
+from tests.llm.parallel_ranks import rank_process, tiny_model
+
+
+def bus_main(rank: int, spec: GroupSpec, out: str) -> None:
+    """Bus member ``rank``: the source sends seed-0 weights (version 7), an empty state, then weights of another
+    vocabulary; each receiver takes the first two into a seed-1 model's shapes, and the third too."""
+    rank_process()
+    bus = WeightBus.join(spec.for_rank(rank))
+    res: dict[str, Any] = {}
+    if rank == 0:
+        res["n"] = [bus.send(tiny_model(0).state_dict(), 7), bus.send(tiny_model(0).state_dict(), 8, bucket_mb=0.01),
+                    bus.send({}, 9)]
+        try:
+            bus.send(tiny_model(0, vocab=97).state_dict(), 10)
+        except RuntimeError as err:  # a receiver refused: the bucket may not be taken
+            res["last"] = str(err)
+    else:
+        like = tiny_model(1).state_dict()
+        res["got"] = [bus.recv(like), bus.recv(like, bucket_mb=0.01), bus.recv({})]
+        try:
+            bus.recv(like)
+        except WeightBusError as err:
+            res["refused"] = str(err)
+    bus.close()
+    torch.save(res, Path(out) / f"{rank}.pt")
+
+
+@pytest.fixture(scope="module")
+def bus_results(tmp_path_factory):
+    import torch.multiprocessing as mp
+
+    out = tmp_path_factory.mktemp("bus")
+    addr, port = rendezvous("127.0.0.1")
+    spec = GroupSpec(rank=0, world_size=3, addr=addr, port=port, backend="gloo", timeout_s=20)
+    mp.spawn(bus_main, args=(spec, str(out)), nprocs=3, join=True)
+    return [torch.load(out / f"{r}.pt", weights_only=False) for r in range(3)]
+
+
+def test_every_rollout_member_gets_the_source_weights_exactly(bus_results):
+    want = tiny_model(0).state_dict()
+    n_tensors = len(want)
+    assert bus_results[0]["n"][0] == 2  # the header + one bucket: the whole tiny model fits 64 MiB
+    assert bus_results[0]["n"][1] >= n_tensors // 2 + 1  # 10 KiB buckets: about one per tensor
+    assert bus_results[0]["n"][2] == 1  # an empty model: the header alone
+    for r in (1, 2):
+        (s1, v1), (s2, v2), (s3, v3) = bus_results[r]["got"]
+        assert (v1, v2, v3) == (7, 8, 9) and s3 == {}
+        for s in (s1, s2):
+            assert s.keys() == want.keys()
+            assert all(torch.equal(s[k], want[k]) and s[k].device.type == "cpu" for k in want)
+        assert max(float((tiny_model(1).state_dict()[k] - want[k]).abs().max()) for k in want) > 1e-3
+
+
+def test_a_receiver_with_another_model_refuses_naming_both(bus_results):
+    n = len(tiny_model(0).state_dict())
+    other = sum(t.numel() for t in tiny_model(0, vocab=97).state_dict().values())
+    mine = sum(t.numel() for t in tiny_model(1).state_dict().values())
+    for r in (1, 2):
+        assert bus_results[r]["refused"] == (f"the trainers sent {n} tensors of {other} elements, this rollout actor's "
+                                             f"model has {n} of {mine}: trainers and rollout actors must build the "
+                                             "same model")
+
+
+def test_buckets_follow_the_limit_and_the_dtype():
+    state = {"a": torch.zeros(256), "b": torch.zeros(256), "c": torch.zeros(1024), "d": torch.zeros(8, dtype=torch.int64),
+             "e": torch.zeros(4)}
+    assert buckets(state, 2 / 1024) == [["a", "b"], ["c"], ["d"], ["e"]]  # 2 KiB: a + b fit, c alone, dtype apart
+    assert buckets(state, 64.0) == [["a", "b", "c"], ["d"], ["e"]]
+    assert buckets({}, 1.0) == []
+    with pytest.raises(ValueError, match="bucket_mb must be > 0"):
+        buckets(state, 0)
+
+
+def test_the_bus_refuses_a_lone_member_and_the_wrong_direction():
+    with pytest.raises(ValueError, match="at least one rollout actor"):
+        WeightBus.join(GroupSpec(rank=0, world_size=1))
+    spec = GroupSpec(rank=1, world_size=2, port=1)
+    with pytest.raises(RuntimeError, match="the source's"):
+        WeightBus(spec, None, None).send({}, 0)  # type: ignore[arg-type]
+    with pytest.raises(RuntimeError, match="a rollout actor's"):
+        WeightBus(spec.for_rank(0), None, None).recv({})  # type: ignore[arg-type]
