@@ -435,8 +435,8 @@ class PolicyActor:
         (same answer; ``sync_s`` includes the broadcast)."""
         self._rollout_only("pull_weights")
         t0 = time.perf_counter()
-        state, version = self._bus("pull_weights").recv(self.worker.model.state_dict())
-        return self._take_weights(state, version, t0)
+        version = self._bus("pull_weights").recv_into(self.worker.model.state_dict())  # in place, bucket by bucket
+        return self._take_weights(None, version, t0)
 
     def _bus(self, method: str) -> Any:
         bus = getattr(self, "bus", None)
@@ -450,10 +450,12 @@ class PolicyActor:
             raise RuntimeError(f"policy {self.spec.name!r}: {method} is for rollout actors, this one is "
                                f"{self.spec.role}")
 
-    def _take_weights(self, state: Mapping[str, Any], version: int, t0: float) -> dict[str, Any]:
+    def _take_weights(self, state: Mapping[str, Any] | None, version: int, t0: float) -> dict[str, Any]:
+        """Load ``state`` (None: the model has them already) and ``version``; sync the engine (drift check)."""
         from mrl_llm.parallel.fsdp import load_full_state_dict
 
-        load_full_state_dict(self.worker.model, state)
+        if state is not None:
+            load_full_state_dict(self.worker.model, state)
         self.worker.version = version
         self.worker.sync_engine()
         drift = getattr(self.worker, "drift_metrics", None)

@@ -8,12 +8,13 @@ of ``1 + m`` members — the trainers' rank 0 (bus rank 0, the source) and the `
 ``1..m``) — ``nccl`` between GPUs, ``gloo`` on CPU, apart from the trainers' FSDP2 group (a process has one
 default ``torch.distributed`` group; the bus is built on its own ``TCPStore``, never the default).
 
-One transfer (:meth:`WeightBus.send` on the source, :meth:`WeightBus.recv` on every other member, at the same
+One transfer (:meth:`WeightBus.send` on the source, :meth:`WeightBus.recv_into` on every other member, at the same
 time): a header ``[version, tensors, elements]`` (int64), then the tensors in model order, packed into flat
 buckets of at most ``bucket_mb`` (a tensor larger than that is a bucket alone; a bucket holds one dtype), one
 broadcast per bucket. Both sides derive the buckets from the same names, shapes and dtypes (the same policy
 config), so no other metadata crosses; a receiver whose model differs from the header's raises
-:class:`WeightBusError` naming both counts.
+:class:`WeightBusError` naming both counts. A receiver copies each bucket into its model as it arrives, so it
+never holds a second whole model (on GPU, neither a host copy).
 """
 
 from __future__ import annotations
@@ -95,25 +96,27 @@ class WeightBus:
             n += 1
         return n
 
-    def recv(self, like: Mapping[str, torch.Tensor], *, bucket_mb: float = 64.0) -> tuple[dict[str, torch.Tensor], int]:
-        """Receive the source's weights, shaped as ``like`` (this actor's state dict: names, shapes, dtypes), as CPU
-        tensors, and their version."""
+    def recv_into(self, target: Mapping[str, torch.Tensor], *, bucket_mb: float = 64.0) -> int:
+        """Receive the source's weights into ``target`` (this actor's state dict: its tensors share the model's
+        storage, so the model takes them in place, one bucket at a time — never a second whole model) and return
+        their version."""
         if self.spec.rank == 0:
-            raise RuntimeError("WeightBus.recv is a rollout actor's; the source (bus rank 0) calls send")
+            raise RuntimeError("WeightBus.recv_into is a rollout actor's; the source (bus rank 0) calls send")
         header = torch.zeros(3, dtype=torch.int64, device=self.device)
         self._broadcast(header)
         version, count, elements = (int(v) for v in header.tolist())
-        mine = sum(t.numel() for t in like.values())
-        if (count, elements) != (len(like), mine):
+        mine = sum(t.numel() for t in target.values())
+        if (count, elements) != (len(target), mine):
             raise WeightBusError(f"the trainers sent {count} tensors of {elements} elements, this rollout actor's model "
-                                 f"has {len(like)} of {mine}: trainers and rollout actors must build the same model")
-        out: dict[str, torch.Tensor] = {}
-        for names in buckets(like, bucket_mb):
-            flat = torch.empty(sum(like[k].numel() for k in names), dtype=like[names[0]].dtype, device=self.device)
-            self._broadcast(flat)
-            for k, part in zip(names, flat.split([like[k].numel() for k in names]), strict=True):
-                out[k] = part.view(like[k].shape).cpu()
-        return out, version
+                                 f"has {len(target)} of {mine}: trainers and rollout actors must build the same model")
+        with torch.no_grad():
+            for names in buckets(target, bucket_mb):
+                flat = torch.empty(sum(target[k].numel() for k in names), dtype=target[names[0]].dtype,
+                                   device=self.device)
+                self._broadcast(flat)
+                for k, part in zip(names, flat.split([target[k].numel() for k in names]), strict=True):
+                    target[k].copy_(part.view(target[k].shape))
+        return version
 
     def close(self) -> None:
         """Leave the bus; a second call does nothing."""

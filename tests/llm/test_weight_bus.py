@@ -16,8 +16,9 @@ from tests.llm.parallel_ranks import rank_process, tiny_model
 
 
 def bus_main(rank: int, spec: GroupSpec, out: str) -> None:
-    """Bus member ``rank``: the source sends seed-0 weights (version 7), an empty state, then weights of another
-    vocabulary; each receiver takes the first two into a seed-1 model's shapes, and the third too."""
+    """Bus member ``rank``: the source sends seed-0 weights (version 7; again in 10 KiB buckets, version 8), an empty
+    state, then weights of another vocabulary; each receiver takes the first two into a seed-1 model in place, the
+    empty one into nothing, and refuses the last."""
     rank_process()
     bus = WeightBus.join(spec.for_rank(rank))
     res: dict[str, Any] = {}
@@ -29,10 +30,15 @@ def bus_main(rank: int, spec: GroupSpec, out: str) -> None:
         except RuntimeError as err:  # a receiver refused: the bucket may not be taken
             res["last"] = str(err)
     else:
-        like = tiny_model(1).state_dict()
-        res["got"] = [bus.recv(like), bus.recv(like, bucket_mb=0.01), bus.recv({})]
+        got = []
+        for kw in ({}, {"bucket_mb": 0.01}):
+            model = tiny_model(1)
+            version = bus.recv_into(model.state_dict(), **kw)  # into the model's own tensors
+            got.append(({k: v.clone() for k, v in model.state_dict().items()}, version))
+        got.append(({}, bus.recv_into({})))
+        res["got"] = got
         try:
-            bus.recv(like)
+            bus.recv_into(tiny_model(1).state_dict())
         except WeightBusError as err:
             res["refused"] = str(err)
     bus.close()
@@ -61,7 +67,7 @@ def test_every_rollout_member_gets_the_source_weights_exactly(bus_results):
         assert (v1, v2, v3) == (7, 8, 9) and s3 == {}
         for s in (s1, s2):
             assert s.keys() == want.keys()
-            assert all(torch.equal(s[k], want[k]) and s[k].device.type == "cpu" for k in want)
+            assert all(torch.equal(s[k], want[k]) for k in want)
         assert max(float((tiny_model(1).state_dict()[k] - want[k]).abs().max()) for k in want) > 1e-3
 
 
@@ -92,4 +98,4 @@ def test_the_bus_refuses_a_lone_member_and_the_wrong_direction():
     with pytest.raises(RuntimeError, match="the source's"):
         WeightBus(spec, None, None).send({}, 0)  # type: ignore[arg-type]
     with pytest.raises(RuntimeError, match="a rollout actor's"):
-        WeightBus(spec.for_rank(0), None, None).recv({})  # type: ignore[arg-type]
+        WeightBus(spec.for_rank(0), None, None).recv_into({})  # type: ignore[arg-type]
