@@ -179,7 +179,7 @@ def _study(args: argparse.Namespace) -> int:
     over = {k: getattr(args, k) for k in ("seeds", "first_seed", "steps", "prompts_per_step", "group_size", "lr",
                                           "optimizer", "sgt_weight", "sgt_successes", "kl_coef", "pool_per_family",
                                           "eval_every", "eval_k", "sft_steps", "norm_lr", "embed_lr", "sft_seed",
-                                          "pool_seed", "norm_sgt")
+                                          "pool_seed", "norm_sgt", "final_norm_sgt")
             if getattr(args, k) is not None}
     if args.per_seed_sft:
         over["sft_seed"] = None
@@ -282,6 +282,8 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--no-norm-lr", action="store_true", help="the norm layers train at --lr")
     st.add_argument("--norm-sgt", action=argparse.BooleanOptionalAction, default=None,
                     help="whether the norm layers take gradient from SGT's term (train.lr_groups sgt; needs --norm-lr)")
+    st.add_argument("--final-norm-sgt", action=argparse.BooleanOptionalAction, default=None,
+                    help="whether the final norm (before the LM head) takes gradient from SGT's term (needs --norm-lr)")
     st.add_argument("--embed-lr", type=float, help="RL learning rate of the token embeddings (0 freezes them)")
     st.add_argument("--no-embed-lr", action="store_true", help="the token embeddings train at --lr")
     st.add_argument("--lr-policy", action="append", metavar="NAME=LR",

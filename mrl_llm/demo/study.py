@@ -46,6 +46,10 @@ STUDY_POLICIES = (
 #: gains and biases), for :attr:`StudyConfig.norm_lr`
 NORM_GLOBS = {"llama": "*norm*", "qwen2": "*norm*", "gpt2": "*ln_*"}
 
+#: the final norm's parameters (before the LM head: its gain scales every logit, a global inverse temperature),
+#: for :attr:`StudyConfig.final_norm_sgt`
+FINAL_NORM_GLOBS = {"llama": "model.norm.*", "qwen2": "model.norm.*", "gpt2": "transformer.ln_f.*"}
+
 #: the parameter-name glob of each architecture's token embedding (tied to the output head in every study
 #: architecture), for :attr:`StudyConfig.embed_lr`
 EMBED_GLOBS = {"llama": "*embed_tokens*", "qwen2": "*embed_tokens*", "gpt2": "*.wte.*"}
@@ -86,6 +90,10 @@ class StudyConfig(DemoConfig):
     #: 1000x the base rate, lambda on the norms' gains is 1000x larger than on the rest: SGT's NLL on a
     #: peer's text there warms the policy's sampling instead of teaching it the text
     norm_sgt: bool = True
+    #: whether the final norm (before the LM head) takes gradient from SGT's term; False: it is a group of its own
+    #: at ``norm_lr`` without SGT's gradient, the layers' norms keep it. Its gain scales every logit (a global
+    #: inverse temperature): SGT's NLL on text the policy finds unlikely pulls it down, warming all sampling
+    final_norm_sgt: bool = True
     #: RL learning rate of the token embeddings (tied output head); 0 freezes them, None: ``lr``. The
     #: PG gradient is largest there (as large as the weights, ``experiments/study/README.md`` 1a)
     embed_lr: float | None = None
@@ -118,9 +126,11 @@ class StudyConfig(DemoConfig):
                              f"or unset --norm-lr")
         if not isinstance(self.norm_sgt, bool):
             raise ValueError(f"study: norm_sgt must be True or False, got {self.norm_sgt!r}")
-        if not self.norm_sgt and self.norm_lr is None:
-            raise ValueError("study: --no-norm-sgt keeps the norm group out of SGT's term; it needs --norm-lr "
-                             "(the norm layers' own group)")
+        if not isinstance(self.final_norm_sgt, bool):
+            raise ValueError(f"study: final_norm_sgt must be True or False, got {self.final_norm_sgt!r}")
+        if not (self.norm_sgt and self.final_norm_sgt) and self.norm_lr is None:
+            raise ValueError("study: --no-norm-sgt / --no-final-norm-sgt keep norm layers out of SGT's term; they "
+                             "need --norm-lr (the norm layers' own group)")
         if self.embed_lr is not None and not self.embed_lr >= 0:
             raise ValueError(f"study: --embed-lr must be >= 0 (0 freezes the embeddings) or unset, got {self.embed_lr}")
         unknown = sorted({p.arch for p in self.policies} - set(EMBED_GLOBS))
@@ -168,7 +178,8 @@ class StudyConfig(DemoConfig):
 def study_run_config(cfg: StudyConfig, regime: str, seed: int, policy_dirs: dict[str, str | Path]) -> dict[str, Any]:
     """The demo's run config (:func:`~mrl_llm.demo.setup.run_config`) with the study's optimizer (and the
     norm layers' and the embeddings' own rates, :attr:`StudyConfig.norm_lr`, :attr:`StudyConfig.embed_lr`;
-    the norm group out of SGT's term unless :attr:`StudyConfig.norm_sgt`)."""
+    the norm group out of SGT's term unless :attr:`StudyConfig.norm_sgt`, the final norm unless
+    :attr:`StudyConfig.final_norm_sgt`: a group of its own, first, so that its glob wins)."""
     mapping = run_config(cfg, regime, seed, policy_dirs)
     mapping["name"] = f"study-seed{seed}"
     arch = {p.name: p.arch for p in cfg.policies}
@@ -177,8 +188,10 @@ def study_run_config(cfg: StudyConfig, regime: str, seed: int, policy_dirs: dict
         p["train"]["lr"] = cfg.lr_of(p["name"])
         if cfg.optimizer != "sgd":
             p["train"]["betas"] = [0.9, cfg.beta2]
+        final = cfg.norm_lr if cfg.norm_sgt and not cfg.final_norm_sgt else None
         groups = [{"match": globs[arch[p["name"]]], "lr": lr, **extra}
-                  for globs, lr, extra in ((NORM_GLOBS, cfg.norm_lr, {} if cfg.norm_sgt else {"sgt": False}),
+                  for globs, lr, extra in ((FINAL_NORM_GLOBS, final, {"sgt": False}),
+                                           (NORM_GLOBS, cfg.norm_lr, {} if cfg.norm_sgt else {"sgt": False}),
                                            (EMBED_GLOBS, cfg.embed_lr, {})) if lr is not None]
         if groups:
             p["train"]["lr_groups"] = groups

@@ -110,6 +110,10 @@ def test_cli_parses_study_options(monkeypatch, tmp_path):
     main(["study", "--out", str(tmp_path), "--norm-sgt"])
     assert seen["cfg"].norm_sgt is True
     assert main(["study", "--out", str(tmp_path), "--no-norm-lr", "--no-norm-sgt"]) == 2
+    assert seen["cfg"].final_norm_sgt == StudyConfig().final_norm_sgt
+    main(["study", "--out", str(tmp_path), "--no-final-norm-sgt"])
+    assert seen["cfg"].final_norm_sgt is False
+    assert main(["study", "--out", str(tmp_path), "--no-norm-lr", "--no-final-norm-sgt"]) == 2
     main(["study", "--out", str(tmp_path), "--embed-lr", "0"])
     assert seen["cfg"].embed_lr == 0.0
     main(["study", "--out", str(tmp_path), "--no-embed-lr"])
@@ -155,12 +159,18 @@ def test_study_run_config_gives_each_architecture_its_norm_group():
     assert kept["policies"][1]["train"]["lr_groups"] == [{"match": "*norm*", "lr": 0.03, "sgt": False},
                                                          {"match": "*embed_tokens*", "lr": 0.0}]
     assert [g.sgt for g in config_from_mapping(kept).policies[1].train.lr_groups] == [False, True]
+    final = study_run_config(StudyConfig(norm_lr=0.03, final_norm_sgt=False), "sgt", 0, dirs)
+    assert [p["train"]["lr_groups"] for p in final["policies"]][1:] == [
+        [{"match": "model.norm.*", "lr": 0.03, "sgt": False}, {"match": "*norm*", "lr": 0.03}],
+        [{"match": "transformer.ln_f.*", "lr": 0.03, "sgt": False}, {"match": "*ln_*", "lr": 0.03}]]
+    both_off = study_run_config(StudyConfig(norm_lr=0.03, norm_sgt=False, final_norm_sgt=False), "sgt", 0, dirs)
+    assert both_off["policies"][0]["train"]["lr_groups"] == [{"match": "*norm*", "lr": 0.03, "sgt": False}]
 
 
 def test_study_norm_globs_match_the_built_architectures():
     """Each architecture's glob names its normalisation parameters and nothing else."""
     from mrl_llm.config import PolicyConfig
-    from mrl_llm.demo.study import NORM_GLOBS
+    from mrl_llm.demo.study import FINAL_NORM_GLOBS, NORM_GLOBS
     from mrl_llm.models import build_model
     from mrl_llm.param_groups import LrGroup, split_param_groups
 
@@ -171,6 +181,10 @@ def test_study_norm_globs_match_the_built_architectures():
                                             policy=p.name)
         assert norms["names"] and all(("norm" in n or ".ln_" in n) for n in norms["names"]), norms["names"]
         assert all(t.dim() == 1 for t in norms["params"])  # gains / biases, not matrices
+        (final, _rest) = split_param_groups(model.named_parameters(), [LrGroup(FINAL_NORM_GLOBS[p.arch], 1.0)], 0.1,
+                                            policy=p.name)
+        assert final["names"] and set(final["names"]) < set(norms["names"]), final["names"]
+        assert all(".layers." not in n and ".h." not in n for n in final["names"])  # the final norm, no layer's
 
 
 def test_study_embed_globs_match_the_token_embedding_tied_to_the_head():
@@ -208,8 +222,10 @@ def test_study_policies_are_heterogeneous():
     ({"norm_lr": 0.0}, "norm-lr must be > 0"),
     ({"norm_lr": -1e-2}, "norm-lr must be > 0"),
     ({"policies": (STUDY_POLICIES[0], replace(STUDY_POLICIES[1], arch="mamba"))}, "no norm-parameter glob"),
-    ({"norm_lr": None, "norm_sgt": False}, "needs --norm-lr"),
+    ({"norm_lr": None, "norm_sgt": False}, "need --norm-lr"),
     ({"norm_sgt": "no"}, "norm_sgt must be True or False"),
+    ({"norm_lr": None, "final_norm_sgt": False}, "need --norm-lr"),
+    ({"final_norm_sgt": 0}, "final_norm_sgt must be True or False"),
     ({"embed_lr": -1e-3}, "embed-lr must be >= 0"),
     ({"embed_lr": float("nan")}, "embed-lr must be >= 0"),
     ({"norm_lr": None, "embed_lr": 0.0, "policies": (STUDY_POLICIES[0], replace(STUDY_POLICIES[1], arch="mamba"))},
@@ -423,3 +439,12 @@ def test_study_end_to_end_tiny(tmp_path):
     lines.clear()
     run_study(cfg, os.path.relpath(copy), jobs=0, say=lines.append)
     assert sum("(reused)" in x for x in lines) == 3 + 4
+
+
+def test_the_report_header_says_which_norms_take_no_sgt_gradient():
+    from mrl_llm.demo.study_report import _norm_sgt
+
+    assert _norm_sgt(StudyConfig()) == ""
+    assert _norm_sgt(StudyConfig(norm_sgt=False)) == ", without SGT's gradient"
+    assert _norm_sgt(StudyConfig(final_norm_sgt=False)) == ", the final norm without SGT's gradient"
+    assert _norm_sgt(StudyConfig(norm_lr=None)) == ""
