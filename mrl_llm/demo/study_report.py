@@ -341,9 +341,7 @@ def plot(res: dict, regimes: Sequence[str], seeds: Sequence[int], policies: Sequ
 def _norm_sgt(cfg: Any) -> str:
     """`` without SGT's gradient`` when the study keeps its norm group out of SGT's term (``, the final norm
     without SGT's gradient`` for the final norm alone), else nothing."""
-    if getattr(cfg, "norm_lr", None) is None:
-        return ""
-    if not getattr(cfg, "norm_sgt", True):
+    if not getattr(cfg, "norm_sgt", True) and getattr(cfg, "norm_lr", None) is not None:
         return ", without SGT's gradient"
     return "" if getattr(cfg, "final_norm_sgt", True) else ", the final norm without SGT's gradient"
 

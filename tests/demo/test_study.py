@@ -113,7 +113,8 @@ def test_cli_parses_study_options(monkeypatch, tmp_path):
     assert seen["cfg"].final_norm_sgt == StudyConfig().final_norm_sgt
     main(["study", "--out", str(tmp_path), "--no-final-norm-sgt"])
     assert seen["cfg"].final_norm_sgt is False
-    assert main(["study", "--out", str(tmp_path), "--no-norm-lr", "--no-final-norm-sgt"]) == 2
+    main(["study", "--out", str(tmp_path), "--final-norm-sgt"])
+    assert seen["cfg"].final_norm_sgt is True
     main(["study", "--out", str(tmp_path), "--embed-lr", "0"])
     assert seen["cfg"].embed_lr == 0.0
     main(["study", "--out", str(tmp_path), "--no-embed-lr"])
@@ -142,17 +143,17 @@ def test_study_run_config_gives_each_architecture_its_norm_group():
     from mrl_llm.demo.study import study_run_config
 
     dirs = {p.name: f"/m/{p.name}" for p in STUDY_POLICIES}
-    m = study_run_config(StudyConfig(norm_lr=0.02), "grpo", 0, dirs)
+    m = study_run_config(StudyConfig(norm_lr=0.02, final_norm_sgt=True), "grpo", 0, dirs)
     groups = {p["name"]: p["train"]["lr_groups"] for p in m["policies"]}
     assert groups == {"qwen-add": [{"match": "*norm*", "lr": 0.02}], "llama-sub": [{"match": "*norm*", "lr": 0.02}],
                       "gpt2-mul": [{"match": "*ln_*", "lr": 0.02}]}
     assert config_from_mapping(m).policies[2].train.lr_groups[0].match == "*ln_*"
-    one = study_run_config(StudyConfig(norm_lr=None), "grpo", 0, dirs)
+    one = study_run_config(StudyConfig(norm_lr=None, final_norm_sgt=True), "grpo", 0, dirs)
     assert all("lr_groups" not in p["train"] for p in one["policies"])
-    both = study_run_config(StudyConfig(norm_lr=0.03, embed_lr=0.0), "grpo", 0, dirs)
+    both = study_run_config(StudyConfig(norm_lr=0.03, embed_lr=0.0, final_norm_sgt=True), "grpo", 0, dirs)
     assert [p["train"]["lr_groups"] for p in both["policies"]][2] == [{"match": "*ln_*", "lr": 0.03},
                                                                       {"match": "*.wte.*", "lr": 0.0}]
-    emb = study_run_config(StudyConfig(norm_lr=None, embed_lr=1e-5), "grpo", 0, dirs)
+    emb = study_run_config(StudyConfig(norm_lr=None, embed_lr=1e-5, final_norm_sgt=True), "grpo", 0, dirs)
     assert emb["policies"][0]["train"]["lr_groups"] == [{"match": "*embed_tokens*", "lr": 1e-5}]
     assert config_from_mapping(both).policies[0].train.lr_groups[1].lr == 0.0
     kept = study_run_config(StudyConfig(norm_lr=0.03, norm_sgt=False, embed_lr=0.0), "sgt", 0, dirs)
@@ -165,6 +166,8 @@ def test_study_run_config_gives_each_architecture_its_norm_group():
         [{"match": "transformer.ln_f.*", "lr": 0.03, "sgt": False}, {"match": "*ln_*", "lr": 0.03}]]
     both_off = study_run_config(StudyConfig(norm_lr=0.03, norm_sgt=False, final_norm_sgt=False), "sgt", 0, dirs)
     assert both_off["policies"][0]["train"]["lr_groups"] == [{"match": "*norm*", "lr": 0.03, "sgt": False}]
+    base = study_run_config(StudyConfig(norm_lr=None, lr=1e-4), "sgt", 0, dirs)  # the final norm at the base lr
+    assert base["policies"][0]["train"]["lr_groups"] == [{"match": "model.norm.*", "lr": 1e-4, "sgt": False}]
 
 
 def test_study_norm_globs_match_the_built_architectures():
@@ -222,9 +225,8 @@ def test_study_policies_are_heterogeneous():
     ({"norm_lr": 0.0}, "norm-lr must be > 0"),
     ({"norm_lr": -1e-2}, "norm-lr must be > 0"),
     ({"policies": (STUDY_POLICIES[0], replace(STUDY_POLICIES[1], arch="mamba"))}, "no norm-parameter glob"),
-    ({"norm_lr": None, "norm_sgt": False}, "need --norm-lr"),
+    ({"norm_lr": None, "norm_sgt": False}, "needs --norm-lr"),
     ({"norm_sgt": "no"}, "norm_sgt must be True or False"),
-    ({"norm_lr": None, "final_norm_sgt": False}, "need --norm-lr"),
     ({"final_norm_sgt": 0}, "final_norm_sgt must be True or False"),
     ({"embed_lr": -1e-3}, "embed-lr must be >= 0"),
     ({"embed_lr": float("nan")}, "embed-lr must be >= 0"),
@@ -444,7 +446,8 @@ def test_study_end_to_end_tiny(tmp_path):
 def test_the_report_header_says_which_norms_take_no_sgt_gradient():
     from mrl_llm.demo.study_report import _norm_sgt
 
-    assert _norm_sgt(StudyConfig()) == ""
+    assert _norm_sgt(StudyConfig(final_norm_sgt=True)) == ""
     assert _norm_sgt(StudyConfig(norm_sgt=False)) == ", without SGT's gradient"
     assert _norm_sgt(StudyConfig(final_norm_sgt=False)) == ", the final norm without SGT's gradient"
-    assert _norm_sgt(StudyConfig(norm_lr=None)) == ""
+    assert _norm_sgt(StudyConfig(norm_lr=None, final_norm_sgt=True)) == ""
+    assert _norm_sgt(StudyConfig(norm_lr=None)) == ", the final norm without SGT's gradient"  # at the base lr
