@@ -91,10 +91,11 @@ class StudyConfig(DemoConfig):
     #: 1000x the base rate, lambda on the norms' gains is 1000x larger than on the rest: SGT's NLL on a
     #: peer's text there warms the policy's sampling instead of teaching it the text
     norm_sgt: bool = True
-    #: whether the final norm (before the LM head) takes gradient from SGT's term; False: it is a group of its own
-    #: at ``norm_lr`` (``lr`` when that is None) without SGT's gradient, the layers' norms keep it. Its gain scales every logit (a global
-    #: inverse temperature): SGT's NLL on text the policy finds unlikely pulls it down, warming all sampling.
-    #: Out since study16g: SGT's own-family cost -0.037 -> -0.004 at λ 0.01 for most of its transfer
+    #: whether the final norm (before the LM head) takes gradient from SGT's term; False: it is a group of its
+    #: own at ``norm_lr`` (``lr`` when that is None) without SGT's gradient, the layers' norms keep it. Its gain
+    #: scales every logit (a global inverse temperature): SGT's NLL on text the policy finds unlikely pulls it
+    #: down, warming all sampling. Out since study16g: on seeds 3-8 SGT's own-family cost -0.037 -> -0.004 at
+    #: λ 0.01, for most of its transfer (+0.023 -> +0.018)
     final_norm_sgt: bool = False
     #: RL learning rate of the token embeddings (tied output head); 0 freezes them, None: ``lr``. The
     #: PG gradient is largest there (as large as the weights, ``experiments/study/README.md`` 1a)
