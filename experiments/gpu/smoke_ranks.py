@@ -19,7 +19,9 @@ whether the two runs' final weights agree.
 from __future__ import annotations
 
 import json
+import os
 import resource
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -89,6 +91,10 @@ def rank_main(rank: int, k: int, addr: str, port: int, cfg_map: dict[str, Any], 
     if rank == 0:
         torch.save({"steps": steps, "peak_gib": peaks, "weights": weights}, out)
     actor.close()
+    # end the rank now: the interpreter's teardown of leftover torch.distributed objects can abort in C++
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def run_k(k: int, cfg_map: dict[str, Any], out: Path, cuda: bool) -> dict[str, Any]:

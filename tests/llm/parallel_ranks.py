@@ -5,7 +5,9 @@ update on a group of k ranks."""
 from __future__ import annotations
 
 import faulthandler
+import os
 import random
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -133,6 +135,15 @@ def rank_process() -> None:
     torch.set_num_threads(1)
 
 
+def rank_done() -> None:
+    """End a spawned rank's process now with exit code 0, once its work is saved and its group closed (in order):
+    the interpreter's teardown of the torch.distributed / FSDP2 objects left behind can abort in C++ now and
+    then ("terminate called without an active exception"), which ``spawn`` would report as a failed rank."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 def rank_main(rank: int, spec: GroupSpec, out: str, variants: list[dict[str, Any]]) -> None:
     """One rank of a spawned group: join, run :func:`update_once` for each of ``variants`` (keyword arguments),
     rank 0 saves the results to ``out``."""
@@ -142,6 +153,7 @@ def rank_main(rank: int, spec: GroupSpec, out: str, variants: list[dict[str, Any
     if rank == 0:
         torch.save(results, Path(out))
     group.close()
+    rank_done()
 
 
 def run_group(k: int, out: Path, variants: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -213,6 +225,7 @@ def policy_rank_main(rank: int, spec: GroupSpec, out: str, ckpt: str) -> None:
         torch.save({"after0": after0, "after1": w.rollout_model.state_dict(), "state": w.state(),
                     "sharded": w.group.sharded}, Path(out))
     w.close()
+    rank_done()
 
 
 def run_policy_group(k: int, out: Path, ckpt: Path) -> dict[str, Any]:
@@ -255,6 +268,7 @@ def gather_rank_main(rank: int, spec: GroupSpec, out: str, variants: list[dict[s
     if rank == 0:
         torch.save(results, Path(out))
     group.close()
+    rank_done()
 
 
 def run_gather(k: int, out: Path, variants: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -293,6 +307,7 @@ def close_rank_main(rank: int, spec: GroupSpec, out: str, delay_s: float) -> Non
     if rank == 0:
         Path(f"{out}.0").write_text(repr(time.time()))
     group.close()
+    rank_done()
 
 
 def run_close(out: Path, delay_s: float) -> list[float]:
@@ -343,6 +358,7 @@ def align_rank_main(rank: int, spec: GroupSpec, out: str, learner_dir: str) -> N
     a.prefetch(recs, group=group)
     torch.save({"aligned": len(own), **aligned_view(a, recs)}, Path(f"{out}.{rank}"))
     group.close()
+    rank_done()
 
 
 def run_align(out: Path, learner_dir: str) -> list[dict[str, Any]]:

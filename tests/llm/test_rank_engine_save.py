@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from mrl_llm.parallel.group import GroupSpec, WorkerGroup
-from tests.llm.parallel_ranks import tiny_model
+from tests.llm.parallel_ranks import rank_done, tiny_model
 
 
 def save_rank_main(rank: int, spec: GroupSpec, out: str) -> None:
@@ -26,6 +26,7 @@ def save_rank_main(rank: int, spec: GroupSpec, out: str) -> None:
     save_on_this_process(model, d)
     assert "should_save_on_this_rank" not in model.__dict__
     group.close()
+    rank_done()
 
 
 def test_every_rank_saves_its_own_copy_for_its_engine(tmp_path):

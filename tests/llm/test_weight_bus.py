@@ -12,7 +12,7 @@ import torch
 
 from mrl_llm.parallel.group import GroupSpec, rendezvous
 from mrl_llm.parallel.weight_bus import WeightBus, WeightBusError, buckets
-from tests.llm.parallel_ranks import rank_process, tiny_model
+from tests.llm.parallel_ranks import rank_done, rank_process, tiny_model
 
 
 def bus_main(rank: int, spec: GroupSpec, out: str) -> None:
@@ -43,6 +43,7 @@ def bus_main(rank: int, spec: GroupSpec, out: str) -> None:
             res["refused"] = str(err)
     bus.close()
     torch.save(res, Path(out) / f"{rank}.pt")
+    rank_done()
 
 
 @pytest.fixture(scope="module")
