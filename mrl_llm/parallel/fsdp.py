@@ -33,6 +33,7 @@ a layer or a few), not one per tensor — so the gather never holds a second who
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 
 import torch
 import torch.distributed as dist
@@ -136,24 +137,34 @@ def gather_into(sharded: torch.nn.Module, full: torch.nn.Module, *, bucket_mb: f
     bad = [n for n, v in src.items() if tuple(v.shape) != tuple(dst[n].shape)]
     if bad:
         raise KeyError(f"weights {bad[:5]} differ in shape between the trained model and its rollout copy")
-    if bucket_mb <= 0:
-        raise ValueError(f"gather_into: bucket_mb must be > 0, got {bucket_mb}")
-    limit = bucket_mb * 2**20
-    bucket: list[str] = []
+    sharded = cut_buckets(((n, v.dtype, _nbytes(v.to_local())) for n, v in src.items() if _dim0_sharded(v)),
+                          bucket_mb)
     with torch.no_grad():
         for name, v in src.items():
             if not _dim0_sharded(v):
                 part = v.full_tensor() if isinstance(v, DTensor) else v
                 dst[name].copy_(part.detach().to(dst[name].device, dst[name].dtype))
-                continue
-            head = src[bucket[0]] if bucket else None
-            if bucket and (v.dtype != head.dtype or _local_bytes(src, bucket) + _nbytes(v.to_local()) > limit):
-                _gather_bucket(src, dst, bucket)
-                bucket = []
-            bucket.append(name)
-        if bucket:
+        for bucket in sharded:
             _gather_bucket(src, dst, bucket)
     return len(src)
+
+
+def cut_buckets(sizes: Iterable[tuple[str, torch.dtype, int]], bucket_mb: float) -> list[list[str]]:
+    """The names of ``sizes`` (``(name, dtype, bytes)``, in order) cut into consecutive buckets of one dtype and at
+    most ``bucket_mb`` MiB each (a larger tensor is a bucket alone); ``[]`` for none. One collective per bucket
+    (:func:`gather_into`, :mod:`mrl_llm.parallel.weight_bus`)."""
+    if not bucket_mb > 0:
+        raise ValueError(f"bucket_mb must be > 0, got {bucket_mb}")
+    limit = bucket_mb * 2**20
+    out: list[list[str]] = []
+    size, dtype = 0.0, None
+    for name, dt, nbytes in sizes:
+        if not out or dt != dtype or size + nbytes > limit:
+            out.append([])
+            size, dtype = 0.0, dt
+        out[-1].append(name)
+        size += nbytes
+    return out
 
 
 def _dim0_sharded(v: torch.Tensor) -> bool:
@@ -162,10 +173,6 @@ def _dim0_sharded(v: torch.Tensor) -> bool:
 
 def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
-
-
-def _local_bytes(src: dict[str, torch.Tensor], names: list[str]) -> int:
-    return sum(_nbytes(src[n].to_local()) for n in names)
 
 
 def chunk_rows(rows: int, k: int) -> list[int]:

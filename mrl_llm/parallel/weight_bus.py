@@ -25,6 +25,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from mrl_llm.parallel.fsdp import cut_buckets
 from mrl_llm.parallel.group import GroupSpec
 
 
@@ -34,20 +35,8 @@ class WeightBusError(RuntimeError):
 
 def buckets(state: Mapping[str, torch.Tensor], bucket_mb: float) -> list[list[str]]:
     """``state``'s names in order, cut into buckets of at most ``bucket_mb`` MiB of one dtype each (a larger tensor
-    is a bucket alone); ``[]`` for an empty state."""
-    if not bucket_mb > 0:
-        raise ValueError(f"bucket_mb must be > 0, got {bucket_mb}")
-    limit = bucket_mb * 2**20
-    out: list[list[str]] = []
-    size, dtype = 0.0, None
-    for name, t in state.items():
-        nbytes = t.numel() * t.element_size()
-        if not out or t.dtype != dtype or size + nbytes > limit:
-            out.append([])
-            size, dtype = 0.0, t.dtype
-        out[-1].append(name)
-        size += nbytes
-    return out
+    is a bucket alone; :func:`~mrl_llm.parallel.fsdp.cut_buckets`); ``[]`` for an empty state."""
+    return cut_buckets(((k, t.dtype, t.numel() * t.element_size()) for k, t in state.items()), bucket_mb)
 
 
 class WeightBus:
