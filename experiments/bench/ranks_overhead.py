@@ -14,6 +14,14 @@ seed 0 (:func:`experiments.bench.step_overhead.demo_config`; SFT made in DIR or 
 Each k-rank run is made once per ``--fsdp-units`` value (``train.fsdp_unit``: ``layer``, FSDP2 units of one
 decoder layer; ``model``, the whole model one unit), all against the same one-rank run.
 
+2026-12-05 (second session; a slower machine: a one-rank step 0.58-0.93 s, the earlier 0.16 s), ``--steps 6``: the
+driver's per-call combining of a group's answers ran as a zero-CPU Ray task, and Ray keeps no idle worker process on
+a node whose CPUs the ranks hold: each call started one (0.8-1.0 s a call measured on this machine with 4 busy
+actors, against ~0 on an actor: ``rank_group.Combiner``). Before: 6.16x per layer, 6.15x one unit (5.720 / 5.711 vs
+0.928 s); with the long-lived combiner actor: 1.46x per layer, 1.43x one unit (0.851 / 0.831 vs 0.582 s; update
+0.519 / 0.480 vs 0.338 s, exchange + THL 0.066 / 0.064 vs 0.022 s). The runs below (the first session) paid that
+start too, less of it on the faster machine.
+
 2026-12-05, idle machine (load average ~1): ``--steps 6``: one unit 1.59x (0.253 vs 0.159 s), per layer 1.74x
 (0.276 s); ``--steps 11 --fsdp-units model,layer``: 1.55x (0.245 vs 0.158 s), 1.63x (0.258 s); ``--steps 6
 --fsdp-units model`` once more: 1.72x (0.268 vs 0.156 s). The update at k = 2 is 0.142 / 0.137 / 0.152 s with one

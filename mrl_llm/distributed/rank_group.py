@@ -11,8 +11,9 @@ Rollouts: with ``sampling.seeding: sample`` each rank samples and publishes its 
 
 :class:`RankGroup` has the actor's methods: ``group.train.remote(...)`` sends the call to every rank in
 the same order (every training step, checkpoint save and weight sync is a collective) and returns one
-object ref, a zero-CPU task's (:func:`_gather`), that resolves once every rank has answered to rank 0's
-answer (``generate``: the ranks' records and counts summed, :func:`generated`). Calls that need no collective
+object ref, that of :func:`_gather` run on the driver's :class:`Combiner` (one long-lived zero-CPU threaded actor), which
+resolves once every rank has answered to rank 0's answer (``generate``: the ranks' records and counts summed,
+:func:`generated`). Calls that need no collective
 and whose answer is rank 0's alone (``evaluate``, ``export``, ``state``) go to rank 0 only.
 
 Fault tolerance — the group restarts whole. When a rank dies during a call, :func:`_gather` does not wait for
@@ -98,8 +99,9 @@ def _rendezvous() -> tuple[str, int]:
 
 
 def _gather(policy: str, method: str, refs: list[Any], grace_s: float) -> Any:
-    """The ranks' answers to one call, combined (:data:`COMBINE`, else rank 0's); run as a zero-CPU Ray task
-    with ``refs`` (rank ``r``'s call, in rank order) nested in a list so that Ray does not wait for them all.
+    """The ranks' answers to one call, combined (:data:`COMBINE`, else rank 0's); run remotely (on the
+    :class:`Combiner`) with ``refs`` (rank ``r``'s call, in rank order) nested in a list so that Ray does not
+    wait for them all.
 
     A rank that died (a ``RayActorError``) raises :class:`RankGroupDied` at once, without waiting for the
     others; a rank that failed while starting raises a ``RuntimeError`` naming it; another error waits up
@@ -136,6 +138,49 @@ def _gather(policy: str, method: str, refs: list[Any], grace_s: float) -> Any:
     return COMBINE.get(method, rank0)(*(answers[r] for r in range(len(refs))))
 
 
+class Combiner:
+    """Runs the groups' combining steps — :func:`_gather` of a rank group's call, :meth:`combine` of a split
+    group's answers — each call on one of its threads (``max_concurrency``).
+
+    Not a task per call: a Ray task needs an idle worker process, and on a node whose CPUs the ranks hold Ray
+    keeps none — it starts one for the task and kills it about a second later (measured on the 2-core machine
+    with 4 busy rank actors: 0.8-1.0 s a call as a zero-CPU task, against the 0.2 s the ranks took; nothing
+    added on this actor), so every step of a k-rank group paid a process start per call."""
+
+    def gather(self, policy: str, method: str, refs: list[Any], grace_s: float) -> Any:
+        return _gather(policy, method, refs, grace_s)
+
+    def combine(self, fn: Callable[..., Any], refs: list[Any], named: dict[str, Any]) -> Any:
+        """``fn(*values, **named_values)`` of the answers ``refs`` / ``named`` (object refs, nested so that the
+        call starts at once): what a task with them as arguments computes, its first failed answer raised."""
+        import ray
+
+        return fn(*ray.get(refs), **dict(zip(named, ray.get(list(named.values())), strict=True)))
+
+
+#: The driver's :class:`Combiner` per Ray cluster (keyed by the driver's node id: a new cluster has a new one).
+_COMBINERS: dict[str, Any] = {}
+COMBINER_THREADS = 64
+
+
+def combiner() -> Any:
+    """This driver's :class:`Combiner` on the current Ray cluster, started on first use (zero CPUs; Ray restarts
+    it if it dies: the calls it was serving fail, as they would with a dead rank)."""
+    import ray
+
+    key = ray.get_runtime_context().get_node_id()
+    if key not in _COMBINERS:
+        _COMBINERS.clear()  # an earlier cluster's handle
+        _COMBINERS[key] = ray.remote(Combiner).options(num_cpus=0, max_concurrency=COMBINER_THREADS,
+                                                       max_restarts=-1, max_task_retries=0).remote()
+    return _COMBINERS[key]
+
+
+def combined(fn: Callable[..., Any], *refs: Any, **named: Any) -> Any:
+    """An object ref of ``fn`` over the answers ``refs`` / ``named``, computed on the :func:`combiner`."""
+    return combiner().combine.remote(fn, list(refs), named)
+
+
 @functools.cache
 def zero_cpu_remote(fn: Callable[..., Any]) -> Any:
     """``fn`` as a zero-CPU Ray remote function, made once per process."""
@@ -165,7 +210,7 @@ class _Call:
         g.ensure_up()
         targets = g.actors if self.method in ALL_RANKS else g.actors[:1]
         refs = [getattr(a, self.method).remote(*args, **kwargs) for a in targets]
-        out = refs[0] if len(refs) == 1 else zero_cpu_remote(_gather).remote(g.policy, self.method, refs, g.grace_s)
+        out = refs[0] if len(refs) == 1 else combiner().gather.remote(g.policy, self.method, refs, g.grace_s)
         g.pending.append(out)
         return out
 

@@ -45,10 +45,10 @@ from mrl_llm.distributed.actors import PolicyActor, PolicyActorSpec
 from mrl_llm.distributed.rank_group import (
     RankGroup,
     bundle_rendezvous,
+    combined,
     generated,
     rank0,
     start_ranks,
-    zero_cpu_remote,
 )
 from mrl_llm.parallel.group import GroupSpec
 from shared_interfaces.config_io import to_mapping
@@ -77,23 +77,23 @@ class _SplitCall:
             if g.collective:  # behind the update: rank 0 broadcasts, every rollout actor receives
                 pushed = g.trainers.push_weights.remote()
                 loads = [g.track(r.pull_weights.remote()) for r in g.rollouts]
-                return zero_cpu_remote(trained).remote(out, *loads, pushed=pushed)
+                return combined(trained, out, *loads, pushed=pushed)
             weights = g.trainers.weights.remote()  # behind the update on every trainer rank (a collective)
             # queued before whatever the driver sends these actors next
             loads = [g.track(r.load_weights.remote(weights)) for r in g.rollouts]
-            return zero_cpu_remote(trained).remote(out, *loads)
+            return combined(trained, out, *loads)
         if m in ("generate", "status", "close", "probe_run_dir"):
             refs = [getattr(g.trainers, m).remote(*args, **kwargs)]
             refs += [g.track(getattr(r, m).remote(*args, **kwargs)) for r in g.rollouts]
             combine = {"generate": generated, "probe_run_dir": _flatten}.get(m, rank0)
-            return zero_cpu_remote(combine).remote(*refs)
+            return combined(combine, *refs)
         raise AttributeError(f"a split policy's actors have no method {m!r}")
 
 
 def trained(res: dict[str, Any], *loads: dict[str, Any], pushed: Any = None) -> dict[str, Any]:
     """The trainers' ``train`` answer ``res`` with the rollout actors' ``load_weights`` / ``pull_weights`` answers:
     ``sync_s`` is the trainers' plus the slowest load, each ``drift_*`` metric the largest over the rollout
-    actors. ``pushed``: the trainers' ``push_weights`` answer (a collective transfer; Ray resolves it first, so
+    actors. ``pushed``: the trainers' ``push_weights`` answer (a collective transfer; resolved with the others, so
     a failed broadcast fails the call), whose broadcast count the row gets (``weight_broadcasts``)."""
     out = dict(res)
     metrics = dict(res.get("metrics") or {})

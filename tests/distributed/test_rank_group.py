@@ -2,7 +2,8 @@
 small rank actors instead of policy workers: a dead rank fails the group's call at once even while another
 rank hangs (as a survivor hangs in a collective), or after another rank's error (as a survivor fails out of
 one); a plain error is raised as it is; the next call restarts every rank (the hung survivor is killed) and
-answers from the new ranks; a rank that fails to start is an error naming it, not a restart."""
+answers from the new ranks; a rank that fails to start is an error naming it, not a restart. The combining runs
+on one long-lived actor (:func:`combiner`), not a task per call."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import time
 
 import pytest
 
-from mrl_llm.distributed.rank_group import RankGroup, RankGroupDied, _gather, is_rank_failure, zero_cpu_remote
+from mrl_llm.distributed.rank_group import RankGroup, RankGroupDied, combined, combiner, is_rank_failure
 
 pytestmark = pytest.mark.ray
 
@@ -50,7 +51,7 @@ def _starter(ray, k: int = 2, *, fail_init_on: int | None = None):
 
 
 def _gathered(ray, actors, plan, grace_s=20.0):
-    return zero_cpu_remote(_gather).remote("b", "train", [a.train.remote(plan) for a in actors], grace_s)
+    return combiner().gather.remote("b", "train", [a.train.remote(plan) for a in actors], grace_s)
 
 
 def test_a_dead_rank_fails_the_call_at_once_and_errors_are_told_apart(ray_local):
@@ -128,3 +129,31 @@ def test_a_rank_that_fails_to_start_is_named_and_a_broken_group_closes_by_kill(r
     with pytest.raises(RankGroupDied, match="cannot be restarted"):
         empty.status.remote()
     empty.kill()
+
+
+def _pid() -> int:
+    return os.getpid()
+
+
+def _tagged(*values, tag=None):
+    return {"values": list(values), "tag": tag}
+
+
+def test_combined_answers_come_from_one_long_lived_actor(ray_local):
+    ray = ray_local
+    start, _ = _starter(ray)
+    actors = start()
+    assert combiner() is combiner()  # one per cluster, started once
+    pids = {ray.get(combined(_pid)) for _ in range(3)}  # no answers at all: fn() on the combiner
+    assert len(pids) == 1 and pids != {os.getpid()}
+    st = [a.status.remote() for a in actors]
+    got = ray.get(combined(_tagged, *st, tag=st[1]))
+    assert [v["rank"] for v in got["values"]] == [0, 1] and got["tag"]["rank"] == 1
+    g = RankGroup(actors, policy="b")
+    for _ in range(3):  # a rank group's calls are gathered there too: no process per call
+        assert ray.get(g.train.remote({})) == {"rank": 0, "boot": 0}
+    assert {ray.get(combined(_pid))} == pids
+    with pytest.raises(ray.exceptions.RayActorError) as err:  # a dead actor's answer fails the combination
+        ray.get(combined(_tagged, actors[0].status.remote(), tag=actors[1].train.remote({1: "die"})))
+    assert is_rank_failure(err.value)
+    g.kill()
