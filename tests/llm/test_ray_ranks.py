@@ -93,4 +93,4 @@ def test_two_ranks_per_policy_equal_one_rank(ray_llm, tmp_path, caplog, seeding)
     assert all(a["token_ids"] == b["token_ids"] for a, b in zip(recs1, recs3, strict=True))
     assert {k: {f: r[f] for f in DECISIONS} for k, r in rows3.items()} == {k: {f: r[f] for f in DECISIONS} for k, r in rows1.items()}
     for n in "ab":
-        assert max(float((w3[n][k] - w1[n][k]).abs().max()) for k in w1[n]) < 1e-5, n
+        assert max(float((w3[n][k] - w1[n][k]).abs().max()) for k in w1[n]) < 5e-5, n  # the bound above, for the same reason
