@@ -44,7 +44,12 @@ from shared_interfaces.regimes.rows import LearnerRows
 def make_optimizer(model: torch.nn.Module, policy: PolicyConfig) -> torch.optim.Optimizer:
     """The policy's optimizer (``train.optimizer``: adamw | adam | sgd) over ``model``'s parameters, one
     param group per ``train.lr_groups`` match (:func:`mrl_llm.param_groups.split_param_groups`); a parameter
-    no group steps (``lr: 0``) is frozen: no gradient, and none in the clipping norm."""
+    no group steps (``lr: 0``) is frozen: no gradient, and none in the clipping norm.
+
+    The multi-tensor (``foreach``) implementation on every device, as torch already picks on CUDA: on the CPU
+    torch's default is one parameter at a time, and over FSDP2's DTensor shards every per-parameter op pays
+    DTensor dispatch (the demo model's AdamW step at k = 2: 0.044 s one at a time, 0.009 s foreach; 0.004 /
+    0.003 s in one process)."""
     t = policy.train
     params = split_param_groups(model.named_parameters(), t.lr_groups, t.lr, policy=policy.name)
     stepped = {id(p) for g in params for p in g["params"]}
@@ -55,8 +60,8 @@ def make_optimizer(model: torch.nn.Module, policy: PolicyConfig) -> torch.optim.
         g.pop("names")
     if t.optimizer in ("adamw", "adam"):
         cls = torch.optim.AdamW if t.optimizer == "adamw" else torch.optim.Adam
-        return cls(params, lr=t.lr, betas=tuple(t.betas), eps=t.eps, weight_decay=t.weight_decay)
-    return torch.optim.SGD(params, lr=t.lr, weight_decay=t.weight_decay)
+        return cls(params, lr=t.lr, betas=tuple(t.betas), eps=t.eps, weight_decay=t.weight_decay, foreach=True)
+    return torch.optim.SGD(params, lr=t.lr, weight_decay=t.weight_decay, foreach=True)
 
 
 def rollout_copy_device(device: torch.device, *, engine: bool) -> torch.device:

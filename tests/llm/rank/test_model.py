@@ -65,6 +65,23 @@ def test_make_optimizer_freezes_what_no_group_steps():
     assert isinstance(adam, torch.optim.AdamW) and [g["lr"] for g in adam.param_groups] == [0.2]
 
 
+def test_the_optimizers_are_multi_tensor_and_step_as_the_one_parameter_at_a_time_loop():
+    for name, cls in (("adamw", torch.optim.AdamW), ("adam", torch.optim.Adam), ("sgd", torch.optim.SGD)):
+        pol = policy(optimizer=name, lr=1e-2, weight_decay=0.01)
+        fast, slow = model(pol, with_ref=False).model, model(pol, with_ref=False).model
+        opt = make_optimizer(fast, pol)
+        assert opt.defaults["foreach"] is True, name
+        kw = {"betas": tuple(pol.train.betas), "eps": pol.train.eps} if name != "sgd" else {}
+        ref = cls(slow.parameters(), lr=1e-2, weight_decay=0.01, foreach=False, **kw)
+        for step in range(3):
+            for m, o in ((fast, opt), (slow, ref)):
+                o.zero_grad()
+                m(torch.arange(step + 2)[None]).logits.square().mean().backward()
+                o.step()
+        for (n, a), b in zip(fast.named_parameters(), slow.parameters(), strict=True):
+            assert torch.allclose(a, b, atol=1e-6, rtol=0), (name, n)
+
+
 def test_update_flops_count_6n_per_trained_and_2n_per_reference_or_snapshot_token():
     pm = model(policy(), with_ref=False)
     n = pm.params["flops"]
