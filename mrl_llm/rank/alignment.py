@@ -83,13 +83,14 @@ class PeerAlignment:
         """Align the peer records among ``records`` (the learner's own are skipped) into the trace cache,
         one batch per (source tokenizer, producer). ``group`` (a collective when sharded: every rank calls it
         with the same records): rank ``r`` aligns the peer records ``r, r + k, ...`` (by record id) and the
-        traces are gathered, so every rank's cache ends up holding all of them."""
+        traces are gathered, so every rank's cache ends up holding all of them. No peer record (the same on every
+        rank): no collective."""
         peer: dict[str, ExperienceRecord] = {}
         for rec in records:
             if rec.policy_id != self.name:
                 self.prompts.ids(rec.prompt_id)  # an unrendered prompt: the error that names it
                 peer[rec.record_id] = rec
-        if group is None or not group.sharded:
+        if group is None or not group.sharded or not peer:
             self._align_into_cache(peer.values())
             return
         mine = self._align_into_cache([peer[r] for r in sorted(peer)[group.rank::group.world_size]])

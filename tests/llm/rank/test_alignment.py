@@ -75,6 +75,21 @@ def test_prefetch_of_no_records_aligns_nothing(learner_dir):
     assert len(a.trace_cache) == 0 and a.trace_cache.misses == 0
 
 
+def test_a_worker_group_with_no_peer_record_makes_no_collective(learner_dir):
+    class NoCollective:  # a rank of a group of two that must not be asked for anything
+        sharded, rank, world_size = True, 0, 2
+
+        def gather_objects(self, obj):
+            raise AssertionError("prefetch gathered although no rank had a peer record to align")
+
+    a = alignment(learner_dir)
+    a.prefetch([replace(record("L", 0, "mine"), tokenizer_id=a.tok_id)], group=NoCollective())
+    a.prefetch([], group=NoCollective())
+    assert len(a.trace_cache) == 0 and a.trace_cache.misses == 0
+    with pytest.raises(AssertionError, match="gathered"):  # a peer record: the ranks share their alignments
+        a.prefetch([record("P", 0, "x")], group=NoCollective())
+
+
 def test_unknown_tokenizer_and_unrendered_prompt_are_errors_naming_learner_and_record(learner_dir):
     a = alignment(learner_dir)
     stranger = replace(record("P", 0, "x"), tokenizer_id="vocab9-0000")
