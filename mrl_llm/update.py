@@ -31,8 +31,9 @@ step's diagnostics apart from it; :func:`run_update` is the loop and its one abo
 ``share`` (a :class:`mrl_llm.parallel.share.RankShare`, k ranks of one policy): the hook of a worker group,
 kept apart in the loop (``if share is not None``). Each mini-batch's rows become this rank's token-balanced
 share, its ``LossNorm`` the all-reduced global counts, its micro-batch count the ranks' largest (fillers
-with loss x 0), a non-finite loss anywhere aborts everywhere, and the logged loss terms are summed over
-ranks — two small collectives a mini-batch (:mod:`mrl_llm.parallel.share`) besides FSDP's. Diagnostics other
+with loss x 0), a non-finite loss anywhere aborts everywhere, the logged loss terms are summed over ranks and
+the clipping norm is the global one, summed with them — two small collectives a mini-batch
+(:mod:`mrl_llm.parallel.share`) besides FSDP's. Diagnostics other
 than the loss terms are this rank's rows'. Without ``share``: the one-process update.
 """
 
@@ -272,11 +273,14 @@ def run_update(
                 (out.loss * 0.0).backward()
             if real and ok:
                 diag.micro_batch(mb, out, losses)
-        if share is not None:  # the global loss terms, and a non-finite loss on any rank aborts on every rank
-            losses, finite = share.totals(losses, finite)
+        sharded = share is not None and share.group.sharded
+        if share is not None:  # the global loss terms and gradient norm; a non-finite loss anywhere aborts everywhere
+            losses, finite, total_norm = share.totals(losses, finite, share.grad_sq(params) if sharded and finite else 0.0)
         grad_norm = None
         if finite:
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip is not None else math.inf)
+            max_norm = grad_clip if grad_clip is not None else math.inf
+            grad_norm = (share.clip(params, max_norm, total_norm) if sharded
+                         else torch.nn.utils.clip_grad_norm_(params, max_norm))
         if grad_norm is None or not torch.isfinite(grad_norm):  # the one abort path: no step for this and the rest
             optimizer.zero_grad(set_to_none=True)
             res.nan_skipped = True

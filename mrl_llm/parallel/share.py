@@ -10,21 +10,29 @@ For each optimizer mini-batch (the same global rows on every rank, each rank hol
   collective under FSDP), a rank with fewer pads with *fillers* (a real row whose loss is multiplied by 0: no
   gradient, no diagnostics);
 * :meth:`RankShare.totals` (one collective, after the backward passes): the mini-batch's loss terms summed over
-  the ranks (the logged loss is the global one) and whether every rank's losses were finite — a non-finite loss
-  on any rank aborts the mini-batch on every rank. (A rank with a non-finite loss still runs its remaining
-  backward passes, collectives under FSDP; the gradients are dropped.)
+  the ranks (the logged loss is the global one), whether every rank's losses were finite — a non-finite loss
+  on any rank aborts the mini-batch on every rank (a rank with a non-finite loss still runs its remaining
+  backward passes, collectives under FSDP; the gradients are dropped) — and the global gradient norm
+  ``||g|| = sqrt(sum_r ||g_r||^2)`` over the ranks' gradient shards ``g_r`` (:meth:`RankShare.grad_sq`);
+* :meth:`RankShare.clip`: ``torch.nn.utils.clip_grad_norm_``'s scaling with that norm, ``g_r <- g_r * min(1,
+  max_norm / (||g|| + 1e-6))`` on each rank's shards (no collective; torch's own over FSDP2's DTensor gradients
+  all-reduces again and pays DTensor dispatch per tensor).
 
-The counts, the micro-batch counts and the finite flags ride on the fp64 sum of :meth:`WorkerGroup.sum` (counts
-are integers far below 2**53; each rank's micro-batch count sits in its own slot, the largest is read off), so a
-mini-batch costs two small collectives besides FSDP's, not one per micro-batch.
+The counts, the micro-batch counts, the finite flags and the squared gradient norms ride on the fp64 sum of
+:meth:`WorkerGroup.sum` (counts are integers far below 2**53; each rank's micro-batch count sits in its own slot,
+the largest is read off), so a mini-batch costs two small collectives besides FSDP's, not one per micro-batch.
 
 A group of one gives the one-process update exactly (its share is every row, its counts its own).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
+
+import torch
+from torch.distributed.tensor import DTensor
 
 from mrl_llm.parallel.group import WorkerGroup
 from mrl_llm.parallel.split import split_by_tokens
@@ -57,8 +65,36 @@ class RankShare:
         norm = LossNorm(pg_tokens=pg_tok, pg_rows=pg_rows, sgt_tokens=sgt_tok, kl_tokens=kl_tok, kl_rows=kl_rows)
         return norm, [(g, True) for g in groups] + [(list(filler), False)] * (most - len(groups))
 
-    def totals(self, losses: dict[str, float], finite: bool) -> tuple[dict[str, float], bool]:
-        """``losses`` summed over the ranks and whether ``finite`` holds on every rank. One collective."""
+    def totals(self, losses: dict[str, float], finite: bool,
+               grad_sq: float = 0.0) -> tuple[dict[str, float], bool, float]:
+        """``losses`` summed over the ranks, whether ``finite`` holds on every rank, and the global gradient norm
+        ``sqrt(sum_r grad_sq_r)`` (``grad_sq``: this rank's :meth:`grad_sq`). One collective."""
         keys = sorted(losses)
-        got = self.group.sum([losses[k] for k in keys] + [0.0 if finite else 1.0])
-        return dict(zip(keys, got[:-1], strict=True)), got[-1] == 0.0
+        got = self.group.sum([losses[k] for k in keys] + [0.0 if finite else 1.0, grad_sq])
+        return dict(zip(keys, got[:-2], strict=True)), got[-2] == 0.0, math.sqrt(got[-1])
+
+    @staticmethod
+    def grad_sq(params: Iterable[torch.Tensor]) -> float:
+        """``||g_r||^2``: the squared L2 norm of this rank's gradients (its shards of FSDP2's DTensor gradients);
+        0.0 when none has a gradient."""
+        grads = _local_grads(params)
+        if not grads:
+            return 0.0
+        return float(torch.stack(torch._foreach_norm(grads)).double().square().sum())
+
+    @staticmethod
+    def clip(params: Iterable[torch.Tensor], max_norm: float, total_norm: float) -> torch.Tensor:
+        """Scale this rank's gradient shards by ``min(1, max_norm / (total_norm + 1e-6))`` as
+        ``torch.nn.utils.clip_grad_norm_`` does, given the global ``total_norm`` (:meth:`totals`); returns it
+        as a tensor (NaN or inf: nothing scaled, the caller's abort path)."""
+        total = torch.tensor(total_norm, dtype=torch.float32)
+        coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+        grads = _local_grads(params)
+        if grads and bool(coef < 1.0):
+            torch._foreach_mul_(grads, coef.to(grads[0].device))
+        return total
+
+
+def _local_grads(params: Iterable[torch.Tensor]) -> list[torch.Tensor]:
+    """The gradients of ``params`` that exist, as this rank's local tensors (views: scaling them scales the grads)."""
+    return [g.to_local() if isinstance(g, DTensor) else g for p in params if (g := p.grad) is not None]

@@ -22,6 +22,7 @@ VARIANTS = [
     {"nan_rank": 1},  # a non-finite loss on rank 1 only (rank 0's are finite)
     {"steps": 2, "micro_batch": 2, "grad_accum": 2, "max_tokens": 40, "unit": "model"},  # variant 1, one FSDP unit
     {"arch": "gpt2"},  # GPT-2: per-layer units found by _no_split_modules (GPT2Block), tied embeddings
+    {"steps": 2, "grad_clip": 1e-3},  # clipping that bites: each rank scales its shards by the global norm
 ]
 
 
@@ -38,13 +39,20 @@ def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     return max(float((a[k] - b[k]).abs().max()) for k in a)
 
 
-@pytest.mark.parametrize("v", [0, 1, 5, 6])
+@pytest.mark.parametrize("v", [0, 1, 5, 6, 7])
 def test_two_fsdp_ranks_update_like_one_process(one_and_two, v):
-    """Per-layer units (0, 1; 6: GPT-2) and the whole model as one unit (5: variant 1's schedule) alike."""
+    """Per-layer units (0, 1; 6: GPT-2) and the whole model as one unit (5: variant 1's schedule) alike; 7: the
+    gradients clipped to a norm of 1e-3 (their norm is larger: the scaling is real)."""
     one, two = one_and_two[0][v], one_and_two[1][v]
     layers = 2  # tiny_model's, either architecture
     assert (one["units"], two["units"]) == (0, 1 if v == 5 else layers + 1)
-    assert len(one["grads"]) == len(two["grads"]) == (6 if v in (1, 5) else 1)
+    assert len(one["grads"]) == len(two["grads"]) == {1: 6, 5: 6, 7: 2}.get(v, 1)
+    if v == 7:  # the norm before clipping is the logged one; the stepped gradients have norm 1e-3 on both sides
+        assert all(m["grad_norm"] > 1e-2 for m in one["metrics"])
+        for g1, g2 in zip(one["grads"], two["grads"], strict=True):
+            assert float(torch.stack([g.norm() for g in g2]).norm()) == pytest.approx(1e-3, rel=1e-4)
+            for a, b in zip(g1, g2, strict=True):
+                torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-10)
     for g1, g2 in zip(one["grads"], two["grads"], strict=True):
         for a, b in zip(g1, g2, strict=True):
             torch.testing.assert_close(b, a, atol=1e-6, rtol=0)

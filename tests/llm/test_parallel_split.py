@@ -4,6 +4,8 @@ one-process update exactly; global counts are the sum of the ranks' counts."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -70,5 +72,28 @@ def test_global_norm_is_the_sum_of_the_rank_counts():
     one = RankShare(WorkerGroup(GroupSpec(rank=0, world_size=1)))
     assert one.plan(batch, rows, [[0, 1], [2]], filler=[0]) == (whole, [([0, 1], True), ([2], True)])
     assert one.plan(batch, [], [], filler=[0]) == (batch.norm([]), [])  # an empty share: no micro-batches
-    assert one.totals({"b": 1.0, "a": 2.0}, True) == ({"a": 2.0, "b": 1.0}, True)
-    assert one.totals({}, False) == ({}, False)
+    assert one.totals({"b": 1.0, "a": 2.0}, True, 9.0) == ({"a": 2.0, "b": 1.0}, True, 3.0)
+    assert one.totals({}, False) == ({}, False, 0.0)
+
+
+def test_clipping_by_a_given_global_norm_is_torchs_clip_grad_norm():
+    torch.manual_seed(0)
+    net, twin = torch.nn.Linear(4, 3), torch.nn.Linear(4, 3)
+    twin.load_state_dict(net.state_dict())
+    assert RankShare.grad_sq(net.parameters()) == 0.0  # no gradient yet: nothing to measure
+    assert float(RankShare.clip(net.parameters(), 1.0, 0.0)) == 0.0  # ... or to scale
+    (net(torch.randn(5, 4)) * 10).square().sum().backward()
+    twin.weight.grad, twin.bias.grad = net.weight.grad.clone(), net.bias.grad.clone()
+    total = math.sqrt(RankShare.grad_sq(net.parameters()))
+    for max_norm in (1e-2, math.inf):  # scaled, and left as it is
+        want = torch.nn.utils.clip_grad_norm_(twin.parameters(), max_norm)
+        got = RankShare.clip(net.parameters(), max_norm, total)
+        assert float(got) == pytest.approx(float(want), rel=1e-6)
+        for a, b in zip(net.parameters(), twin.parameters(), strict=True):
+            torch.testing.assert_close(a.grad, b.grad, rtol=1e-6, atol=0)
+        total = math.sqrt(RankShare.grad_sq(net.parameters()))
+    net.bias.grad[0] = float("nan")  # a non-finite norm: nothing scaled (the caller aborts the update)
+    before = net.weight.grad.clone()
+    assert math.isnan(RankShare.grad_sq(net.parameters()))
+    assert torch.isnan(RankShare.clip(net.parameters(), 1e-3, math.nan))
+    assert torch.equal(net.weight.grad, before)
