@@ -21,3 +21,45 @@ def test_the_k_rank_config_carries_ranks_unit_and_per_sample_seeds():
     cfg = config_from_mapping({"policies": [{"name": "a", "model_config": tiny("llama"), "tokenizer_dir": "utf8-bytes"}]})
     p = with_ranks(cfg, 2, "model").policies[0]
     assert (p.ranks, p.train.fsdp_unit, p.sampling.seeding) == (2, "model", "sample")
+
+
+def test_a_repeat_below_one_is_refused():
+    with pytest.raises(SystemExit, match="--repeat at least 1"):
+        main(["--repeat", "0"])
+
+
+def test_repeated_rounds_interleave_the_runs_and_give_each_rounds_ratio_and_the_median(monkeypatch, capsys):
+    """The runs themselves faked (step times by round and k): the order of the runs, one ratio per round against
+    that round's one-rank run, and their median."""
+    import json
+
+    import ray
+
+    import experiments.bench.step_overhead as step_overhead
+    import mrl_llm.distributed.ray_trainer as ray_trainer
+    from mrl_llm.config import config_from_mapping
+    from tests.llm.helpers import tiny
+
+    cfg = config_from_mapping({"policies": [{"name": "a", "model_config": tiny("llama"), "tokenizer_dir": "utf8-bytes"}]})
+    walls = iter([1.0, 1.2, 1.5, 2.0])  # round 1: k = 1, k = 2; round 2: k = 1, k = 2
+    order = []
+
+    def fake_run(c, out, problems=None):
+        order.append(c.policies[0].ranks)
+        wall = next(walls)
+        out.mkdir(parents=True)
+        (out / "runtime.json").write_text(json.dumps({"step_wall_s": {"0": 9.0, "1": wall, "2": wall}}))
+        row = {"kind": "train", "step": 1, "generation_s": 0.1, "scoring_s": 0.0, "exchange_thl_s": 0.0,
+               "update_s": 0.0, "sync_s": 0.0}
+        (out / "metrics.jsonl").write_text(json.dumps(row) + "\n" + json.dumps({**row, "step": 2}) + "\n")
+        (out / "plan.txt").write_text("MWRA plan: faked\n")
+
+    monkeypatch.setattr(step_overhead, "bench_config", lambda args: (cfg, None))
+    monkeypatch.setattr(ray_trainer, "train_on_ray", fake_run)
+    monkeypatch.setattr(ray, "init", lambda **kw: None)
+    monkeypatch.setattr(ray, "shutdown", lambda: None)
+    assert main(["--steps", "3", "--fsdp-units", "model", "--repeat", "2"]) == 0
+    assert order == [1, 2, 1, 2]
+    out = capsys.readouterr().out
+    assert "1.200 / 1.000 s = 1.20x (round 1)" in out and "2.000 / 1.500 s = 1.33x (round 2)" in out
+    assert "ranks 2, fsdp_unit model: median 1.27x -> MISSES the 1.15 target" in out
