@@ -17,6 +17,21 @@ decoder layer; ``model``, the whole model one unit), all against the same one-ra
 rounds of these runs, interleaved, each k-rank run against its own round's one-rank run, and gives the median
 ratio: on a shared machine one round's ratio moves by ~0.1 from run to run.
 
+2026-12-05 (third session, the slower machine: a one-rank step 0.56-0.65 s). A profile of one policy's update
+(its 2 ranks alone on the 2 cores, throwaway script): with no FSDP (each rank its share, no gradient
+collective) a rank's CPU time a step was 0.38 s in one run and 0.45 s in another, with FSDP2 0.43-0.46 s (the
+one-process update 0.69-0.76 s): FSDP2's own work (all-gathers, reduce-scatter, DTensor dispatch) is 0-0.08 s
+a rank, within that noise. Taken out: the optimizer's per-parameter loop over DTensor shards (AdamW step 0.044 -> 0.009 s, now
+multi-tensor), torch's clip over DTensor gradients (~0.006 s and an all-reduce; the norm now rides on the loss
+totals' all-reduce) and THL's gather when no rank has a peer record. Before them, single rounds: ``--steps 6``
+1.42x per layer, 1.26x one unit (0.789 / 0.701 vs 0.556 s), ``--steps 11 --fsdp-units model`` 1.15x (0.734 vs
+0.640 s); after: ``--steps 11`` 1.38x / 1.17x (0.867 / 0.736 vs 0.627 s), and ``--steps 11 --repeat 2``: per
+layer 1.41x, 1.28x (median 1.35x), one unit 1.20x, 1.20x (0.881 / 0.831 and 0.748 / 0.777 vs 0.625 / 0.649 s;
+update 0.49-0.52 / 0.43-0.45 vs 0.35-0.38 s, exchange + THL 0.052-0.057 vs 0.022-0.025 s, weight gather
+0.014 s). The change is below one round's noise (~0.1x). Four rank processes on 2 cores wait for each other at
+every collective (``vmstat``: the cores ~4 % idle at k = 2, ~10 % at k = 1, so the k = 2 step does ~20 % more
+CPU work); the per-layer units' extra collectives cost 0.05-0.13 s a step.
+
 2026-12-05 (second session; a slower machine: a one-rank step 0.58-0.93 s, the earlier 0.16 s), ``--steps 6``: the
 driver's per-call combining of a group's answers ran as a zero-CPU Ray task, and Ray keeps no idle worker process on
 a node whose CPUs the ranks hold: each call started one (0.8-1.0 s a call measured on this machine with 4 busy
