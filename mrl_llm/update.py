@@ -244,7 +244,8 @@ def run_update(
     diag = Diagnostics()
     params = [p for p in model.parameters() if p.requires_grad]
     no_sgt = [p for g in optimizer.param_groups if not g.get("sgt", True) for p in g["params"]]
-    if no_sgt and share is not None and share.group.sharded:
+    sharded = share is not None and share.group.sharded  # k > 1 ranks: FSDP2 shards
+    if no_sgt and sharded:
         raise ValueError("train.lr_groups with sgt: false needs a policy on one rank (ranks: 1); a worker group's "
                          "FSDP2 backward cannot be split into two passes")
     model.train()
@@ -273,7 +274,6 @@ def run_update(
                 (out.loss * 0.0).backward()
             if real and ok:
                 diag.micro_batch(mb, out, losses)
-        sharded = share is not None and share.group.sharded
         if share is not None:  # the global loss terms and gradient norm; a non-finite loss anywhere aborts everywhere
             losses, finite, total_norm = share.totals(losses, finite, share.grad_sq(params) if sharded and finite else 0.0)
         grad_norm = None
