@@ -27,7 +27,7 @@ with comes out of the exchange through :func:`mrl_llm.distributed.actors.fetch_l
 this check on them: records that arrive from a live peer (on receipt) and records replayed from the
 log on resume alike, in both runtimes (the single-process trainer and the Ray actors run the same
 :class:`~mrl_llm.distributed.actors.PolicyActor`). The learner's own records of the step, scored in
-its own process, are not re-checked.
+its own process (or its worker group's, which all-gathers them), are not re-checked.
 
 Cost: each record is re-scored once per learner (verdicts cached by record id; the exchange refuses a
 second, different record under an id) and a step's records are scored as one batch (the MATH

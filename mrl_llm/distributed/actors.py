@@ -268,8 +268,10 @@ class PolicyActor:
         """Sample this step's records and publish them; returns what the driver tracks. In a worker group every
         rank renders all the step's prompts and keeps its problems for the peer check (``worker.prepare``), so
         the ranks' plans are equal; rank ``r`` samples and publishes prompts ``r, r + k, ...`` with
-        ``sampling.seeding: sample`` (a record does not depend on the split), else rank 0 samples them all. A split
-        policy's trainer samples nothing; its rollout actors share the prompts the same way (module docstring)."""
+        ``sampling.seeding: sample`` (a record does not depend on the split), else rank 0 samples them all; then the
+        ranks all-gather their records (a collective), so that each trains on the policy's records in hand as a single
+        rank does (fetching only the peers'; its own group's records are not re-checked). A split policy's trainer
+        samples nothing; its rollout actors share the prompts the same way (module docstring)."""
         nothing = {"policy": self.spec.name, "step": step, "version": int(self.worker.version), "records": 0,
                    "timings": {}}
         if self.spec.role == "train":  # split pools: the rollout actors sample; a trainer keeps what it needs
@@ -284,26 +286,34 @@ class PolicyActor:
                 return nothing
         elif self.spec.ranks > 1:
             self.worker.prepare(list(problems))
-            if self.split_rollouts:
-                problems = list(problems)[self.rank::self.spec.ranks]
-            if not problems or (self.rank != 0 and not self.split_rollouts):
-                self._maybe_crash("generate", step)
-                return nothing
-        recs = self.worker.generate(list(problems), step)
+            problems = list(problems)[self.rank::self.spec.ranks] if self.split_rollouts else (
+                list(problems) if self.rank == 0 else [])
+        group = getattr(self.worker, "group", None) if self.spec.ranks > 1 else None
+        sampled = bool(problems) or self.spec.ranks == 1
+        recs = self.worker.generate(list(problems), step) if sampled else []
         self._maybe_crash("generate", step)
         bad = [r.record_id for r in recs if r.policy_id != self.spec.name or r.step != step]
         if bad:
             raise ValueError(f"policy {self.spec.name!r} produced records for another policy/step: {bad[:3]}")
+        if not sampled and group is None:
+            return nothing
+        timings = dict(getattr(self.worker, "last_generate", None) or {}) if sampled else {}
         t0 = time.perf_counter()
-        submit = getattr(self.exchange, "publish_async", None)
-        if submit is not None:  # a remote exchange: train() waits for the write (pipelined publishing)
-            self._publishing[step] = submit(recs, step)
+        if sampled:
+            submit = getattr(self.exchange, "publish_async", None)
+            if submit is not None:  # a remote exchange: train() waits for the write (pipelined publishing)
+                self._publishing[step] = submit(recs, step)
+            else:
+                self.exchange.publish(recs)
+            timings["publish_s"] = time.perf_counter() - t0
+        # kept for this step's training, which then fetches only the peers' records (not after a restart); every
+        # rank of a worker group holds all of the policy's records of the step (one all-gather of the ranks' shares)
+        if group is not None:
+            t1 = time.perf_counter()
+            self._own[step] = [r for part in group.gather_objects(recs) for r in part]
+            timings["own_gather_s"] = time.perf_counter() - t1
         else:
-            self.exchange.publish(recs)
-        # kept for this step's training, which then fetches only the peers' records (not after a restart)
-        self._own[step] = list(recs)
-        timings = dict(getattr(self.worker, "last_generate", None) or {})
-        timings["publish_s"] = time.perf_counter() - t0
+            self._own[step] = list(recs)
         return {"policy": self.spec.name, "step": step, "version": int(self.worker.version),
                 "records": len(recs), "timings": timings}
 
@@ -349,8 +359,8 @@ class PolicyActor:
             del self._own[k]
         parts: dict[str, float] = {"publish_wait_s": publish_wait}
         expect_peers = {p: n for p, n in counts.items() if p in present and p != self.spec.name}
-        if self.spec.ranks > 1 or self.spec.role == "train":  # the own records came from other actors: fetch them
-            own = None
+        if self.spec.role == "train" or (self.spec.ranks > 1 and getattr(self.worker, "group", None) is None):
+            own = None  # the own records came from other actors: fetch them
             expect_peers = {p: n for p, n in counts.items() if p in present}
         if getattr(self.exchange, "publish_async", None) is None:  # in-process: every record is in already
             expect_peers = {}
