@@ -24,7 +24,7 @@ Layout (every key optional unless marked; unknown keys are errors naming the key
         train: {optimizer: adamw, lr: 1e-6, micro_batch: 4, grad_accum: null, grad_clip: 1.0,
                 gradient_checkpointing: true, max_tokens_per_micro_batch: 16384, logprob_chunk: 1024,
                 lr_groups: [{match: "*norm*", lr: 1e-3}],   # optional per-parameter-name rates; lr 0 freezes, sgt: false keeps them out of SGT
-                fsdp_unit: layer}          # ranks > 1: FSDP2 units of one decoder layer | model (one unit: small models)
+                fsdp_unit: layer}          # ranks > 1: FSDP2 units of one decoder layer | model (one unit) | none (replicas: small models)
     checkpoint_every: 1            # steps between checkpoints (0: only at the end)
     runtime: {backend: local}      # local | ray (see RuntimeConfig)
 
@@ -158,7 +158,12 @@ class TrainSection:
     ``fsdp_unit`` (``ranks > 1``): ``layer`` shards each decoder layer as its own FSDP2 unit (one layer's full
     weights gathered at a time: what a large model needs); ``model`` makes the whole model one unit (one
     all-gather per forward and per backward instead of one per layer: for a small model, where the per-layer
-    collectives are latency; the planner counts the whole gathered model) (:func:`mrl_llm.parallel.fsdp.shard_model`).
+    collectives are latency; the planner counts the whole gathered model) (:func:`mrl_llm.parallel.fsdp.shard_model`);
+    ``none``: no FSDP — every rank holds the whole model, its fp32 masters and optimizer state (data parallel,
+    ZeRO-0), and the ranks' gradients are summed in one fp32 all-reduce per mini-batch
+    (:meth:`mrl_llm.parallel.share.RankShare.reduce_grads`): no collective in forward or backward and no weight gather
+    after the update (the engine samples from the model itself, as with one rank), for a model whose whole training
+    state fits one device.
     """
 
     optimizer: Literal["adamw", "adam", "sgd"] = "adamw"
@@ -174,7 +179,7 @@ class TrainSection:
     logprob_chunk: int | None = 1024
     #: per-parameter-name learning rates (:mod:`mrl_llm.param_groups`): first matching glob wins, lr 0 freezes
     lr_groups: tuple[LrGroup, ...] = ()
-    fsdp_unit: Literal["layer", "model"] = "layer"
+    fsdp_unit: Literal["layer", "model", "none"] = "layer"
 
     def __post_init__(self) -> None:
         if self.max_tokens_per_micro_batch is not None and self.max_tokens_per_micro_batch < 2:
@@ -260,10 +265,10 @@ class PolicyConfig:
         if isinstance(self.ranks, bool) or not isinstance(self.ranks, int) or self.ranks < 1:
             raise ConfigError(f"policy {self.name!r}: ranks must be an integer >= 1 (the policy's worker-group size), "
                               f"got {self.ranks!r}")
-        if self.ranks > 1 and any(not g.sgt for g in self.train.lr_groups):
-            raise ConfigError(f"policy {self.name!r}: train.lr_groups with sgt: false needs ranks: 1 (the SGT term "
-                              f"is back-propagated apart, which an FSDP2 worker group cannot do); drop sgt: false "
-                              f"or run the policy on one rank")
+        if self.ranks > 1 and self.train.fsdp_unit != "none" and any(not g.sgt for g in self.train.lr_groups):
+            raise ConfigError(f"policy {self.name!r}: train.lr_groups with sgt: false needs ranks: 1 or train.fsdp_unit: "
+                              f"none (the SGT term is back-propagated apart, which an FSDP2 worker group cannot do); "
+                              f"drop sgt: false, run the policy on one rank, or as whole replicas")
         if self.max_prompt_len < 1:
             raise ConfigError(f"policy {self.name!r}: max_prompt_len must be >= 1")
         budget, longest = self.train.max_tokens_per_micro_batch, self.max_prompt_len + self.sampling.max_new_tokens

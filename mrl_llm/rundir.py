@@ -32,16 +32,29 @@ log = logging.getLogger("mrl_llm.rundir")
 
 #: Config keys that may differ between a run and its resumption.
 RESUMABLE_CHANGES = ("steps", "progress", "tensorboard", "threads", "eval")
-#: Keys of each ``policies[]`` entry that may change on resume: a checkpoint holds the full weights and the
-#: gathered optimizer state, so a run resumes on another number of ranks (:mod:`mrl_llm.parallel.checkpoint`).
-RESUMABLE_POLICY_CHANGES = ("ranks",)
+#: Keys (dotted paths) of each ``policies[]`` entry that may change on resume: a checkpoint holds the full weights
+#: and the gathered optimizer state, so a run resumes on another number of ranks, sharded or replicated
+#: (:mod:`mrl_llm.parallel.checkpoint`).
+RESUMABLE_POLICY_CHANGES = ("ranks", "train.fsdp_unit")
+
+
+def _without(d: Any, path: str) -> Any:
+    """Mapping ``d`` without the dotted ``path`` (``d`` itself when it is not a mapping or lacks it)."""
+    if not isinstance(d, dict):
+        return d
+    head, _, rest = path.partition(".")
+    if not rest:
+        return {k: v for k, v in d.items() if k != head}
+    return {**d, head: _without(d[head], rest)} if head in d else d
 
 
 def _without_resumable(d: dict[str, Any]) -> dict[str, Any]:
     d = {k: v for k, v in d.items() if k not in RESUMABLE_CHANGES}
     if isinstance(d.get("policies"), list):
-        d["policies"] = [{k: v for k, v in p.items() if k not in RESUMABLE_POLICY_CHANGES} if isinstance(p, dict) else p
-                         for p in d["policies"]]
+        pols = d["policies"]
+        for path in RESUMABLE_POLICY_CHANGES:
+            pols = [_without(p, path) for p in pols]
+        d["policies"] = pols
     return d
 #: A file whose presence marks a run as resumable (written with its first checkpoint, :mod:`mrl_llm.resume`).
 RESUMABLE_MARKERS = (Path("checkpoints") / RUN_STATE,)
@@ -79,7 +92,7 @@ def check_run_dir(config: RunConfig, out: Path, resume: bool) -> None:
         if diff:
             raise ConfigError(f"--resume {out}: the config differs from the run's in {diff}; resume with "
                               f"the run's own config ({out / 'config.json'}); only {list(RESUMABLE_CHANGES)} "
-                              "and policies[].ranks may change")
+                              f"and {', '.join(f'policies[].{k}' for k in RESUMABLE_POLICY_CHANGES)} may change")
         return
     if out.exists() and not out.is_dir():
         raise FileExistsError(f"--out {out} is a file, not a directory; choose a new --out directory")

@@ -244,10 +244,10 @@ def run_update(
     diag = Diagnostics()
     params = [p for p in model.parameters() if p.requires_grad]
     no_sgt = [p for g in optimizer.param_groups if not g.get("sgt", True) for p in g["params"]]
-    sharded = share is not None and share.group.sharded  # k > 1 ranks: FSDP2 shards
+    sharded = share is not None and share.fsdp  # k > 1 ranks holding FSDP2 shards (else whole models)
     if no_sgt and sharded:
-        raise ValueError("train.lr_groups with sgt: false needs a policy on one rank (ranks: 1); a worker group's "
-                         "FSDP2 backward cannot be split into two passes")
+        raise ValueError("train.lr_groups with sgt: false needs a policy on one rank (ranks: 1) or whole replicas "
+                         "(train.fsdp_unit: none); a worker group's FSDP2 backward cannot be split into two passes")
     model.train()
     for rows in mbs:
         local = rows if share is None else share.rows(rows, seq_lens)  # worker group: this rank's share
@@ -276,6 +276,8 @@ def run_update(
                 diag.micro_batch(mb, out, losses)
         if share is not None:  # the global loss terms and gradient norm; a non-finite loss anywhere aborts everywhere
             losses, finite, total_norm = share.totals(losses, finite, share.grad_sq(params) if sharded and finite else 0.0)
+            if finite and share.replicated:  # replicas: the gradient summed over the ranks
+                share.reduce_grads(params)
         grad_norm = None
         if finite:
             max_norm = grad_clip if grad_clip is not None else math.inf

@@ -8,7 +8,7 @@ Everything is in bytes; ``e`` is the bytes per element of the policy's dtype (fp
 Training state, sharded FSDP-style over ``k`` devices (``k = 1``: unsharded):
 
 * weights ``N w / k`` (+ one gathered FSDP unit when ``k > 1``: a layer ``N_layer e``, or the whole model
-  ``N e`` with ``fsdp_unit: model``), where ``w = 4`` under mixed
+  ``N e`` with ``fsdp_unit: model``; ``fsdp_unit: none``, replicas: ``k = 1`` for all of the state), where ``w = 4`` under mixed
   precision (``e < 4`` and ``master_weights``: the trainable weights ARE the fp32 master copy and forward
   and backward run under autocast, :mod:`mrl_llm.precision`), else ``w = e``;
 * gradients ``N w / k`` (they land on the weights: fp32 under mixed precision);
@@ -26,7 +26,7 @@ of the micro-batch unchunked, or one chunk ``c = min(logprob_chunk, b s)`` when 
 in checkpointed chunks (:func:`mrl_llm.logprobs.forward_logprobs`). ``b s`` is ``micro_batch * s``, or the
 token budget ``max_tokens_per_micro_batch`` when one is set.
 
-A whole model in one process, ``N w`` (:func:`full_model_bytes`): with ``k > 1`` every trainer rank keeps one
+A whole model in one process, ``N w`` (:func:`full_model_bytes`): with ``k > 1`` FSDP ranks every trainer rank keeps one
 beside its shards — the unsharded rollout copy the gathered weights land in after each update
 (:attr:`mrl_llm.rank.model.PolicyModel.rollout_model`): on the device when the rank's engine samples from
 it (``hf``) or reloads out of it (``vllm``), in host RAM on a split policy's trainer ranks, which have no
@@ -182,7 +182,7 @@ class PolicyFootprint:
     max_num_seqs: int = 256  # the engine's cap on sequences in flight
     tokenizer_id: str = ""
     ranks: int = 1  # CPU mode: the policy's worker-group size (one CPU slot per rank)
-    fsdp_unit: Literal["layer", "model"] = "layer"  # what one FSDP2 all-gather holds on a k > 1 device
+    fsdp_unit: Literal["layer", "model", "none"] = "layer"  # what one FSDP2 all-gather holds; none: whole replicas
 
     def __post_init__(self) -> None:
         for f in ("rollouts_per_step", "max_response_len", "micro_batch", "max_num_seqs", "ranks"):
@@ -190,8 +190,13 @@ class PolicyFootprint:
                 raise ValueError(f"policy {self.name!r}: {f} must be >= 1, got {getattr(self, f)}")
         if self.dtype not in DTYPE_BYTES:
             raise ValueError(f"policy {self.name!r}: dtype {self.dtype!r} is not one of {sorted(DTYPE_BYTES)}")
-        if self.fsdp_unit not in ("layer", "model"):
-            raise ValueError(f"policy {self.name!r}: fsdp_unit {self.fsdp_unit!r} is not 'layer' or 'model'")
+        if self.fsdp_unit not in ("layer", "model", "none"):
+            raise ValueError(f"policy {self.name!r}: fsdp_unit {self.fsdp_unit!r} is not 'layer', 'model' or 'none'")
+
+    @property
+    def shards(self) -> int:
+        """Over how many devices the training state is sharded: ``ranks``, or 1 for replicas (``fsdp_unit: none``)."""
+        return 1 if self.fsdp_unit == "none" else self.ranks
 
     @property
     def n_params(self) -> int:
@@ -262,9 +267,12 @@ def layer_activation_bytes(p: PolicyFootprint) -> float:
 
 
 def training_bytes(p: PolicyFootprint, shards: int = 1) -> MemoryBreakdown:
-    """The trainer's footprint on each of ``shards`` devices (module docstring)."""
+    """The trainer's footprint on each of ``shards`` devices (module docstring); replicas (``fsdp_unit: none``)
+    hold the whole training state on each, whatever ``shards``."""
     if shards < 1:
         raise ValueError(f"shards must be >= 1, got {shards}")
+    if p.fsdp_unit == "none":
+        shards = 1
     sh, e, n = p.shape, DTYPE_BYTES[p.dtype], p.n_params
     whole = full_model_bytes(p).weights  # N w
     gathered = (sh.layer_params if p.fsdp_unit == "layer" else n) * e  # one FSDP unit's full weights

@@ -158,7 +158,7 @@ def _engines(slots: list[_Slot], i: int) -> int:
 
 def _slot_memory(fp: PolicyFootprint, slot: _Slot, n_train: int, seqs: int, cluster: ClusterSpec) -> MemoryBreakdown:
     """One policy's bytes on one slot's device (:mod:`mrl_llm.distributed.memory`): a trainer's shard of the
-    training state plus, with ``n_train > 1`` ranks, its whole rollout copy (a split trainer keeps it in host
+    training state plus, with ``n_train > 1`` FSDP ranks (not replicas, ``fsdp_unit: none``), its whole rollout copy (a split trainer keeps it in host
     RAM: counted here on a CPU slot, by :func:`_host_loads` on a GPU node); a rollout actor's whole
     model; the engine's own weights copy only for ``vllm`` (``hf`` samples from the process's whole model)."""
     mm = cluster.memory_model
@@ -168,11 +168,12 @@ def _slot_memory(fp: PolicyFootprint, slot: _Slot, n_train: int, seqs: int, clus
     engine = rollout_bytes(fp, seqs, own_weights=fp.engine == "vllm")
     if slot.role == "rollout":
         return full_model_bytes(fp) + engine + over
-    if slot.role == "train":  # its rollout copy (n_train > 1) is in host RAM: this slot's on a CPU, else the node's
-        on_host = n_train > 1 and slot.device.kind == "ram"
+    copied = n_train > 1 and fp.fsdp_unit != "none"  # FSDP shards: a whole rollout copy beside them (replicas: none)
+    if slot.role == "train":  # its rollout copy is in host RAM: this slot's on a CPU, else the node's
+        on_host = copied and slot.device.kind == "ram"
         return training_bytes(fp, n_train) + (full_model_bytes(fp) if on_host else MemoryBreakdown()) + over
     # colocated (a GPU) or cpu (host RAM): trainer (sharded over the policy's ranks) and engine in one process
-    copy = full_model_bytes(fp) if n_train > 1 else MemoryBreakdown()
+    copy = full_model_bytes(fp) if copied else MemoryBreakdown()
     return training_bytes(fp, n_train) + copy + engine + over
 
 
@@ -228,7 +229,8 @@ def _host_loads(fps: Sequence[PolicyFootprint], slots: list[_Slot], cluster: Clu
         for i, fp in enumerate(fps):
             procs = sum(s.policy == i and s.device.node == ram.node for s in slots)
             trainers = [s for s in slots if s.policy == i and s.role == "train"]
-            copies = sum(s.device.node == ram.node for s in trainers) if len(trainers) > 1 else 0
+            copied = len(trainers) > 1 and fp.fsdp_unit != "none"  # replicas' rollout copy is the model itself
+            copies = sum(s.device.node == ram.node for s in trainers) if copied else 0
             if procs:
                 staging = fp.n_params * DTYPE_BYTES[fp.dtype]
                 mem = MemoryBreakdown(weights=staging + copies * full_model_bytes(fp).weights,

@@ -6,7 +6,8 @@ one layer's full weights are gathered at a time, and the next layer's all-gather
 ``unit="model"`` (``train.fsdp_unit``) makes the whole model one unit: one all-gather per forward and per
 backward and one reduce-scatter, instead of one of each per layer — for a small model whose whole weights fit
 a device beside its shards, where the per-layer collectives are latency, not bandwidth; any model (no
-decoder-layer list needed). The sharded parameters are
+decoder-layer list needed). ``unit="none"`` shards nothing: every rank keeps the whole model (replicas, whose
+gradients :meth:`~mrl_llm.parallel.share.RankShare.reduce_grads` sums). The sharded parameters are
 the **fp32 masters** (the optimizer is built over them afterwards, so its moments are fp32 and sharded too).
 With ``dtype: bf16`` the units gather their parameters in bf16 for compute
 (``MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32)``: gradients are reduced in fp32 onto the
@@ -67,16 +68,16 @@ def mp_policy(precision: Precision) -> MixedPrecisionPolicy:
     return MixedPrecisionPolicy(param_dtype=precision.compute_dtype, reduce_dtype=torch.float32)
 
 
-FSDP_UNITS = ("layer", "model")
+FSDP_UNITS = ("layer", "model", "none")
 
 
 def shard_model(model: torch.nn.Module, precision: Precision, group: WorkerGroup, *,
                 unit: str = "layer") -> torch.nn.Module:
     """Shard ``model`` over ``group`` in place, in FSDP units of one decoder layer (``unit="layer"``) or of the
-    whole model (``"model"``; module docstring), and return it; unchanged for a group of one."""
+    whole model (``"model"``; module docstring), and return it; unchanged for a group of one or ``unit="none"``."""
     if unit not in FSDP_UNITS:
         raise ValueError(f"FSDP unit {unit!r} is not one of {FSDP_UNITS}")
-    if not group.sharded:
+    if not group.sharded or unit == "none":
         return model
     policy = mp_policy(precision)
     for layer in decoder_layers(model) if unit == "layer" else ():

@@ -132,6 +132,12 @@ class WorkerGroup:
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
         return t.cpu().tolist()
 
+    def sum_(self, t: torch.Tensor) -> torch.Tensor:
+        """``t`` summed over the ranks, in place (on the group's device: the current CUDA device for nccl)."""
+        if self.sharded:
+            dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        return t
+
     def gather_objects(self, obj: Any) -> list[Any]:
         """Every rank's ``obj`` (picklable), in rank order; ``[obj]`` for a group of one."""
         if not self.sharded:

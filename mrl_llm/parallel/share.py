@@ -14,7 +14,10 @@ For each optimizer mini-batch (the same global rows on every rank, each rank hol
   on any rank aborts the mini-batch on every rank (a rank with a non-finite loss still runs its remaining
   backward passes, collectives under FSDP; the gradients are dropped) — and the global gradient norm
   ``||g|| = sqrt(sum_r ||g_r||^2)`` over the ranks' gradient shards ``g_r`` (:meth:`RankShare.grad_sq`);
-* :meth:`RankShare.clip`: ``torch.nn.utils.clip_grad_norm_``'s scaling with that norm, ``g_r <- g_r * min(1,
+* :meth:`RankShare.reduce_grads` (replicas, ``train.fsdp_unit: none``; one collective after :meth:`totals`): every
+  rank holds the whole model and its gradient of its rows; the sum over the ranks (one fp32 all-reduce of the
+  flattened gradients) is the one-process gradient, which torch's own clipping then scales on every rank alike;
+* :meth:`RankShare.clip` (FSDP2 shards): ``torch.nn.utils.clip_grad_norm_``'s scaling with that norm, ``g_r <- g_r * min(1,
   max_norm / (||g|| + 1e-6))`` on each rank's shards (no collective; torch's own over FSDP2's DTensor gradients
   all-reduces again and pays DTensor dispatch per tensor).
 
@@ -45,8 +48,31 @@ if TYPE_CHECKING:
 class RankShare:
     """This rank's share of each mini-batch over ``group`` (module docstring)."""
 
-    def __init__(self, group: WorkerGroup) -> None:
+    def __init__(self, group: WorkerGroup, *, replicated: bool = False) -> None:
         self.group = group
+        self.replicated = replicated and group.sharded  # every rank holds the whole model (train.fsdp_unit: none)
+
+    @property
+    def fsdp(self) -> bool:
+        """Whether the ranks hold FSDP2 shards (k > 1, not replicated)."""
+        return self.group.sharded and not self.replicated
+
+    def reduce_grads(self, params: Iterable[torch.Tensor]) -> None:
+        """Replicas: every rank's gradients summed over the ranks, in place, in one fp32 all-reduce of the
+        flattened gradients (a parameter without one takes zeros, so that every rank's buffer lines up)."""
+        grads = []
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            grads.append(p.grad)
+        if not grads or not self.group.sharded:
+            return
+        flat = torch.cat([g.reshape(-1).to(torch.float32) for g in grads])
+        self.group.sum_(flat)
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset: offset + g.numel()].view_as(g))
+            offset += g.numel()
 
     def rows(self, rows: Sequence[int], seq_lens: Sequence[int]) -> list[int]:
         return split_by_tokens(list(rows), list(seq_lens), self.group.world_size)[self.group.rank]

@@ -79,17 +79,19 @@ class PolicyModel:
                  rollout_device: torch.device | None = None) -> None:
         self.precision, self.group, self.device = precision, group, device
         built = build_model(policy, tokenizer, seed=init_seed, dtype="fp32")
-        # k > 1: the engine samples from a whole copy; the trained model and the reference are sharded
-        rollout = copy.deepcopy(built).to(rollout_device or device) if group.sharded else None
+        unit = policy.train.fsdp_unit
+        #: FSDP2 shards (k > 1, unit layer or model); else every rank holds the whole model (k = 1, or replicas)
+        self.sharded = group.sharded and unit != "none"
+        # sharded: the engine samples from a whole copy; the trained model and the reference are sharded
+        rollout = copy.deepcopy(built).to(rollout_device or device) if self.sharded else None
         self.model = built.to(device)
         self.rollout_model = self.model if rollout is None else rollout
         self.params = count_params(self.model)
         self.ref_model = lowp_copy(self.model, precision.compute_dtype) if with_ref else None
-        unit = policy.train.fsdp_unit
         shard_model(self.model, precision, group, unit=unit)
         if self.ref_model is not None:
             shard_model(self.ref_model, precision, group, unit=unit)
-        self.share = RankShare(group)
+        self.share = RankShare(group, replicated=group.sharded and not self.sharded)
         self.optimizer = make_optimizer(self.model, policy)
         #: the model's positions (``max_position_embeddings``; 10**9 when it names none)
         self.max_positions = int(getattr(self.model.config, "max_position_embeddings", 0) or 10**9)
@@ -123,7 +125,7 @@ class PolicyModel:
 
     def optimizer_state(self) -> dict[str, Any]:
         """The optimizer's state in one process's layout (gathered from the shards for k > 1: a collective)."""
-        return gathered_optimizer_state(self.optimizer) if self.group.sharded else self.optimizer.state_dict()
+        return gathered_optimizer_state(self.optimizer) if self.sharded else self.optimizer.state_dict()
 
 
 def step_metrics(rows: LearnerRows, batch: TrainBatch, res: UpdateResult, *, flops: float) -> dict[str, float]:

@@ -97,7 +97,9 @@ def test_training_bytes_hand_computed() -> None:
     whole = training_bytes(_tiny(kl_coef=0.01, fsdp_unit="model"), shards=4)  # the whole model is one FSDP unit
     assert whole.weights == 4 * n / 4 + 2 * n + 2 * n / 4
     assert training_bytes(_tiny(fsdp_unit="model")).weights == training_bytes(p).weights  # k = 1: nothing gathered
-    with pytest.raises(ValueError, match="fsdp_unit 'block' is not 'layer' or 'model'"):
+    # replicas: every rank holds the whole training state, the reference included
+    assert training_bytes(_tiny(kl_coef=0.01, fsdp_unit="none"), shards=4) == training_bytes(_tiny(kl_coef=0.01))
+    with pytest.raises(ValueError, match="fsdp_unit 'block' is not 'layer', 'model' or 'none'"):
         _tiny(fsdp_unit="block")
 
 

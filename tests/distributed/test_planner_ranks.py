@@ -48,6 +48,12 @@ def test_ranks_shard_the_training_estimate_and_one_rank_is_the_old_plan():
     whole = {(part.policy): part.memory for load in one.devices for part in load.parts}
     for name in per_rank:
         assert per_rank[name].optimizer == pytest.approx(whole[name].optimizer / 2)  # AdamW moments sharded
+        assert per_rank[name].weights > whole[name].weights  # the shards, a gathered layer and the rollout copy
+    replicas = plan_placement([replace(f, ranks=2, fsdp_unit="none") for f in cpu_demo()], TWO_CPUS, mode="cpu")
+    per_replica = {(part.policy): part.memory for load in replicas.devices for part in load.parts}
+    for name in per_replica:  # each rank the whole training state, as one rank; no rollout copy beside it
+        got, one_rank = per_replica[name], whole[name]
+        assert (got.weights, got.gradients, got.optimizer) == (one_rank.weights, one_rank.gradients, one_rank.optimizer)
 
 
 def test_malformed_ranks_are_refused_naming_the_policy():

@@ -10,8 +10,15 @@ from experiments.bench.ranks_overhead import main, with_ranks
 
 @pytest.mark.parametrize("units", ["", " , ", "layer,block"])
 def test_an_empty_or_unknown_unit_list_is_refused(units):
-    with pytest.raises(SystemExit, match="--fsdp-units must list 'layer' and/or 'model'"):
+    with pytest.raises(SystemExit, match="--fsdp-units must list some of layer, model, none"):
         main(["--fsdp-units", units])
+
+
+def test_the_bench_knows_every_unit_the_trainer_does():
+    import experiments.bench.ranks_overhead as bench
+    from mrl_llm.parallel.fsdp import FSDP_UNITS
+
+    assert bench.FSDP_UNITS == FSDP_UNITS
 
 
 def test_the_k_rank_config_carries_ranks_unit_and_per_sample_seeds():

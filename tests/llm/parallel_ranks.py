@@ -87,18 +87,25 @@ def _full(t: torch.Tensor) -> torch.Tensor:
 def update_once(group: WorkerGroup, *, dtype: str = "fp32", steps: int = 1, micro_batch: int = 2,
                 grad_accum: int | None = None, grad_clip: float | None = 1.0, eps: float = 1e-6,
                 max_tokens: int | None = None, logprob_chunk: int | None = None,
-                nan_rank: int | None = None, unit: str = "layer", arch: str = "qwen2") -> dict[str, Any]:
+                nan_rank: int | None = None, unit: str = "layer", arch: str = "qwen2",
+                sgt_apart: bool = False) -> dict[str, Any]:
     """``steps`` updates of :func:`tiny_model` on :func:`synthetic_batch` over ``group``: the full weights after,
     each optimizer step's full gradients, and the metrics (``logprob_chunk``: the LM head in chunks). ``eps``: AdamW's (at the default 1e-8 a first step
     is ``lr * sign(g)`` for a gradient element of ~1e-8, so float noise in such elements moves it by ~lr).
     ``nan_rank``: that rank's forward returns NaN log-probs (a loss that overflowed there only); ``unit``: the
-    FSDP2 unit (:func:`shard_model`); ``arch``: :func:`tiny_model`'s."""
+    FSDP2 unit (:func:`shard_model`; ``none``: replicas); ``arch``: :func:`tiny_model`'s; ``sgt_apart``: the norms'
+    gains in a param group with ``sgt: False`` (the SGT term back-propagated apart, :func:`mrl_llm.update.backward`)."""
     precision = Precision(dtype)
     model = tiny_model(arch=arch)
     ref = lowp_copy(model, precision.compute_dtype)
     shard_model(model, precision, group, unit=unit)
     shard_model(ref, precision, group, unit=unit)
-    opt = RecordingAdamW(model.parameters(), lr=1e-3, weight_decay=0.01, eps=eps)
+    params: Any = model.parameters()
+    if sgt_apart:
+        named = list(model.named_parameters())
+        params = [{"params": [p for n, p in named if "norm" in n], "sgt": False},
+                  {"params": [p for n, p in named if "norm" not in n]}]
+    opt = RecordingAdamW(params, lr=1e-3, weight_decay=0.01, eps=eps)
     metrics = []
     import mrl_llm.update as update_mod
 
@@ -110,7 +117,8 @@ def update_once(group: WorkerGroup, *, dtype: str = "fp32", steps: int = 1, micr
             with precision.autocast("cpu"):
                 res = run_update(model, opt, synthetic_batch(seed=step), loss_cfg=LOSS, temperature=1.0,
                                  micro_batch=micro_batch, grad_accum=grad_accum, grad_clip=grad_clip, pad_id=0,
-                                 ref_model=ref, max_tokens=max_tokens, share=RankShare(group),
+                                 ref_model=ref, max_tokens=max_tokens,
+                                 share=RankShare(group, replicated=unit == "none"),
                                  logprob_chunk=logprob_chunk)
             metrics.append(res.metrics)
     finally:

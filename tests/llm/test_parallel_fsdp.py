@@ -23,7 +23,14 @@ VARIANTS = [
     {"steps": 2, "micro_batch": 2, "grad_accum": 2, "max_tokens": 40, "unit": "model"},  # variant 1, one FSDP unit
     {"arch": "gpt2"},  # GPT-2: per-layer units found by _no_split_modules (GPT2Block), tied embeddings
     {"steps": 2, "grad_clip": 1e-3},  # clipping that bites: each rank scales its shards by the global norm
+    # replicas (fsdp_unit none): variants 0, 1, 7 and 4, and the SGT term back-propagated apart
+    {"unit": "none"},
+    {"steps": 2, "micro_batch": 2, "grad_accum": 2, "max_tokens": 40, "unit": "none"},
+    {"steps": 2, "grad_clip": 1e-3, "unit": "none"},
+    {"nan_rank": 1, "unit": "none"},
+    {"sgt_apart": True, "unit": "none"},
 ]
+REPLICAS = {8: 0, 9: 1, 10: 7, 11: 4}  # replica variant -> the FSDP variant it repeats
 
 
 @pytest.fixture(scope="module")
@@ -39,15 +46,16 @@ def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     return max(float((a[k] - b[k]).abs().max()) for k in a)
 
 
-@pytest.mark.parametrize("v", [0, 1, 5, 6, 7])
+@pytest.mark.parametrize("v", [0, 1, 5, 6, 7, 8, 9, 10, 12])
 def test_two_fsdp_ranks_update_like_one_process(one_and_two, v):
     """Per-layer units (0, 1; 6: GPT-2) and the whole model as one unit (5: variant 1's schedule) alike; 7: the
-    gradients clipped to a norm of 1e-3 (their norm is larger: the scaling is real)."""
+    gradients clipped to a norm of 1e-3 (their norm is larger: the scaling is real); replicas (8, 9, 10: variants
+    0, 1, 7 with ``fsdp_unit: none``; 12: the SGT term back-propagated apart) alike."""
     one, two = one_and_two[0][v], one_and_two[1][v]
     layers = 2  # tiny_model's, either architecture
-    assert (one["units"], two["units"]) == (0, 1 if v == 5 else layers + 1)
-    assert len(one["grads"]) == len(two["grads"]) == {1: 6, 5: 6, 7: 2}.get(v, 1)
-    if v == 7:  # the norm before clipping is the logged one; the stepped gradients have norm 1e-3 on both sides
+    assert (one["units"], two["units"]) == (0, {5: 1}.get(v, 0 if VARIANTS[v].get("unit") == "none" else layers + 1))
+    assert len(one["grads"]) == len(two["grads"]) == {1: 6, 5: 6, 7: 2}.get(REPLICAS.get(v, v), 1)
+    if REPLICAS.get(v, v) == 7:  # the norm before clipping is the logged one; the stepped gradients have norm 1e-3 on both sides
         assert all(m["grad_norm"] > 1e-2 for m in one["metrics"])
         for g1, g2 in zip(one["grads"], two["grads"], strict=True):
             assert float(torch.stack([g.norm() for g in g2]).norm()) == pytest.approx(1e-3, rel=1e-4)
@@ -80,8 +88,9 @@ def test_bf16_on_two_ranks_keeps_fp32_masters_and_follows_one_process(one_and_tw
     assert _max_diff(one["state"], two["state"]) < 1e-3 * 2  # at most ~lr per element apart
 
 
-def test_a_non_finite_loss_on_one_rank_skips_the_update_on_every_rank(one_and_two):
-    one, two = one_and_two[0][4], one_and_two[1][4]
+@pytest.mark.parametrize("v", [4, 11])  # FSDP2 shards, replicas
+def test_a_non_finite_loss_on_one_rank_skips_the_update_on_every_rank(one_and_two, v):
+    one, two = one_and_two[0][v], one_and_two[1][v]
     assert one["metrics"][0].get("nan_skipped", 0.0) == 0.0  # the one process (rank 0) has a finite loss
     assert two["metrics"] == [{"nan_skipped": 1.0}] and two["grads"] == []  # rank 0 saw rank 1's NaN: no step
     assert _max_diff(two["state"], tiny_model().state_dict()) == 0.0
@@ -97,6 +106,7 @@ def test_group_spec_malformed_and_group_of_one():
     g = WorkerGroup.join(GroupSpec(rank=0, world_size=1))  # no process group: identity collectives
     assert not g.sharded and not torch.distributed.is_initialized()
     assert g.sum([1.5, 2.0]) == [1.5, 2.0] and g.sum([]) == [] and g.gather_objects({"a": 1}) == [{"a": 1}]
+    assert g.sum_(torch.tensor([1.5, 2.0])).tolist() == [1.5, 2.0] and g.sum_(torch.empty(0)).numel() == 0
     g.close()
     host, port = rendezvous("127.0.0.1")
     assert host == "127.0.0.1" and 0 < port < 65536

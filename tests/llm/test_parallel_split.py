@@ -97,3 +97,16 @@ def test_clipping_by_a_given_global_norm_is_torchs_clip_grad_norm():
     assert math.isnan(RankShare.grad_sq(net.parameters()))
     assert torch.isnan(RankShare.clip(net.parameters(), 1e-3, math.nan))
     assert torch.equal(net.weight.grad, before)
+
+
+def test_replicas_gradient_reduce_on_a_group_of_one_empty_and_missing_gradients():
+    group = WorkerGroup.join(GroupSpec(rank=0, world_size=1))
+    share, fsdp = RankShare(group, replicated=True), RankShare(group)
+    assert not share.replicated and not share.fsdp and not fsdp.fsdp  # a group of one is neither
+    share.reduce_grads([])  # nothing to reduce
+    net = torch.nn.Linear(4, 3)
+    net(torch.randn(2, 4)).sum().backward()
+    net.bias.grad = None  # a parameter without a gradient takes zeros, so that every rank's buffer lines up
+    before = net.weight.grad.clone()
+    share.reduce_grads(net.parameters())
+    assert torch.equal(net.weight.grad, before) and torch.equal(net.bias.grad, torch.zeros(3))

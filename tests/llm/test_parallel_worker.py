@@ -110,3 +110,11 @@ def test_a_rank_shards_its_model_and_reference_in_the_configured_fsdp_unit(monke
                                group=WorkerGroup(GroupSpec(rank=0, world_size=1)), device=torch.device("cpu"),
                                init_seed=0, with_ref=with_ref)
     assert units == ["model", "model", "layer"]
+    units.clear()
+    pol = PolicyConfig(name="A", model_config=tiny("llama"), tokenizer_dir="utf8-bytes", device="cpu",
+                       train=TrainSection(fsdp_unit="none"))
+    pm = rank_model.PolicyModel(pol, load_tokenizer(pol), precision=Precision("fp32"),  # replicas: no collective here
+                                group=WorkerGroup(GroupSpec(rank=1, world_size=2, port=1)), device=torch.device("cpu"),
+                                init_seed=0, with_ref=True)
+    assert units == ["none", "none"] and not pm.sharded and pm.share.replicated and not pm.share.fsdp
+    assert pm.rollout_model is pm.model  # the engine samples from the model itself, as with one rank

@@ -72,11 +72,13 @@ def test_split_carries_each_groups_sgt_flag():
     assert [(g["sgt"], len(g["params"])) for g in groups] == [(False, 2), (True, 2)]
 
 
-def test_sgt_false_needs_one_rank():
+def test_sgt_false_needs_one_rank_or_replicas():
     mapping = _cfg([{"match": "*norm*", "lr": 0.01, "sgt": False}])
     mapping["policies"][0]["ranks"] = 2
-    with pytest.raises(ConfigError, match="sgt: false needs ranks: 1"):
+    with pytest.raises(ConfigError, match="sgt: false needs ranks: 1 or train.fsdp_unit: none"):
         config_from_mapping(mapping)
+    mapping["policies"][0]["train"] = {**mapping["policies"][0].get("train", {}), "fsdp_unit": "none"}
+    assert config_from_mapping(mapping).policies[0].train.fsdp_unit == "none"  # replicas back-propagate it apart
 
 
 @pytest.mark.parametrize("lr_groups, match", [

@@ -2,7 +2,7 @@
 cluster of 2 CPUs: two tiny policies of 2 FSDP2 ranks each (4 actors, about 0.5 CPU each, gloo) train 2
 synchronous steps and equal the ranks-1 run of the same seed in records, regime decisions and final weights
 (float tolerance) — with ``sampling.seeding: sample`` each rank samples and publishes half of the step's
-prompts, with ``call`` rank 0 samples them all; the plan lists each rank's role and the run logs it; a run
+prompts, with ``call`` rank 0 samples them all; whole replicas (``fsdp_unit: none``) alike; the plan lists each rank's role and the run logs it; a run
 checkpointed with 2 ranks resumes with 1 and ends like the 1-rank run."""
 
 from __future__ import annotations
@@ -32,11 +32,12 @@ def ray_llm():
         yield ray
 
 
-def _config(ranks: int, seeding: str, steps: int = 2):
+def _config(ranks: int, seeding: str, steps: int = 2, unit: str = "layer"):
     pols = [{**policy("a", "llama", "utf8-bytes", 4), "ranks": ranks},
             {**policy("b", "qwen2", learner_tokenizer_dir(), 16), "ranks": ranks}]
     for p in pols:
         p["sampling"] = {**p["sampling"], "seeding": seeding}
+        p["train"] = {**p.get("train", {}), "fsdp_unit": unit}
     return config(pols, steps=steps, eval={"enabled": False})
 
 
@@ -49,17 +50,18 @@ def _files(d):
     return d, rows, records, weights
 
 
-def _run(tmp_path, ranks: int, seeding: str):
+def _run(tmp_path, ranks: int, seeding: str, unit: str = "layer"):
     d = tmp_path / f"k{ranks}"
-    train(_config(ranks, seeding), d, problems=PROBLEMS)
+    train(_config(ranks, seeding, unit=unit), d, problems=PROBLEMS)
     return _files(d)
 
 
-@pytest.mark.parametrize("seeding", ["sample", "call"])  # sample: the ranks split the rollouts; call: rank 0 samples
-def test_two_ranks_per_policy_equal_one_rank(ray_llm, tmp_path, caplog, seeding):
+# sample: the ranks split the rollouts; call: rank 0 samples; none: the ranks are whole replicas (no FSDP)
+@pytest.mark.parametrize("seeding, unit", [("sample", "layer"), ("call", "layer"), ("sample", "none")])
+def test_two_ranks_per_policy_equal_one_rank(ray_llm, tmp_path, caplog, seeding, unit):
     caplog.set_level(logging.INFO, logger="mrl_llm.ray_trainer")
     _, rows1, recs1, w1 = _run(tmp_path, 1, seeding)
-    d2, rows2, recs2, w2 = _run(tmp_path, 2, seeding)
+    d2, rows2, recs2, w2 = _run(tmp_path, 2, seeding, unit)
     assert len(recs2) == len(recs1) > 0  # every record equal: ids, texts, tokens, rewards exactly, log-probs to 1e-5
     for a, b in zip(recs1, recs2, strict=True):
         assert {k: v for k, v in b.items() if k != "token_logprobs"} == {k: v for k, v in a.items() if k != "token_logprobs"}
@@ -86,7 +88,7 @@ def test_two_ranks_per_policy_equal_one_rank(ray_llm, tmp_path, caplog, seeding)
         return
     # a run checkpointed with k = 2 (after step 0) resumes with k = 1 and ends like the k = 1 run
     d = tmp_path / "k2-then-k1"
-    train(_config(2, seeding, steps=1), d, problems=PROBLEMS)
+    train(_config(2, seeding, steps=1, unit=unit), d, problems=PROBLEMS)
     train(_config(1, seeding, steps=2), d, problems=PROBLEMS, resume=True)
     _, rows3, recs3, w3 = _files(d)
     assert [r["record_id"] for r in recs3] == [r["record_id"] for r in recs1]

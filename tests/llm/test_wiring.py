@@ -302,4 +302,4 @@ def test_sgt_false_runs_in_a_group_of_one_and_is_refused_by_a_sharded_group(pair
     res = run_update(a.model, opt, batch, share=RankShare(WorkerGroup.join(GroupSpec(0, 1))), **kw)
     assert res.optimizer_steps == 1 and res.metrics["sgt_loss"] > 0
     with pytest.raises(ValueError, match="sgt: false needs a policy on one rank"):
-        run_update(a.model, opt, batch, share=SimpleNamespace(group=SimpleNamespace(sharded=True)), **kw)
+        run_update(a.model, opt, batch, share=SimpleNamespace(fsdp=True, group=SimpleNamespace(sharded=True)), **kw)
