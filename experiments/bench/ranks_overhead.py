@@ -9,13 +9,27 @@ of the group — collectives, the full rollout copy's weight gather, the ranks' 
 (target <= 1.15). The config is ``--config FILE`` or, with ``--demo DIR``, the CPU demo's run config for
 seed 0 (:func:`experiments.bench.step_overhead.demo_config`; SFT made in DIR or reused from it).
 
-    PYTHONPATH=. python experiments/bench/ranks_overhead.py --demo DIR [--ranks 2] [--steps 6] [--fsdp-units layer,model]
-        [--repeat N]
+    PYTHONPATH=. python experiments/bench/ranks_overhead.py --demo DIR [--ranks 2] [--steps 6]
+        [--fsdp-units layer,model,none] [--repeat N]
 
 Each k-rank run is made once per ``--fsdp-units`` value (``train.fsdp_unit``: ``layer``, FSDP2 units of one
-decoder layer; ``model``, the whole model one unit), all against the same one-rank run. ``--repeat N`` makes N
+decoder layer; ``model``, the whole model one unit; ``none``, whole replicas whose gradients are all-reduced),
+all against the same one-rank run. ``--repeat N`` makes N
 rounds of these runs, interleaved, each k-rank run against its own round's one-rank run, and gives the median
 ratio: on a shared machine one round's ratio moves by ~0.1 from run to run.
+
+2026-12-06 (fourth session, the same machine: a one-rank step 0.57-0.61 s). Two changes. (1) The ranks of a group
+all-gather the step's own records after sampling, so each plans with them in hand as one rank does: the exchange
+is asked only for the peers' records and only those are re-checked (before, every rank fetched and re-checked its
+siblings' records too, and waited for the slowest one's publish). ``--steps 11 --repeat 2`` with it: exchange +
+THL at k = 2 0.031-0.033 vs 0.022-0.025 s (0.052-0.057 s the session before); per layer 1.33x, 1.20x (median
+1.27x), one unit 1.21x, 1.22x (0.685 / 0.722 vs 0.565 / 0.589 s). (2) ``train.fsdp_unit: none``, whole replicas
+whose gradients are summed in one fp32 all-reduce per mini-batch (no FSDP2 collectives, no weight gather).
+``--steps 11 --repeat 3`` (the default three layouts, nothing else running): replicas 1.11x, 1.04x, 1.17x (median
+1.11x: 0.656 / 0.641 / 0.682 vs 0.588 / 0.614 / 0.585 s; update 0.370-0.374 vs 0.325-0.348 s), one unit 1.24x,
+1.18x, 1.21x (median 1.21x; update 0.409-0.418 s), per layer 1.30x, 1.38x, 1.32x (median 1.32x; update
+0.452-0.498 s). A round run beside a test suite gave 0.80x / 0.84x (its one-rank run slowed to 0.850 s): the
+rounds must run alone.
 
 2026-12-05 (third session, the slower machine: a one-rank step 0.56-0.65 s). A profile of one policy's update
 (its 2 ranks alone on the 2 cores, throwaway script): with no FSDP (each rank its share, no gradient
@@ -75,6 +89,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 PARTS = ("generation_s", "scoring_s", "exchange_thl_s", "update_s", "sync_s")
 EXCHANGE_PARTS = ("publish_s", "fetch_s", "peer_check_s", "plan_s", "thl_s")  # exchange_thl_s in detail
+FSDP_UNITS = ("layer", "model", "none")  # train.fsdp_unit (mrl_llm.parallel.fsdp.FSDP_UNITS)
 
 
 def with_ranks(cfg, k: int, unit: str = "layer"):
@@ -90,8 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     src.add_argument("--config", default=str(REPO / "experiments" / "configs" / "tiny_cpu.yaml"))
     src.add_argument("--demo", metavar="DIR", help="the CPU demo's config, seed 0 (SFT made or reused in DIR)")
     ap.add_argument("--ranks", type=int, default=2)
-    ap.add_argument("--fsdp-units", default="layer,model",
-                    help="comma-separated train.fsdp_unit values, one k-rank run each (default: layer,model)")
+    ap.add_argument("--fsdp-units", default="layer,model,none",
+                    help="comma-separated train.fsdp_unit values, one k-rank run each (default: layer,model,none)")
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--warmup", type=int, default=1, help="first steps left out of the means")
     ap.add_argument("--num-cpus", type=int, default=None, help="local Ray cluster size (default: all cores)")
@@ -101,8 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.steps <= args.warmup or args.ranks < 2 or args.repeat < 1:
         raise SystemExit("--steps must exceed --warmup, --ranks be at least 2 and --repeat at least 1")
     units = [u.strip() for u in args.fsdp_units.split(",") if u.strip()]
-    if not units or any(u not in ("layer", "model") for u in units):
-        raise SystemExit(f"--fsdp-units must list 'layer' and/or 'model', got {args.fsdp_units!r}")
+    if not units or any(u not in FSDP_UNITS for u in units):
+        raise SystemExit(f"--fsdp-units must list some of {', '.join(FSDP_UNITS)}, got {args.fsdp_units!r}")
 
     import ray
 
