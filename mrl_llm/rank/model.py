@@ -3,11 +3,13 @@
 :class:`PolicyModel` holds, for one rank of a policy's worker group (:mod:`mrl_llm.parallel`):
 
 * ``model`` — the **fp32 master** weights (:mod:`mrl_llm.precision`), built from the policy's
-  ``model_dir`` or ``model_config`` (seeded by ``init_seed``) and, for k > 1, sharded with FSDP2;
+  ``model_dir`` or ``model_config`` (seeded by ``init_seed``) and, for k > 1, sharded with FSDP2
+  (``train.fsdp_unit: none``: a whole replica on every rank, its gradients summed by
+  :meth:`~mrl_llm.parallel.share.RankShare.reduce_grads`);
 * ``ref_model`` — a frozen copy in the compute dtype, sharded the same way (None when the run neither
   penalises nor tracks the KL to the reference);
-* ``rollout_model`` — what the engine samples from: ``model`` itself for k = 1, a full (unsharded) copy
-  for k > 1 that gets the gathered weights after every update (:meth:`mrl_llm.rank.engine.RankEngine.sync`),
+* ``rollout_model`` — what the engine samples from: ``model`` itself for k = 1 and for replicas, a full
+  (unsharded) copy for FSDP2 shards that gets the gathered weights after every update (:meth:`mrl_llm.rank.engine.RankEngine.sync`),
   on the rank's device, or in host memory for a rank without an engine (``rollout_device``: a split
   policy's trainer, whose copy only goes to the rollout actors, checkpoints and exports, all through host
   memory; :func:`rollout_copy_device`);
