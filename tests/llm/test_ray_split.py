@@ -136,16 +136,18 @@ def test_a_dead_rollout_actor_restarts_its_split_policy_from_the_last_checkpoint
 
 @pytest.mark.ray
 @pytest.mark.slow
-@pytest.mark.parametrize("transfer", ["object_store", "collective"])
-def test_split_with_two_trainer_ranks_equals_colocated(ray_llm, tmp_path, caplog, transfer):
+@pytest.mark.parametrize("transfer, unit", [("object_store", "layer"), ("collective", "layer"), ("object_store", "none")])
+def test_split_with_two_trainer_ranks_equals_colocated(ray_llm, tmp_path, caplog, transfer, unit):
     """``a`` with ``ranks: 2`` under ``placement: split``: 2 FSDP2 trainer ranks (one gloo group) and 2 rollout
     actors that share the step's prompts (per-sample seeds) and take the gathered weights after each update
     (through the object store, or broadcast by trainer rank 0 over a weight bus of 3 members);
-    ``b`` one trainer and one rollout actor (6 actors). It equals the colocated run with the same ranks."""
+    ``b`` one trainer and one rollout actor (6 actors). It equals the colocated run with the same ranks; so do 2 trainer
+    ranks that are whole replicas (``fsdp_unit: none``: trainer rank 0's own model is what the rollout actors get)."""
     caplog.set_level(logging.INFO, logger="mrl_llm.ray_trainer")
 
     def cfg(placement: str):
         pols = [{**policy("a", "llama", "utf8-bytes", 4), "ranks": 2}, policy("b", "qwen2", learner_tokenizer_dir(), 16)]
+        pols[0]["train"] = {**pols[0].get("train", {}), "fsdp_unit": unit}
         for p in pols:
             p["sampling"] = {**p["sampling"], "seeding": "sample"}
         return config(pols, steps=2, eval={"enabled": False},
