@@ -194,11 +194,6 @@ class PolicyFootprint:
             raise ValueError(f"policy {self.name!r}: fsdp_unit {self.fsdp_unit!r} is not 'layer', 'model' or 'none'")
 
     @property
-    def shards(self) -> int:
-        """Over how many devices the training state is sharded: ``ranks``, or 1 for replicas (``fsdp_unit: none``)."""
-        return 1 if self.fsdp_unit == "none" else self.ranks
-
-    @property
     def n_params(self) -> int:
         return self.shape.n_params
 
