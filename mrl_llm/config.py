@@ -24,7 +24,8 @@ Layout (every key optional unless marked; unknown keys are errors naming the key
         train: {optimizer: adamw, lr: 1e-6, micro_batch: 4, grad_accum: null, grad_clip: 1.0,
                 gradient_checkpointing: true, max_tokens_per_micro_batch: 16384, logprob_chunk: 1024,
                 lr_groups: [{match: "*norm*", lr: 1e-3}],   # optional per-parameter-name rates; lr 0 freezes, sgt: false keeps them out of SGT
-                fsdp_unit: layer}          # ranks > 1: FSDP2 units of one decoder layer | model (one unit) | none (replicas: small models)
+                fsdp_unit: layer,          # ranks > 1: FSDP2 units of one decoder layer | model (one unit) | none (replicas: small models)
+                grad_sync: micro_batch}    # ranks > 1, FSDP2: reduce-scatter every micro-batch | mini_batch (units kept gathered, once)
     checkpoint_every: 1            # steps between checkpoints (0: only at the end)
     runtime: {backend: local}      # local | ray (see RuntimeConfig)
 
@@ -164,6 +165,16 @@ class TrainSection:
     (:meth:`mrl_llm.parallel.share.RankShare.reduce_grads`): no collective in forward or backward and no weight gather
     after the update (the engine samples from the model itself, as with one rank), for a model whose whole training
     state fits one device.
+
+    ``grad_sync`` (``ranks > 1`` with FSDP2 units): ``micro_batch`` gathers each unit's weights in every forward and
+    backward and reduce-scatters its gradients after every micro-batch (verl's schedule: the least memory);
+    ``mini_batch`` keeps the units gathered from a mini-batch's first forward to its end and accumulates the
+    gradients unsharded, in fp32, reduce-scattering them once after its last micro-batch (FSDP2's
+    ``set_requires_gradient_sync``: HF Accelerate's gradient accumulation without ``sync_each_batch``) — one
+    all-gather and one reduce-scatter per unit a mini-batch instead of three collectives per micro-batch, for the
+    memory of the whole model's compute-dtype weights (the reference's too) and its fp32 gradient on every rank,
+    which the planner counts. The update is the same either way (float rounding). Nothing changes with replicas
+    (their gradients are summed once a mini-batch already) or one rank.
     """
 
     optimizer: Literal["adamw", "adam", "sgd"] = "adamw"
@@ -180,6 +191,7 @@ class TrainSection:
     #: per-parameter-name learning rates (:mod:`mrl_llm.param_groups`): first matching glob wins, lr 0 freezes
     lr_groups: tuple[LrGroup, ...] = ()
     fsdp_unit: Literal["layer", "model", "none"] = "layer"
+    grad_sync: Literal["micro_batch", "mini_batch"] = "micro_batch"
 
     def __post_init__(self) -> None:
         if self.max_tokens_per_micro_batch is not None and self.max_tokens_per_micro_batch < 2:

@@ -35,7 +35,7 @@ RESUMABLE_CHANGES = ("steps", "progress", "tensorboard", "threads", "eval")
 #: Keys (dotted paths) of each ``policies[]`` entry that may change on resume: a checkpoint holds the full weights
 #: and the gathered optimizer state, so a run resumes on another number of ranks, sharded or replicated
 #: (:mod:`mrl_llm.parallel.checkpoint`).
-RESUMABLE_POLICY_CHANGES = ("ranks", "train.fsdp_unit")
+RESUMABLE_POLICY_CHANGES = ("ranks", "train.fsdp_unit", "train.grad_sync")
 
 
 def _without(d: Any, path: str) -> Any:

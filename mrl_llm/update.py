@@ -40,6 +40,7 @@ than the loss terms are this rank's rows'. Without ``share``: the one-process up
 from __future__ import annotations
 
 import math
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -234,7 +235,7 @@ def run_update(
     seq_lens = [len(p) + len(r) for p, r in zip(batch.prompts, batch.responses, strict=True)]
     snapshot: list[torch.Tensor] | None = None  # log pi_old of every row, when the weights move within the step
     if len(mbs) > 1:
-        with torch.no_grad():  # no graph (under FSDP a forward with grad and no backward breaks the next step)
+        with torch.no_grad(), _gathered(share, model):  # no graph (under FSDP a forward with grad and no backward breaks the next step)
             snapshot = response_logprob_rows(model, batch.prompts, batch.responses, pad_id=pad_id,
                                              temperature=temperature, micro_batch=micro_batch,
                                              chunk_size=logprob_chunk,
@@ -259,21 +260,24 @@ def run_update(
         optimizer.zero_grad(set_to_none=True)
         losses = {"loss": 0.0, "pg_loss": 0.0, "sgt_loss": 0.0, "kl_loss": 0.0}
         finite = True
-        for idx, real in plan:
-            out, mb = micro_batch_loss(model, batch, idx, snapshot, loss_cfg=loss_cfg, temperature=temperature,
-                                       pad_id=pad_id, norm=norm, ref_model=ref_model,
-                                       res=res if real else UpdateResult(), logprob_chunk=logprob_chunk,
-                                       split_sgt=bool(no_sgt))
-            ok = bool(torch.isfinite(out.loss).all())
-            finite = finite and ok
-            if not finite and share is None:
-                break  # one process: nothing else to run; a rank goes on (its backward passes are collectives)
-            if real:
-                backward(out.loss, mb.sgt_term, no_sgt)
-            else:
-                (out.loss * 0.0).backward()
-            if real and ok:
-                diag.micro_batch(mb, out, losses)
+        with _gathered(share, model, ref_model):
+            for i, (idx, real) in enumerate(plan):
+                out, mb = micro_batch_loss(model, batch, idx, snapshot, loss_cfg=loss_cfg, temperature=temperature,
+                                           pad_id=pad_id, norm=norm, ref_model=ref_model,
+                                           res=res if real else UpdateResult(), logprob_chunk=logprob_chunk,
+                                           split_sgt=bool(no_sgt))
+                ok = bool(torch.isfinite(out.loss).all())
+                finite = finite and ok
+                if not finite and share is None:
+                    break  # one process: nothing else to run; a rank goes on (its backward passes are collectives)
+                if share is not None:  # grad_sync mini_batch: only the last backward reduce-scatters
+                    share.sync_grads(model, last=i == len(plan) - 1)
+                if real:
+                    backward(out.loss, mb.sgt_term, no_sgt)
+                else:
+                    (out.loss * 0.0).backward()
+                if real and ok:
+                    diag.micro_batch(mb, out, losses)
         if share is not None:  # the global loss terms and gradient norm; a non-finite loss anywhere aborts everywhere
             losses, finite, total_norm = share.totals(losses, finite, share.grad_sq(params) if sharded and finite else 0.0)
             if finite and share.replicated:  # replicas: the gradient summed over the ranks
@@ -297,3 +301,8 @@ def run_update(
     res.metrics = diag.metrics(tracks_ref=ref_model is not None)
     res.metrics["padding_waste"] = res.padded_tokens / res.seq_tokens if res.seq_tokens else float("nan")
     return res
+
+
+def _gathered(share: RankShare | None, *models: torch.nn.Module | None) -> AbstractContextManager:
+    """The worker group's :meth:`~mrl_llm.parallel.share.RankShare.gathered` over ``models``; nothing for one process."""
+    return nullcontext() if share is None else share.gathered(*models)

@@ -10,10 +10,12 @@ of the group — collectives, the full rollout copy's weight gather, the ranks' 
 seed 0 (:func:`experiments.bench.step_overhead.demo_config`; SFT made in DIR or reused from it).
 
     PYTHONPATH=. python experiments/bench/ranks_overhead.py --demo DIR [--ranks 2] [--steps 6]
-        [--fsdp-units layer,model,none] [--repeat N]
+        [--fsdp-units layer,model,none] [--grad-syncs micro_batch,mini_batch] [--repeat N]
 
 Each k-rank run is made once per ``--fsdp-units`` value (``train.fsdp_unit``: ``layer``, FSDP2 units of one
-decoder layer; ``model``, the whole model one unit; ``none``, whole replicas whose gradients are all-reduced),
+decoder layer; ``model``, the whole model one unit; ``none``, whole replicas whose gradients are all-reduced)
+and, for FSDP2 units, once per ``--grad-syncs`` value (``train.grad_sync``: ``micro_batch``, gathered and
+reduce-scattered every micro-batch; ``mini_batch``, kept gathered through a mini-batch and reduce-scattered once),
 all against the same one-rank run. ``--repeat N`` makes N
 rounds of these runs, interleaved, each k-rank run against its own round's one-rank run, and gives the median
 ratio: on a shared machine one round's ratio moves by ~0.1 from run to run.
@@ -90,13 +92,28 @@ REPO = Path(__file__).resolve().parents[2]
 PARTS = ("generation_s", "scoring_s", "exchange_thl_s", "update_s", "sync_s")
 EXCHANGE_PARTS = ("publish_s", "fetch_s", "peer_check_s", "plan_s", "thl_s")  # exchange_thl_s in detail
 FSDP_UNITS = ("layer", "model", "none")  # train.fsdp_unit (mrl_llm.parallel.fsdp.FSDP_UNITS)
+GRAD_SYNCS = ("micro_batch", "mini_batch")  # train.grad_sync (mrl_llm.parallel.share.GRAD_SYNCS)
 
 
-def with_ranks(cfg, k: int, unit: str = "layer"):
-    """``cfg`` with every policy on ``k`` ranks in FSDP2 units of ``unit`` and per-sample seeding."""
+def with_ranks(cfg, k: int, unit: str = "layer", sync: str = "micro_batch"):
+    """``cfg`` with every policy on ``k`` ranks in FSDP2 units of ``unit``, gradients synced once a ``sync``, and
+    per-sample seeding."""
     pols = tuple(replace(p, ranks=k, sampling=replace(p.sampling, seeding="sample"),
-                         train=replace(p.train, fsdp_unit=unit)) for p in cfg.policies)
+                         train=replace(p.train, fsdp_unit=unit, grad_sync=sync)) for p in cfg.policies)
     return replace(cfg, policies=pols)
+
+
+def layouts(units: list[str], syncs: list[str]) -> list[tuple[str, str]]:
+    """The k-rank runs' ``(fsdp_unit, grad_sync)``: each unit with each sync, replicas (``none``) once (their
+    gradients are summed once a mini-batch whatever the sync)."""
+    return [(u, s) for u in units for s in (syncs if u != "none" else syncs[:1])]
+
+
+def _listed(arg: str, flag: str, allowed: tuple[str, ...]) -> list[str]:
+    got = [v.strip() for v in arg.split(",") if v.strip()]
+    if not got or any(v not in allowed for v in got):
+        raise SystemExit(f"{flag} must list some of {', '.join(allowed)}, got {arg!r}")
+    return got
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -107,6 +124,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--fsdp-units", default="layer,model,none",
                     help="comma-separated train.fsdp_unit values, one k-rank run each (default: layer,model,none)")
+    ap.add_argument("--grad-syncs", default="micro_batch,mini_batch",
+                    help="comma-separated train.grad_sync values, one k-rank run each per FSDP2 unit "
+                         "(default: micro_batch,mini_batch)")
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--warmup", type=int, default=1, help="first steps left out of the means")
     ap.add_argument("--num-cpus", type=int, default=None, help="local Ray cluster size (default: all cores)")
@@ -115,9 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.steps <= args.warmup or args.ranks < 2 or args.repeat < 1:
         raise SystemExit("--steps must exceed --warmup, --ranks be at least 2 and --repeat at least 1")
-    units = [u.strip() for u in args.fsdp_units.split(",") if u.strip()]
-    if not units or any(u not in FSDP_UNITS for u in units):
-        raise SystemExit(f"--fsdp-units must list some of {', '.join(FSDP_UNITS)}, got {args.fsdp_units!r}")
+    runs = [(1, "layer", "micro_batch")] + [(args.ranks, u, sync) for u, sync in layouts(
+        _listed(args.fsdp_units, "--fsdp-units", FSDP_UNITS), _listed(args.grad_syncs, "--grad-syncs", GRAD_SYNCS))]
 
     import ray
 
@@ -130,19 +149,19 @@ def main(argv: list[str] | None = None) -> int:
                   runtime=replace(cfg.runtime, backend="ray", mode="sync", max_staleness=0))
     ray.init(address="local", num_cpus=args.num_cpus, include_dashboard=False, log_to_driver=False)
     rounds: list[dict[str, float]] = []
-    runs = [(1, "layer")] + [(args.ranks, u) for u in units]
     try:
         with tempfile.TemporaryDirectory(prefix="mrl-ranks-overhead-") as tmp:
-            for rnd, (k, unit) in ((r, run) for r in range(args.repeat) for run in runs):
+            for rnd, (k, unit, sync) in ((r, run) for r in range(args.repeat) for run in runs):
                 if k == 1:
                     rounds.append({})
                     if args.repeat > 1:
                         print(f"-- round {rnd + 1} of {args.repeat}")
                 per_step = rounds[-1]
-                label = f"ranks {k}" + (f", fsdp_unit {unit}" if k > 1 else "")
-                out = Path(tmp) / f"r{rnd}-k{k}-{unit}"
+                label = f"ranks {k}" + (f", fsdp_unit {unit}" if k > 1 else "") + (
+                    f", grad_sync {sync}" if k > 1 and unit != "none" else "")
+                out = Path(tmp) / f"r{rnd}-k{k}-{unit}-{sync}"
                 t0 = time.perf_counter()
-                train_on_ray(with_ranks(cfg, k, unit), out, problems=problems)
+                train_on_ray(with_ranks(cfg, k, unit, sync), out, problems=problems)
                 walls = json.loads((out / "runtime.json").read_text())["step_wall_s"]
                 per_step[label] = statistics.mean(v for s, v in walls.items() if int(s) >= args.warmup)
                 rows = [r for r in read_metrics(out / "metrics.jsonl") if r["kind"] == "train" and r["step"] >= args.warmup]

@@ -25,11 +25,13 @@ the trainer; a vLLM engine's own memory is its configured share, ``gpu_memory_ut
 own process; on CPU the peak RSS of this process and its children).
 
     experiments/gpu/smoke.sh [--cpu] [--steps 4] [--out DIR] [--engine auto|hf|vllm] [--ranks K]
+        [--fsdp-unit layer|model|none] [--grad-sync micro_batch|mini_batch]
 
 ``--ranks K`` (K > 1) runs :mod:`experiments.gpu.smoke_ranks` instead: the pair's ``qwen2.5-like`` policy as a
 worker group of K FSDP2 ranks (one GPU each; gloo processes with ``--cpu``) against one rank, in the same
-invocation, with the HF engine: step time ratio, tokens/s, peak memory per rank (``OUT/smoke_ranks.json``). A
-machine with one GPU runs K = 1, the default.
+invocation, with the HF engine: step time ratio, tokens/s, peak memory per rank (``OUT/smoke_ranks.json``);
+``--fsdp-unit`` and ``--grad-sync`` set the group's ``train.fsdp_unit`` and ``train.grad_sync`` (default: per-layer
+units, reduce-scattered every micro-batch). A machine with one GPU runs K = 1, the default.
 """
 
 from __future__ import annotations
@@ -181,6 +183,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="runs/gpu-smoke", help="output directory (a new one each run)")
     ap.add_argument("--ranks", type=int, default=1,
                     help="K > 1: one policy on K FSDP2 ranks (K GPUs, or gloo processes with --cpu) against 1 rank")
+    ap.add_argument("--fsdp-unit", choices=["layer", "model", "none"], default="layer",
+                    help="with --ranks K: train.fsdp_unit of the K ranks (none: whole replicas)")
+    ap.add_argument("--grad-sync", choices=["micro_batch", "mini_batch"], default="micro_batch",
+                    help="with --ranks K: train.grad_sync of the K ranks (mini_batch: units kept gathered, one reduce-scatter)")
     args = ap.parse_args(argv)
     if args.ranks < 1:
         print(f"smoke: --ranks must be >= 1, got {args.ranks}", file=sys.stderr)
@@ -204,7 +210,8 @@ def main(argv: list[str] | None = None) -> int:
         from experiments.gpu.smoke_ranks import main as ranks_main
 
         out.mkdir(parents=True, exist_ok=True)
-        ranks_main(args.ranks, smoke_config(out, cpu=args.cpu, steps=steps, engine="hf"), out, cuda=not args.cpu)
+        ranks_main(args.ranks, smoke_config(out, cpu=args.cpu, steps=steps, engine="hf"), out, cuda=not args.cpu,
+                   train={"fsdp_unit": args.fsdp_unit, "grad_sync": args.grad_sync})
         return 0
     if not args.cpu:
         torch.cuda.reset_peak_memory_stats()

@@ -121,9 +121,9 @@ def summary(k: int, got: dict[str, Any]) -> dict[str, Any]:
             "peak_gib_per_rank": got["peak_gib"]}
 
 
-def main(ranks: int, cfg: Any, out: Path, *, cuda: bool) -> dict[str, Any]:
+def main(ranks: int, cfg: Any, out: Path, *, cuda: bool, train: dict[str, Any] | None = None) -> dict[str, Any]:
     """Run one rank, then ``ranks`` ranks, of ``cfg`` (the smoke config; its :data:`POLICY` alone, GRPO, per-sample
-    seeds); write and return ``OUT/smoke_ranks.json``."""
+    seeds; ``train``: keys of its ``train`` section, e.g. ``fsdp_unit``); write and return ``OUT/smoke_ranks.json``."""
     from mrl_llm.config import config_from_mapping
     from shared_interfaces.config_io import to_mapping
 
@@ -131,6 +131,7 @@ def main(ranks: int, cfg: Any, out: Path, *, cuda: bool) -> dict[str, Any]:
     cfg_map["regime"] = {"name": "grpo"}
     cfg_map["policies"] = [p for p in cfg_map["policies"] if p["name"] == POLICY]
     cfg_map["policies"][0]["sampling"] = {**cfg_map["policies"][0]["sampling"], "seeding": "sample"}
+    cfg_map["policies"][0]["train"] = {**cfg_map["policies"][0]["train"], **(train or {})}
     cfg_map["threads"] = 1 if not cuda else cfg_map.get("threads")
     config_from_mapping(cfg_map)  # a malformed derived config fails here, in this process
     results, weights = {}, {}
@@ -143,6 +144,8 @@ def main(ranks: int, cfg: Any, out: Path, *, cuda: bool) -> dict[str, Any]:
     diff = max(float((weights[ranks][n].float() - weights[1][n].float()).abs().max()) for n in weights[1])
     ratio = results[ranks]["step_s_mean"] / results[1]["step_s_mean"]
     doc = {"policy": POLICY, "ranks": ranks, "runs": [results[k] for k in sorted(results)],
+           "fsdp_unit": cfg_map["policies"][0]["train"].get("fsdp_unit"),
+           "grad_sync": cfg_map["policies"][0]["train"].get("grad_sync"),
            "step_time_ratio": ratio, "final_weights_max_abs_diff": diff}
     (out / "smoke_ranks.json").write_text(json.dumps(doc, indent=1))
     if ranks > 1:

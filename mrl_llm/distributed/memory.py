@@ -8,12 +8,14 @@ Everything is in bytes; ``e`` is the bytes per element of the policy's dtype (fp
 Training state, sharded FSDP-style over ``k`` devices (``k = 1``: unsharded):
 
 * weights ``N w / k`` (+ one gathered FSDP unit when ``k > 1``: a layer ``N_layer e``, or the whole model
-  ``N e`` with ``fsdp_unit: model``; ``fsdp_unit: none``, replicas: ``k = 1`` for all of the state), where ``w = 4`` under mixed
+  ``N e`` with ``fsdp_unit: model`` or ``grad_sync: mini_batch``; ``fsdp_unit: none``, replicas: ``k = 1`` for all of the state), where ``w = 4`` under mixed
   precision (``e < 4`` and ``master_weights``: the trainable weights ARE the fp32 master copy and forward
   and backward run under autocast, :mod:`mrl_llm.precision`), else ``w = e``;
-* gradients ``N w / k`` (they land on the weights: fp32 under mixed precision);
+* gradients ``N w / k`` (they land on the weights: fp32 under mixed precision; + ``4 N``, the whole gradient
+  accumulated unsharded in fp32, with ``k > 1`` and ``grad_sync: mini_batch``);
 * optimizer ``8 N / k`` for AdamW (fp32 first and second moments), nothing for SGD;
-* a frozen reference model for the k3 KL (``kl_coef > 0``): ``N e / k`` (a copy in the compute dtype).
+* a frozen reference model for the k3 KL (``kl_coef > 0``): ``N e / k`` (a copy in the compute dtype; + ``N e``,
+  kept gathered, with ``k > 1`` and ``grad_sync: mini_batch``).
 
 Training activations, per device (Korthikanti et al. 2022, "Reducing Activation Recomputation",
 re-derived for attention computed by a fused kernel, so no ``s^2`` term, no dropout, and gated MLPs):
@@ -183,6 +185,7 @@ class PolicyFootprint:
     tokenizer_id: str = ""
     ranks: int = 1  # CPU mode: the policy's worker-group size (one CPU slot per rank)
     fsdp_unit: Literal["layer", "model", "none"] = "layer"  # what one FSDP2 all-gather holds; none: whole replicas
+    grad_sync: Literal["micro_batch", "mini_batch"] = "micro_batch"  # mini_batch: units kept gathered, fp32 grads unsharded
 
     def __post_init__(self) -> None:
         for f in ("rollouts_per_step", "max_response_len", "micro_batch", "max_num_seqs", "ranks"):
@@ -192,6 +195,8 @@ class PolicyFootprint:
             raise ValueError(f"policy {self.name!r}: dtype {self.dtype!r} is not one of {sorted(DTYPE_BYTES)}")
         if self.fsdp_unit not in ("layer", "model", "none"):
             raise ValueError(f"policy {self.name!r}: fsdp_unit {self.fsdp_unit!r} is not 'layer', 'model' or 'none'")
+        if self.grad_sync not in ("micro_batch", "mini_batch"):
+            raise ValueError(f"policy {self.name!r}: grad_sync {self.grad_sync!r} is not 'micro_batch' or 'mini_batch'")
 
     @property
     def n_params(self) -> int:
@@ -270,10 +275,12 @@ def training_bytes(p: PolicyFootprint, shards: int = 1) -> MemoryBreakdown:
         shards = 1
     sh, e, n = p.shape, DTYPE_BYTES[p.dtype], p.n_params
     whole = full_model_bytes(p).weights  # N w
-    gathered = (sh.layer_params if p.fsdp_unit == "layer" else n) * e  # one FSDP unit's full weights
+    kept = shards > 1 and p.grad_sync == "mini_batch"  # every unit gathered through a mini-batch, grads unsharded
+    gathered = (sh.layer_params if p.fsdp_unit == "layer" and not kept else n) * e  # the full weights gathered at once
     weights = whole / shards + (gathered if shards > 1 else 0)
     if p.kl_coef > 0:
-        weights += n * e / shards
+        weights += n * e / shards + (n * e if kept else 0)
+    gradients = whole / shards + (4 * n if kept else 0)  # + the fp32 accumulator of the whole gradient
     moments = 8 if p.optimizer == "adamw" else 0
     layer = layer_activation_bytes(p)
     tokens = p.micro_tokens
@@ -283,7 +290,7 @@ def training_bytes(p: PolicyFootprint, shards: int = 1) -> MemoryBreakdown:
         acts = sh.n_layers * layer
     c = p.logits_positions
     acts += e * c * sh.vocab_size + 2 * 4 * c * sh.vocab_size
-    return MemoryBreakdown(weights=weights, gradients=whole / shards, optimizer=n * moments / shards, activations=acts)
+    return MemoryBreakdown(weights=weights, gradients=gradients, optimizer=n * moments / shards, activations=acts)
 
 
 def full_model_bytes(p: PolicyFootprint) -> MemoryBreakdown:

@@ -126,6 +126,7 @@ def footprints_from_config(data: Mapping[str, Any], base: Path = Path(".")) -> l
             engine=str(_get(pol, data, "engine", default="hf")),  # type: ignore[arg-type]
             ranks=int(_get(pol, {}, "ranks", default=1)),
             fsdp_unit=str(_get(pol, data, "fsdp_unit", default="layer")),  # type: ignore[arg-type]
+            grad_sync=str(_get(pol, data, "grad_sync", default="micro_batch")),  # type: ignore[arg-type]
         ))
     return out
 

@@ -34,7 +34,8 @@ a layer or a few), not one per tensor — so the gather never holds a second who
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
@@ -92,6 +93,35 @@ def shard_model(model: torch.nn.Module, precision: Precision, group: WorkerGroup
 
 def is_sharded(model: torch.nn.Module) -> bool:
     return isinstance(model, FSDPModule)
+
+
+@contextmanager
+def gathered(model: torch.nn.Module) -> Iterator[None]:
+    """Within the block, each FSDP2 unit of ``model`` keeps its full parameters from its first all-gather on (no
+    reshard after a forward or a backward): a mini-batch's micro-batches after the first, and each backward, run
+    without gathering again; on leaving, every unit reshards (before the optimizer steps on the shards) and
+    resumes resharding after each forward and backward. The memory of the whole model's compute-dtype weights
+    on every rank for the block (the planner counts it: ``train.grad_sync: mini_batch``). Nothing for a model
+    that is not sharded."""
+    units = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    for m in units:
+        m.set_reshard_after_forward(False, recurse=False)
+        m.set_reshard_after_backward(False, recurse=False)
+    try:
+        yield
+    finally:
+        for m in units:
+            m.reshard()
+            m.set_reshard_after_forward(True, recurse=False)
+            m.set_reshard_after_backward(True, recurse=False)
+
+
+def sync_grads(model: torch.nn.Module, sync: bool) -> None:
+    """Whether ``model``'s next backward reduce-scatters its gradients (``sync``) or accumulates them unsharded,
+    in fp32 (FSDP2 casts the accumulator to the mixed-precision policy's ``reduce_dtype``), for a later one —
+    gradient accumulation without communication; nothing for a model that is not sharded."""
+    if isinstance(model, FSDPModule):
+        model.set_requires_gradient_sync(sync)
 
 
 def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:

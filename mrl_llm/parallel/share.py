@@ -32,11 +32,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
+from contextlib import ExitStack
 from typing import TYPE_CHECKING
 
 import torch
 from torch.distributed.tensor import DTensor
 
+from mrl_llm.parallel.fsdp import gathered, sync_grads
 from mrl_llm.parallel.group import WorkerGroup
 from mrl_llm.parallel.split import split_by_tokens
 from shared_interfaces.losses import LossNorm
@@ -45,17 +47,44 @@ if TYPE_CHECKING:
     from mrl_llm.batch import TrainBatch
 
 
+GRAD_SYNCS = ("micro_batch", "mini_batch")
+
+
 class RankShare:
     """This rank's share of each mini-batch over ``group`` (module docstring)."""
 
-    def __init__(self, group: WorkerGroup, *, replicated: bool = False) -> None:
+    def __init__(self, group: WorkerGroup, *, replicated: bool = False, grad_sync: str = "micro_batch") -> None:
+        if grad_sync not in GRAD_SYNCS:
+            raise ValueError(f"grad_sync {grad_sync!r} is not one of {GRAD_SYNCS}")
         self.group = group
         self.replicated = replicated and group.sharded  # every rank holds the whole model (train.fsdp_unit: none)
+        self.grad_sync = grad_sync
 
     @property
     def fsdp(self) -> bool:
         """Whether the ranks hold FSDP2 shards (k > 1, not replicated)."""
         return self.group.sharded and not self.replicated
+
+    @property
+    def accumulates(self) -> bool:
+        """Whether a mini-batch's FSDP2 units stay gathered and its gradients accumulate unsharded
+        (``grad_sync: mini_batch`` over shards)."""
+        return self.fsdp and self.grad_sync == "mini_batch"
+
+    def gathered(self, *models: torch.nn.Module | None) -> ExitStack:
+        """``grad_sync: mini_batch``: the block keeps ``models``' FSDP2 units gathered from their first all-gather
+        to its end, when they reshard (:func:`mrl_llm.parallel.fsdp.gathered`); else nothing."""
+        stack = ExitStack()
+        for m in models if self.accumulates else ():
+            if m is not None:
+                stack.enter_context(gathered(m))
+        return stack
+
+    def sync_grads(self, model: torch.nn.Module, *, last: bool) -> None:
+        """``grad_sync: mini_batch``: the next backward reduce-scatters only when it is the mini-batch's ``last``
+        (the others accumulate the gradients unsharded, in fp32); else every backward does (nothing to set)."""
+        if self.accumulates:
+            sync_grads(model, last)
 
     def reduce_grads(self, params: Iterable[torch.Tensor]) -> None:
         """Replicas: every rank's gradients summed over the ranks, in place, in one fp32 all-reduce of the

@@ -93,7 +93,7 @@ class PolicyModel:
         shard_model(self.model, precision, group, unit=unit)
         if self.ref_model is not None:
             shard_model(self.ref_model, precision, group, unit=unit)
-        self.share = RankShare(group, replicated=group.sharded and not self.sharded)
+        self.share = RankShare(group, replicated=group.sharded and not self.sharded, grad_sync=policy.train.grad_sync)
         self.optimizer = make_optimizer(self.model, policy)
         #: the model's positions (``max_position_embeddings``; 10**9 when it names none)
         self.max_positions = int(getattr(self.model.config, "max_position_embeddings", 0) or 10**9)

@@ -101,6 +101,14 @@ def test_training_bytes_hand_computed() -> None:
     assert training_bytes(_tiny(kl_coef=0.01, fsdp_unit="none"), shards=4) == training_bytes(_tiny(kl_coef=0.01))
     with pytest.raises(ValueError, match="fsdp_unit 'block' is not 'layer', 'model' or 'none'"):
         _tiny(fsdp_unit="block")
+    # grad_sync mini_batch: every unit (the reference's too) stays gathered, the whole gradient accumulates in fp32
+    kept = training_bytes(_tiny(kl_coef=0.01, grad_sync="mini_batch"), shards=4)
+    assert kept.weights == 4 * n / 4 + 2 * n + 2 * n / 4 + 2 * n
+    assert kept.gradients == 4 * n / 4 + 4 * n and kept.optimizer == sharded.optimizer
+    assert training_bytes(_tiny(grad_sync="mini_batch")) == training_bytes(p)  # k = 1: nothing kept
+    assert training_bytes(_tiny(fsdp_unit="none", grad_sync="mini_batch"), shards=4) == training_bytes(p)  # replicas
+    with pytest.raises(ValueError, match="grad_sync 'step' is not 'micro_batch' or 'mini_batch'"):
+        _tiny(grad_sync="step")
 
 
 def test_logits_term_follows_the_chunk_and_the_token_budget() -> None:

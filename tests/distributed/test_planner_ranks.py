@@ -69,7 +69,10 @@ def test_malformed_ranks_are_refused_naming_the_policy():
     assert [f.ranks for f in fps] == [3, 1] and [f.fsdp_unit for f in fps] == ["layer", "layer"]
     fps = footprints_from_config({"policies": [{"name": "a", "model_config": mc, "ranks": 2,
                                                 "train": {"fsdp_unit": "model"}}]})
-    assert fps[0].fsdp_unit == "model"
+    assert (fps[0].fsdp_unit, fps[0].grad_sync) == ("model", "micro_batch")
+    fps = footprints_from_config({"policies": [{"name": "a", "model_config": mc, "ranks": 2,
+                                                "train": {"grad_sync": "mini_batch"}}]})
+    assert (fps[0].fsdp_unit, fps[0].grad_sync) == ("layer", "mini_batch")
     assert isinstance(fps[0], PolicyFootprint)
 
 

@@ -14,11 +14,26 @@ def test_an_empty_or_unknown_unit_list_is_refused(units):
         main(["--fsdp-units", units])
 
 
-def test_the_bench_knows_every_unit_the_trainer_does():
+@pytest.mark.parametrize("syncs", ["", "micro_batch,step"])
+def test_an_empty_or_unknown_grad_sync_list_is_refused(syncs):
+    with pytest.raises(SystemExit, match="--grad-syncs must list some of micro_batch, mini_batch"):
+        main(["--grad-syncs", syncs])
+
+
+def test_the_bench_knows_every_unit_and_sync_the_trainer_does():
     import experiments.bench.ranks_overhead as bench
     from mrl_llm.parallel.fsdp import FSDP_UNITS
+    from mrl_llm.parallel.share import GRAD_SYNCS
 
-    assert bench.FSDP_UNITS == FSDP_UNITS
+    assert (bench.FSDP_UNITS, bench.GRAD_SYNCS) == (FSDP_UNITS, GRAD_SYNCS)
+
+
+def test_each_fsdp_unit_runs_with_each_sync_and_replicas_once():
+    from experiments.bench.ranks_overhead import layouts
+
+    assert layouts(["layer", "none"], ["micro_batch", "mini_batch"]) == [
+        ("layer", "micro_batch"), ("layer", "mini_batch"), ("none", "micro_batch")]
+    assert layouts([], ["micro_batch"]) == []
 
 
 def test_the_k_rank_config_carries_ranks_unit_and_per_sample_seeds():
@@ -26,8 +41,8 @@ def test_the_k_rank_config_carries_ranks_unit_and_per_sample_seeds():
     from tests.llm.helpers import tiny
 
     cfg = config_from_mapping({"policies": [{"name": "a", "model_config": tiny("llama"), "tokenizer_dir": "utf8-bytes"}]})
-    p = with_ranks(cfg, 2, "model").policies[0]
-    assert (p.ranks, p.train.fsdp_unit, p.sampling.seeding) == (2, "model", "sample")
+    p = with_ranks(cfg, 2, "model", "mini_batch").policies[0]
+    assert (p.ranks, p.train.fsdp_unit, p.train.grad_sync, p.sampling.seeding) == (2, "model", "mini_batch", "sample")
 
 
 def test_a_repeat_below_one_is_refused():
@@ -65,8 +80,8 @@ def test_repeated_rounds_interleave_the_runs_and_give_each_rounds_ratio_and_the_
     monkeypatch.setattr(ray_trainer, "train_on_ray", fake_run)
     monkeypatch.setattr(ray, "init", lambda **kw: None)
     monkeypatch.setattr(ray, "shutdown", lambda: None)
-    assert main(["--steps", "3", "--fsdp-units", "model", "--repeat", "2"]) == 0
+    assert main(["--steps", "3", "--fsdp-units", "model", "--grad-syncs", "mini_batch", "--repeat", "2"]) == 0
     assert order == [1, 2, 1, 2]
     out = capsys.readouterr().out
     assert "1.200 / 1.000 s = 1.20x (round 1)" in out and "2.000 / 1.500 s = 1.33x (round 2)" in out
-    assert "ranks 2, fsdp_unit model: median 1.27x -> MISSES the 1.15 target" in out
+    assert "ranks 2, fsdp_unit model, grad_sync mini_batch: median 1.27x -> MISSES the 1.15 target" in out

@@ -8,6 +8,8 @@ import faulthandler
 import os
 import random
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -88,13 +90,14 @@ def update_once(group: WorkerGroup, *, dtype: str = "fp32", steps: int = 1, micr
                 grad_accum: int | None = None, grad_clip: float | None = 1.0, eps: float = 1e-6,
                 max_tokens: int | None = None, logprob_chunk: int | None = None,
                 nan_rank: int | None = None, unit: str = "layer", arch: str = "qwen2",
-                sgt_apart: bool = False) -> dict[str, Any]:
+                sgt_apart: bool = False, grad_sync: str = "micro_batch") -> dict[str, Any]:
     """``steps`` updates of :func:`tiny_model` on :func:`synthetic_batch` over ``group``: the full weights after,
     each optimizer step's full gradients, and the metrics (``logprob_chunk``: the LM head in chunks). ``eps``: AdamW's (at the default 1e-8 a first step
     is ``lr * sign(g)`` for a gradient element of ~1e-8, so float noise in such elements moves it by ~lr).
     ``nan_rank``: that rank's forward returns NaN log-probs (a loss that overflowed there only); ``unit``: the
     FSDP2 unit (:func:`shard_model`; ``none``: replicas); ``arch``: :func:`tiny_model`'s; ``sgt_apart``: the norms'
-    gains in a param group with ``sgt: False`` (the SGT term back-propagated apart, :func:`mrl_llm.update.backward`)."""
+    gains in a param group with ``sgt: False`` (the SGT term back-propagated apart, :func:`mrl_llm.update.backward`);
+    ``grad_sync``: :class:`RankShare`'s. ``collectives``: FSDP2's all-gathers and reduce-scatters of the run."""
     precision = Precision(dtype)
     model = tiny_model(arch=arch)
     ref = lowp_copy(model, precision.compute_dtype)
@@ -113,24 +116,50 @@ def update_once(group: WorkerGroup, *, dtype: str = "fp32", steps: int = 1, micr
     if nan_rank == group.rank:
         update_mod.forward_logprobs = lambda *a, **kw: (lambda lp, ent: (lp * float("nan"), ent))(*real(*a, **kw))
     try:
-        for step in range(steps):
-            with precision.autocast("cpu"):
-                res = run_update(model, opt, synthetic_batch(seed=step), loss_cfg=LOSS, temperature=1.0,
-                                 micro_batch=micro_batch, grad_accum=grad_accum, grad_clip=grad_clip, pad_id=0,
-                                 ref_model=ref, max_tokens=max_tokens,
-                                 share=RankShare(group, replicated=unit == "none"),
-                                 logprob_chunk=logprob_chunk)
-            metrics.append(res.metrics)
+        with count_fsdp_collectives() as collectives:
+            for step in range(steps):
+                with precision.autocast("cpu"):
+                    res = run_update(model, opt, synthetic_batch(seed=step), loss_cfg=LOSS, temperature=1.0,
+                                     micro_batch=micro_batch, grad_accum=grad_accum, grad_clip=grad_clip, pad_id=0,
+                                     ref_model=ref, max_tokens=max_tokens,
+                                     share=RankShare(group, replicated=unit == "none", grad_sync=grad_sync),
+                                     logprob_chunk=logprob_chunk)
+                metrics.append(res.metrics)
     finally:
         update_mod.forward_logprobs = real
     from mrl_llm.logprobs import SHARDED_METHOD
 
-    return {"state": full_state_dict(model), "metrics": metrics, "grads": opt.grads,
+    return {"state": full_state_dict(model), "metrics": metrics, "grads": opt.grads, "collectives": collectives,
             "sharded_chunked": hasattr(model, SHARDED_METHOD),
             "units": sum(isinstance(m, FSDPModule) for m in model.modules()),
             "dtypes": sorted({str(p.dtype) for p in model.parameters()}),
             "opt_dtypes": sorted({str(v.dtype) for st in opt.state.values() for v in st.values()
                                   if torch.is_tensor(v) and v.numel() > 1})}
+
+
+@contextmanager
+def count_fsdp_collectives() -> Iterator[dict[str, int]]:
+    """Count the all-gathers and reduce-scatters FSDP2 runs in the block (torch 2.13 calls
+    ``dist.all_gather_single`` / ``dist.reduce_scatter_single`` through the module attribute)."""
+    import torch.distributed as dist
+
+    names = {"all_gather": "all_gather_single", "reduce_scatter": "reduce_scatter_single"}
+    counts = dict.fromkeys(names, 0)
+    real = {k: getattr(dist, n) for k, n in names.items()}
+
+    def counted(kind: str) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            counts[kind] += 1
+            return real[kind](*args, **kwargs)
+        return call
+
+    for kind, name in names.items():
+        setattr(dist, name, counted(kind))
+    try:
+        yield counts
+    finally:
+        for kind, name in names.items():
+            setattr(dist, name, real[kind])
 
 
 def rank_process() -> None:

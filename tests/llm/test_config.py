@@ -50,6 +50,7 @@ def test_unknown_keys_are_errors_naming_the_key(data, key):
     ({"policies": [{"name": "a", "model_dir": "m", "engine": "tgi"}]}, "engine"),
     ({"policies": [{"name": "a", "model_dir": "m", "train": {"lr": 0}}]}, "lr must be > 0"),
     ({"policies": [{"name": "a", "model_dir": "m", "train": {"fsdp_unit": "block"}}]}, "fsdp_unit"),
+    ({"policies": [{"name": "a", "model_dir": "m", "train": {"grad_sync": "step"}}]}, "grad_sync"),
     ({"policies": [{"name": "a", "model_dir": "m", "sampling": {"top_p": 1.5}}]}, "top_p"),
     (base(regime={"name": "prp_thl+xgrpo"}), "combines bases"),
     (base(regime={"name": "ppo"}), "unknown regime component"),

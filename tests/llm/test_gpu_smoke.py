@@ -79,14 +79,16 @@ def test_smoke_sh_cpu_mode_runs_end_to_end_without_them(tmp_path):
 
 
 @pytest.mark.slow
-def test_smoke_sh_ranks_2_on_cpu_runs_one_policy_on_two_gloo_ranks_against_one(tmp_path):
+@pytest.mark.parametrize("sync", ["micro_batch", "mini_batch"])
+def test_smoke_sh_ranks_2_on_cpu_runs_one_policy_on_two_gloo_ranks_against_one(tmp_path, sync):
     out = tmp_path / "smoke"
     res = subprocess.run([str(REPO / "experiments" / "gpu" / "smoke.sh"), "--cpu", "--ranks", "2", "--steps", "2",
-                          "--out", str(out)], env=_env(tmp_path), cwd=tmp_path, capture_output=True, text=True,
-                         timeout=900)
+                          "--grad-sync", sync, "--out", str(out)], env=_env(tmp_path), cwd=tmp_path,
+                         capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
     assert json.loads((tmp_path / "imports.json").read_text()) == []  # no Ray, vLLM, ... on this path either
     got = json.loads((out / "smoke_ranks.json").read_text())
+    assert (got["fsdp_unit"], got["grad_sync"]) == ("layer", sync)
     one, two = got["runs"]
     assert (one["ranks"], two["ranks"]) == (1, 2) and one["steps"] == two["steps"] == 2
     assert one["records_per_step"] == two["records_per_step"] and all(n > 0 for n in two["records_per_step"])
@@ -97,7 +99,12 @@ def test_smoke_sh_ranks_2_on_cpu_runs_one_policy_on_two_gloo_ranks_against_one(t
 
 
 def test_smoke_refuses_bad_ranks(tmp_path):
+    env = _env(tmp_path)
     res = subprocess.run([str(REPO / "experiments" / "gpu" / "smoke.sh"), "--cpu", "--ranks", "0", "--out",
-                          str(tmp_path / "o")], env=_env(tmp_path), cwd=tmp_path, capture_output=True, text=True,
+                          str(tmp_path / "o")], env=env, cwd=tmp_path, capture_output=True, text=True,
                          timeout=300)
     assert res.returncode == 2 and "--ranks must be >= 1, got 0" in res.stderr
+    res = subprocess.run([str(REPO / "experiments" / "gpu" / "smoke.sh"), "--cpu", "--ranks", "2", "--grad-sync",
+                          "step", "--out", str(tmp_path / "o")], env=env, cwd=tmp_path,
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 2 and "--grad-sync: invalid choice: 'step'" in res.stderr

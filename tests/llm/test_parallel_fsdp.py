@@ -29,8 +29,16 @@ VARIANTS = [
     {"steps": 2, "grad_clip": 1e-3, "unit": "none"},
     {"nan_rank": 1, "unit": "none"},
     {"sgt_apart": True, "unit": "none"},
+    # grad_sync mini_batch (units gathered through a mini-batch, one reduce-scatter): variants 0, 1, 2, 4, 7 (one unit), 6
+    {"grad_sync": "mini_batch"},
+    {"steps": 2, "micro_batch": 2, "grad_accum": 2, "max_tokens": 40, "grad_sync": "mini_batch"},
+    {"dtype": "bf16", "grad_sync": "mini_batch"},
+    {"nan_rank": 1, "grad_sync": "mini_batch"},
+    {"steps": 2, "grad_clip": 1e-3, "unit": "model", "grad_sync": "mini_batch"},
+    {"arch": "gpt2", "grad_sync": "mini_batch"},
 ]
 REPLICAS = {8: 0, 9: 1, 10: 7, 11: 4}  # replica variant -> the FSDP variant it repeats
+MINI_BATCH = {13: 0, 14: 1, 15: 2, 16: 4, 17: 7, 18: 6}  # grad_sync mini_batch variant -> the variant it repeats
 
 
 @pytest.fixture(scope="module")
@@ -46,16 +54,19 @@ def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     return max(float((a[k] - b[k]).abs().max()) for k in a)
 
 
-@pytest.mark.parametrize("v", [0, 1, 5, 6, 7, 8, 9, 10, 12])
+@pytest.mark.parametrize("v", [0, 1, 5, 6, 7, 8, 9, 10, 12, 13, 14, 17, 18])
 def test_two_fsdp_ranks_update_like_one_process(one_and_two, v):
     """Per-layer units (0, 1; 6: GPT-2) and the whole model as one unit (5: variant 1's schedule) alike; 7: the
     gradients clipped to a norm of 1e-3 (their norm is larger: the scaling is real); replicas (8, 9, 10: variants
-    0, 1, 7 with ``fsdp_unit: none``; 12: the SGT term back-propagated apart) alike."""
+    0, 1, 7 with ``fsdp_unit: none``; 12: the SGT term back-propagated apart) alike; ``grad_sync: mini_batch``
+    (13, 14, 18: variants 0, 1, 6; 17: variant 7 with one unit) alike."""
     one, two = one_and_two[0][v], one_and_two[1][v]
     layers = 2  # tiny_model's, either architecture
-    assert (one["units"], two["units"]) == (0, {5: 1}.get(v, 0 if VARIANTS[v].get("unit") == "none" else layers + 1))
-    assert len(one["grads"]) == len(two["grads"]) == {1: 6, 5: 6, 7: 2}.get(REPLICAS.get(v, v), 1)
-    if REPLICAS.get(v, v) == 7:  # the norm before clipping is the logged one; the stepped gradients have norm 1e-3 on both sides
+    units = {5: 1, 17: 1}.get(v, 0 if VARIANTS[v].get("unit") == "none" else layers + 1)
+    assert (one["units"], two["units"]) == (0, units)
+    base = MINI_BATCH.get(v, REPLICAS.get(v, v))
+    assert len(one["grads"]) == len(two["grads"]) == {1: 6, 5: 6, 7: 2}.get(base, 1)
+    if base == 7:  # the norm before clipping is the logged one; the stepped gradients have norm 1e-3 on both sides
         assert all(m["grad_norm"] > 1e-2 for m in one["metrics"])
         for g1, g2 in zip(one["grads"], two["grads"], strict=True):
             assert float(torch.stack([g.norm() for g in g2]).norm()) == pytest.approx(1e-3, rel=1e-4)
@@ -88,12 +99,49 @@ def test_bf16_on_two_ranks_keeps_fp32_masters_and_follows_one_process(one_and_tw
     assert _max_diff(one["state"], two["state"]) < 1e-3 * 2  # at most ~lr per element apart
 
 
-@pytest.mark.parametrize("v", [4, 11])  # FSDP2 shards, replicas
+@pytest.mark.parametrize("v", [4, 11, 16])  # FSDP2 shards, replicas, shards with grad_sync: mini_batch
 def test_a_non_finite_loss_on_one_rank_skips_the_update_on_every_rank(one_and_two, v):
     one, two = one_and_two[0][v], one_and_two[1][v]
     assert one["metrics"][0].get("nan_skipped", 0.0) == 0.0  # the one process (rank 0) has a finite loss
     assert two["metrics"] == [{"nan_skipped": 1.0}] and two["grads"] == []  # rank 0 saw rank 1's NaN: no step
     assert _max_diff(two["state"], tiny_model().state_dict()) == 0.0
+
+
+def test_bf16_mini_batch_sync_accumulates_in_fp32_like_per_micro_batch_sync(one_and_two):
+    """``dtype: bf16``: gradients accumulated unsharded over the micro-batches (FSDP2 upcasts the accumulator to
+    the fp32 ``reduce_dtype``) and reduce-scattered once give the update of one fp32 reduce-scatter per micro-batch,
+    to float rounding, not bf16's."""
+    micro, mini = one_and_two[1][2], one_and_two[1][15]
+    assert mini["dtypes"] == mini["opt_dtypes"] == ["torch.float32"]
+    for a, b in zip(micro["grads"][0], mini["grads"][0], strict=True):
+        torch.testing.assert_close(b, a, atol=1e-6, rtol=0)
+    assert _max_diff(micro["state"], mini["state"]) < 1e-6
+
+
+def test_mini_batch_sync_gathers_each_unit_once_a_mini_batch(one_and_two):
+    """Variant 0's one mini-batch of ``m`` micro-batches on 3 units (2 layers + the root), the reference model
+    sharded too: per micro-batch, the policy's all-gathers in forward and in backward, the reference's in forward
+    and one reduce-scatter each (``9 m`` and ``3 m``); with ``grad_sync: mini_batch`` one all-gather per unit of
+    each model and one reduce-scatter per unit, whatever ``m``."""
+    micro, mini = one_and_two[1][0]["collectives"], one_and_two[1][13]["collectives"]
+    m = micro["reduce_scatter"] // 3
+    assert m >= 2 and micro == {"all_gather": 9 * m, "reduce_scatter": 3 * m}
+    assert mini == {"all_gather": 6, "reduce_scatter": 3}
+    assert one_and_two[0][13]["collectives"] == {"all_gather": 0, "reduce_scatter": 0}  # one process: none
+
+
+def test_rank_share_refuses_an_unknown_grad_sync_and_does_nothing_unsharded():
+    from mrl_llm.parallel.share import RankShare
+
+    with pytest.raises(ValueError, match="grad_sync 'step' is not one of"):
+        RankShare(WorkerGroup(GroupSpec(rank=0, world_size=1)), grad_sync="step")
+    share = RankShare(WorkerGroup(GroupSpec(rank=0, world_size=1)), grad_sync="mini_batch")
+    assert not share.accumulates
+    model = tiny_model()
+    with share.gathered(model, None):  # a group of one: nothing to keep gathered
+        share.sync_grads(model, last=False)
+    with share.gathered():  # no models
+        pass
 
 
 def test_group_spec_malformed_and_group_of_one():

@@ -92,7 +92,8 @@ def test_the_single_process_runtime_says_it_runs_ranks_as_one(tmp_path, caplog, 
 
 
 def test_a_rank_shards_its_model_and_reference_in_the_configured_fsdp_unit(monkeypatch):
-    """``train.fsdp_unit`` reaches :func:`shard_model` for the trained model and the reference alike."""
+    """``train.fsdp_unit`` reaches :func:`shard_model` for the trained model and the reference alike, and
+    ``train.grad_sync`` the rank's :class:`~mrl_llm.parallel.share.RankShare`."""
     import mrl_llm.rank.model as rank_model
     from mrl_llm.config import PolicyConfig, TrainSection
     from mrl_llm.models import load_tokenizer
@@ -118,3 +119,9 @@ def test_a_rank_shards_its_model_and_reference_in_the_configured_fsdp_unit(monke
                                 init_seed=0, with_ref=True)
     assert units == ["none", "none"] and not pm.sharded and pm.share.replicated and not pm.share.fsdp
     assert pm.rollout_model is pm.model  # the engine samples from the model itself, as with one rank
+    pol = PolicyConfig(name="A", model_config=tiny("llama"), tokenizer_dir="utf8-bytes", device="cpu",
+                       train=TrainSection(grad_sync="mini_batch"))
+    pm = rank_model.PolicyModel(pol, load_tokenizer(pol), precision=Precision("fp32"),  # shard_model is stubbed
+                                group=WorkerGroup(GroupSpec(rank=1, world_size=2, port=1)), device=torch.device("cpu"),
+                                init_seed=0, with_ref=False)
+    assert pm.share.grad_sync == "mini_batch" and pm.share.accumulates  # train.grad_sync reaches the rank's share
