@@ -36,9 +36,10 @@ VARIANTS = [
     {"nan_rank": 1, "grad_sync": "mini_batch"},
     {"steps": 2, "grad_clip": 1e-3, "unit": "model", "grad_sync": "mini_batch"},
     {"arch": "gpt2", "grad_sync": "mini_batch"},
+    {"logprob_chunk": 5, "grad_sync": "mini_batch"},
 ]
 REPLICAS = {8: 0, 9: 1, 10: 7, 11: 4}  # replica variant -> the FSDP variant it repeats
-MINI_BATCH = {13: 0, 14: 1, 15: 2, 16: 4, 17: 7, 18: 6}  # grad_sync mini_batch variant -> the variant it repeats
+MINI_BATCH = {13: 0, 14: 1, 15: 2, 16: 4, 17: 7, 18: 6, 19: 3}  # grad_sync mini_batch variant -> the variant it repeats
 
 
 @pytest.fixture(scope="module")
@@ -82,9 +83,10 @@ def test_two_fsdp_ranks_update_like_one_process(one_and_two, v):
         assert m2["grad_norm"] == pytest.approx(m1["grad_norm"], rel=1e-5)
 
 
-def test_chunked_logprobs_on_two_ranks_update_like_one_unchunked_process(one_and_two):
-    one, two = one_and_two[0][0], one_and_two[1][3]
-    assert two["sharded_chunked"] and not one_and_two[0][3]["sharded_chunked"]  # the sharded chunked path ran
+@pytest.mark.parametrize("v", [3, 19])  # and with grad_sync: mini_batch
+def test_chunked_logprobs_on_two_ranks_update_like_one_unchunked_process(one_and_two, v):
+    one, two = one_and_two[0][0], one_and_two[1][v]
+    assert two["sharded_chunked"] and not one_and_two[0][v]["sharded_chunked"]  # the sharded chunked path ran
     for a, b in zip(one["grads"][0], two["grads"][0], strict=True):
         torch.testing.assert_close(b, a, atol=1e-6, rtol=0)
     assert _max_diff(one["state"], two["state"]) < 1e-6
