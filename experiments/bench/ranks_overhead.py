@@ -20,6 +20,20 @@ all against the same one-rank run. ``--repeat N`` makes N
 rounds of these runs, interleaved, each k-rank run against its own round's one-rank run, and gives the median
 ratio: on a shared machine one round's ratio moves by ~0.1 from run to run.
 
+2026-12-06 (fifth session; a faster machine: a one-rank step 0.256-0.358 s). ``train.grad_sync: mini_batch``: FSDP2
+units kept gathered through a mini-batch, the gradients accumulated unsharded in fp32 and reduce-scattered once (the
+parity tests count the collectives: 6 all-gathers and 3 reduce-scatters for a mini-batch of ``m`` micro-batches
+instead of ``9 m`` and ``3 m``). ``--steps 11 --repeat 2``, all five layouts (micro_batch / mini_batch): per layer
+1.59x, 1.74x / 1.35x, 1.99x; one unit 1.42x, 2.09x / 1.40x, 1.68x; replicas 1.06x, 1.65x. ``--steps 11 --repeat 3
+--fsdp-units layer,none``: per layer 1.49x, 1.46x, 1.50x (median 1.49x) / 1.26x, 1.54x, 1.64x (median 1.54x); replicas
+0.94x, 1.33x, 1.10x (median 1.10x: 0.337 / 0.392 / 0.362 vs 0.358 / 0.295 / 0.330 s). With shorter steps a step's
+fixed costs weigh more (the same code measured 1.32x per layer and 1.11x replicas the session before, at 0.59 s
+one-rank steps), and one layout's ratio moved by up to 0.4x between rounds: mini_batch's saving (the backward's
+re-gathers, and the forward's after the first micro-batch; the demo's ranks run one or two micro-batches a step) is
+below that noise here. One policy's update alone (its 2 ranks alone on the 2 cores, a demo-sized Qwen2 of 2 layers,
+256 rows, micro-batch 64; a throwaway script): one rank 0.171 s; 2 ranks: replicas 0.117 s, per layer 0.151 s
+(micro_batch) and 0.138 s (mini_batch), one unit with mini_batch 0.114 s.
+
 2026-12-06 (fourth session, the same machine: a one-rank step 0.57-0.61 s). Two changes. (1) The ranks of a group
 all-gather the step's own records after sampling, so each plans with them in hand as one rank does: the exchange
 is asked only for the peers' records and only those are re-checked (before, every rank fetched and re-checked its

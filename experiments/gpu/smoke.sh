@@ -11,6 +11,7 @@
 #   experiments/gpu/smoke.sh --cpu           # tiny sizes on the CPU (what CI runs)
 #   experiments/gpu/smoke.sh --steps 6 --out /tmp/smoke --engine hf
 #   experiments/gpu/smoke.sh --ranks 2       # one policy on 2 FSDP2 ranks (2 GPUs) vs 1 rank; --cpu: gloo
+#   experiments/gpu/smoke.sh --ranks 2 --fsdp-unit layer --grad-sync mini_batch   # units kept gathered a mini-batch
 #
 # PYTHON selects the interpreter (default: python3).
 set -euo pipefail
