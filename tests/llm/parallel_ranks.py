@@ -90,16 +90,19 @@ def update_once(group: WorkerGroup, *, dtype: str = "fp32", steps: int = 1, micr
                 grad_accum: int | None = None, grad_clip: float | None = 1.0, eps: float = 1e-6,
                 max_tokens: int | None = None, logprob_chunk: int | None = None,
                 nan_rank: int | None = None, unit: str = "layer", arch: str = "qwen2",
-                sgt_apart: bool = False, grad_sync: str = "micro_batch") -> dict[str, Any]:
+                sgt_apart: bool = False, grad_sync: str = "micro_batch", checkpointing: bool = False) -> dict[str, Any]:
     """``steps`` updates of :func:`tiny_model` on :func:`synthetic_batch` over ``group``: the full weights after,
     each optimizer step's full gradients, and the metrics (``logprob_chunk``: the LM head in chunks). ``eps``: AdamW's (at the default 1e-8 a first step
     is ``lr * sign(g)`` for a gradient element of ~1e-8, so float noise in such elements moves it by ~lr).
     ``nan_rank``: that rank's forward returns NaN log-probs (a loss that overflowed there only); ``unit``: the
     FSDP2 unit (:func:`shard_model`; ``none``: replicas); ``arch``: :func:`tiny_model`'s; ``sgt_apart``: the norms'
     gains in a param group with ``sgt: False`` (the SGT term back-propagated apart, :func:`mrl_llm.update.backward`);
-    ``grad_sync``: :class:`RankShare`'s. ``collectives``: FSDP2's all-gathers and reduce-scatters of the run."""
+    ``grad_sync``: :class:`RankShare`'s; ``checkpointing``: HF's gradient checkpointing (non-reentrant, as
+    :func:`mrl_llm.models.build_model` turns it on). ``collectives``: FSDP2's all-gathers and reduce-scatters of the run."""
     precision = Precision(dtype)
     model = tiny_model(arch=arch)
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     ref = lowp_copy(model, precision.compute_dtype)
     shard_model(model, precision, group, unit=unit)
     shard_model(ref, precision, group, unit=unit)

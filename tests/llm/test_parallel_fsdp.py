@@ -37,9 +37,12 @@ VARIANTS = [
     {"steps": 2, "grad_clip": 1e-3, "unit": "model", "grad_sync": "mini_batch"},
     {"arch": "gpt2", "grad_sync": "mini_batch"},
     {"logprob_chunk": 5, "grad_sync": "mini_batch"},
+    # gradient checkpointing (each layer's forward re-run in backward), per micro-batch and per mini-batch sync
+    {"checkpointing": True},
+    {"checkpointing": True, "grad_sync": "mini_batch"},
 ]
-REPLICAS = {8: 0, 9: 1, 10: 7, 11: 4}  # replica variant -> the FSDP variant it repeats
-MINI_BATCH = {13: 0, 14: 1, 15: 2, 16: 4, 17: 7, 18: 6, 19: 3}  # grad_sync mini_batch variant -> the variant it repeats
+#: a variant -> the one whose schedule (steps, mini-batches, clipping) it repeats in another layout
+REPEATS = {8: 0, 9: 1, 10: 7, 11: 4, 13: 0, 14: 1, 15: 2, 16: 4, 17: 7, 18: 6, 19: 3, 20: 0, 21: 0}
 
 
 @pytest.fixture(scope="module")
@@ -55,17 +58,18 @@ def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     return max(float((a[k] - b[k]).abs().max()) for k in a)
 
 
-@pytest.mark.parametrize("v", [0, 1, 5, 6, 7, 8, 9, 10, 12, 13, 14, 17, 18])
+@pytest.mark.parametrize("v", [0, 1, 5, 6, 7, 8, 9, 10, 12, 13, 14, 17, 18, 20, 21])
 def test_two_fsdp_ranks_update_like_one_process(one_and_two, v):
     """Per-layer units (0, 1; 6: GPT-2) and the whole model as one unit (5: variant 1's schedule) alike; 7: the
     gradients clipped to a norm of 1e-3 (their norm is larger: the scaling is real); replicas (8, 9, 10: variants
     0, 1, 7 with ``fsdp_unit: none``; 12: the SGT term back-propagated apart) alike; ``grad_sync: mini_batch``
-    (13, 14, 18: variants 0, 1, 6; 17: variant 7 with one unit) alike."""
+    (13, 14, 18: variants 0, 1, 6; 17: variant 7 with one unit) alike; gradient checkpointing (20; 21 with
+    ``mini_batch``) alike."""
     one, two = one_and_two[0][v], one_and_two[1][v]
     layers = 2  # tiny_model's, either architecture
     units = {5: 1, 17: 1}.get(v, 0 if VARIANTS[v].get("unit") == "none" else layers + 1)
     assert (one["units"], two["units"]) == (0, units)
-    base = MINI_BATCH.get(v, REPLICAS.get(v, v))
+    base = REPEATS.get(v, v)
     assert len(one["grads"]) == len(two["grads"]) == {1: 6, 5: 6, 7: 2}.get(base, 1)
     if base == 7:  # the norm before clipping is the logged one; the stepped gradients have norm 1e-3 on both sides
         assert all(m["grad_norm"] > 1e-2 for m in one["metrics"])
