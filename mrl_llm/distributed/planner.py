@@ -92,6 +92,7 @@ class PolicyPlacement:
     share: float
     bundle_roles: tuple[str, ...] = ()  # per bundle: colocated | train | rollout | cpu (one Ray actor, one rank)
     bundle_devices: tuple[str, ...] = ()  # per bundle: the device it is planned on
+    training: str = ""  # how its trainer ranks share the model (:func:`training_layout`)
 
     def rank_roles(self) -> list[str]:
         """One line per bundle: the rank that runs there, its role, device and resources."""
@@ -101,6 +102,18 @@ class PolicyPlacement:
         return [f"{self.policy} rank {r}/{len(self.bundles)}: {what.get(role, role)} on {dev}, "
                 + ", ".join(f"{v:.2f} {k}" for k, v in sorted(b.items()))
                 for r, (role, dev, b) in enumerate(zip(self.bundle_roles, self.bundle_devices, self.bundles, strict=True))]
+
+
+def training_layout(fp: PolicyFootprint, n_train: int) -> str:
+    """How ``n_train`` trainer ranks of ``fp`` hold the model (``train.fsdp_unit``, ``train.grad_sync``), in words."""
+    if n_train <= 1:
+        return "in one process (no sharding)"
+    if fp.fsdp_unit == "none":
+        return f"as {n_train} whole replicas (gradients all-reduced once a mini-batch)"
+    unit = "a unit per decoder layer" if fp.fsdp_unit == "layer" else "the whole model one unit"
+    sync = ("kept gathered through a mini-batch, gradients reduce-scattered once a mini-batch"
+            if fp.grad_sync == "mini_batch" else "gradients reduce-scattered every micro-batch")
+    return f"FSDP2-sharded over {n_train} ranks ({unit}; {sync})"
 
 
 @dataclass(frozen=True)
@@ -345,6 +358,7 @@ def _plan_mode(fps: Sequence[PolicyFootprint], cluster: ClusterSpec, mode: str) 
             share=shares[i],
             bundle_roles=tuple(slots[k].role for k in mine),
             bundle_devices=tuple(slots[k].device.name for k in mine),
+            training=training_layout(fp, sum(slots[k].role != "rollout" for k in mine)),
         ))
     return PlacementPlan(cluster, mode, tuple(placements), tuple(loads))  # type: ignore[arg-type]
 

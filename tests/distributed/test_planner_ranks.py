@@ -56,6 +56,24 @@ def test_ranks_shard_the_training_estimate_and_one_rank_is_the_old_plan():
         assert (got.weights, got.gradients, got.optimizer) == (one_rank.weights, one_rank.gradients, one_rank.optimizer)
 
 
+def test_the_plan_says_how_each_policy_trains():
+    """One line per policy under its ranks: one process, FSDP2 (its unit and when gradients sync) or replicas;
+    a split policy counts its trainer ranks only."""
+    one = plan_placement(cpu_demo(), TWO_CPUS, mode="cpu")
+    assert all(p.training == "in one process (no sharding)" for p in one.policies)
+    fps = cpu_demo()
+    mixed = [replace(fps[0], ranks=2, grad_sync="mini_batch"), replace(fps[1], ranks=2, fsdp_unit="none")]
+    text = plan_placement(mixed, TWO_CPUS, mode="cpu").render()
+    assert (f"{fps[0].name} trains FSDP2-sharded over 2 ranks (a unit per decoder layer; kept gathered through a "
+            "mini-batch, gradients reduce-scattered once a mini-batch)") in text
+    assert f"{fps[1].name} trains as 2 whole replicas (gradients all-reduced once a mini-batch)" in text
+    model = plan_placement([replace(fps[0], ranks=2, fsdp_unit="model")], TWO_CPUS, mode="cpu").policies[0]
+    assert model.training == ("FSDP2-sharded over 2 ranks (the whole model one unit; gradients reduce-scattered "
+                              "every micro-batch)")
+    split = plan_placement([replace(f, ranks=4) for f in cpu_demo()], EIGHT_CPUS, mode="split").policies[0]
+    assert split.bundle_roles == ("train",) * 4 + ("rollout",) * 4 and "over 4 ranks" in split.training
+
+
 def test_malformed_ranks_are_refused_naming_the_policy():
     with pytest.raises(ConfigError, match=r"policy 'a': ranks must be an integer >= 1 .* got 0"):
         PolicyConfig(name="a", model_config={"model_type": "llama"}, ranks=0)

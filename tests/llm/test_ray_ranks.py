@@ -32,12 +32,12 @@ def ray_llm():
         yield ray
 
 
-def _config(ranks: int, seeding: str, steps: int = 2, unit: str = "layer"):
+def _config(ranks: int, seeding: str, steps: int = 2, unit: str = "layer", sync: str = "micro_batch"):
     pols = [{**policy("a", "llama", "utf8-bytes", 4), "ranks": ranks},
             {**policy("b", "qwen2", learner_tokenizer_dir(), 16), "ranks": ranks}]
     for p in pols:
         p["sampling"] = {**p["sampling"], "seeding": seeding}
-        p["train"] = {**p.get("train", {}), "fsdp_unit": unit}
+        p["train"] = {**p.get("train", {}), "fsdp_unit": unit, "grad_sync": sync}
     return config(pols, steps=steps, eval={"enabled": False})
 
 
@@ -50,18 +50,20 @@ def _files(d):
     return d, rows, records, weights
 
 
-def _run(tmp_path, ranks: int, seeding: str, unit: str = "layer"):
+def _run(tmp_path, ranks: int, seeding: str, unit: str = "layer", sync: str = "micro_batch"):
     d = tmp_path / f"k{ranks}"
-    train(_config(ranks, seeding, unit=unit), d, problems=PROBLEMS)
+    train(_config(ranks, seeding, unit=unit, sync=sync), d, problems=PROBLEMS)
     return _files(d)
 
 
-# sample: the ranks split the rollouts; call: rank 0 samples; none: the ranks are whole replicas (no FSDP)
-@pytest.mark.parametrize("seeding, unit", [("sample", "layer"), ("call", "layer"), ("sample", "none")])
-def test_two_ranks_per_policy_equal_one_rank(ray_llm, tmp_path, caplog, seeding, unit):
+# sample: the ranks split the rollouts; call: rank 0 samples (and the FSDP2 units stay gathered through a
+# mini-batch, grad_sync: mini_batch); none: the ranks are whole replicas (no FSDP)
+@pytest.mark.parametrize("seeding, unit, sync", [("sample", "layer", "micro_batch"), ("call", "layer", "mini_batch"),
+                                                 ("sample", "none", "micro_batch")])
+def test_two_ranks_per_policy_equal_one_rank(ray_llm, tmp_path, caplog, seeding, unit, sync):
     caplog.set_level(logging.INFO, logger="mrl_llm.ray_trainer")
     _, rows1, recs1, w1 = _run(tmp_path, 1, seeding)
-    d2, rows2, recs2, w2 = _run(tmp_path, 2, seeding, unit)
+    d2, rows2, recs2, w2 = _run(tmp_path, 2, seeding, unit, sync)
     assert len(recs2) == len(recs1) > 0  # every record equal: ids, texts, tokens, rewards exactly, log-probs to 1e-5
     for a, b in zip(recs1, recs2, strict=True):
         assert {k: v for k, v in b.items() if k != "token_logprobs"} == {k: v for k, v in a.items() if k != "token_logprobs"}
@@ -84,6 +86,10 @@ def test_two_ranks_per_policy_equal_one_rank(ray_llm, tmp_path, caplog, seeding,
             line = re.compile(rf"{n} rank {r}/2: train \+ rollout \(CPU\) on node0/ram, 0\.\d\d CPU")
             assert line.search(plan)
             assert any(line.search(m) for m in caplog.messages)  # the run logs each rank's role
+        how = (f"{n} trains as 2 whole replicas" if unit == "none" else
+               f"{n} trains FSDP2-sharded over 2 ranks (a unit per decoder layer; "
+               + ("kept gathered through a mini-batch" if sync == "mini_batch" else "gradients reduce-scattered every"))
+        assert how in plan and any(how in m for m in caplog.messages)  # and how the policy trains
     if seeding == "call":
         return
     # a run checkpointed with k = 2 (after step 0) resumes with k = 1 and ends like the k = 1 run
