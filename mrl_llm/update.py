@@ -33,7 +33,9 @@ kept apart in the loop (``if share is not None``). Each mini-batch's rows become
 share, its ``LossNorm`` the all-reduced global counts, its micro-batch count the ranks' largest (fillers
 with loss x 0), a non-finite loss anywhere aborts everywhere, the logged loss terms are summed over ranks and
 the clipping norm is the global one, summed with them — two small collectives a mini-batch
-(:mod:`mrl_llm.parallel.share`) besides FSDP's. Diagnostics other
+(:mod:`mrl_llm.parallel.share`) besides FSDP's; with ``train.grad_sync: mini_batch`` the FSDP2 units of the model
+and of the reference stay gathered through each mini-batch (and through the snapshot pass) and only its last
+backward reduce-scatters (:meth:`~mrl_llm.parallel.share.RankShare.gathered`, ``sync_grads``). Diagnostics other
 than the loss terms are this rank's rows'. Without ``share``: the one-process update.
 """
 

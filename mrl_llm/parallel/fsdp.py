@@ -22,6 +22,10 @@ The root unit, too, reshards after every forward (FSDP2 keeps the root's paramet
 measured here, a no-grad forward (the snapshot pass of a step with several mini-batches) followed by training
 forwards with the root left gathered gave gradients off by up to 0.06; resharded, they match to 1e-7.
 
+:func:`gathered` keeps the units gathered through a block (a mini-batch's micro-batches, ``train.grad_sync:
+mini_batch``) and :func:`sync_grads` turns the reduce-scatter of the next backward off or on (FSDP2's
+``set_requires_gradient_sync``: gradient accumulation without communication).
+
 A group of one is not sharded: the models are returned unchanged (the one-process trainer).
 
 :func:`full_state_dict` gathers every parameter and buffer to a full CPU tensor on every rank, tensor by

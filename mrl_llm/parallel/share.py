@@ -17,6 +17,11 @@ For each optimizer mini-batch (the same global rows on every rank, each rank hol
 * :meth:`RankShare.reduce_grads` (replicas, ``train.fsdp_unit: none``; one collective after :meth:`totals`): every
   rank holds the whole model and its gradient of its rows; the sum over the ranks (one fp32 all-reduce of the
   flattened gradients) is the one-process gradient, which torch's own clipping then scales on every rank alike;
+* :meth:`RankShare.gathered` and :meth:`RankShare.sync_grads` (FSDP2 shards with ``train.grad_sync: mini_batch``):
+  the mini-batch's units stay gathered from their first all-gather to its end, and only its last backward
+  reduce-scatters — the earlier ones accumulate the gradients unsharded, in fp32 (:func:`mrl_llm.parallel.fsdp.gathered`,
+  :func:`~mrl_llm.parallel.fsdp.sync_grads`); every rank runs as many backward passes (fillers), so the ranks'
+  last ones meet;
 * :meth:`RankShare.clip` (FSDP2 shards): ``torch.nn.utils.clip_grad_norm_``'s scaling with that norm, ``g_r <- g_r * min(1,
   max_norm / (||g|| + 1e-6))`` on each rank's shards (no collective; torch's own over FSDP2's DTensor gradients
   all-reduces again and pays DTensor dispatch per tensor).
