@@ -26,7 +26,11 @@ parity tests count the collectives: 6 all-gathers and 3 reduce-scatters for a mi
 instead of ``9 m`` and ``3 m``). ``--steps 11 --repeat 2``, all five layouts (micro_batch / mini_batch): per layer
 1.59x, 1.74x / 1.35x, 1.99x; one unit 1.42x, 2.09x / 1.40x, 1.68x; replicas 1.06x, 1.65x. ``--steps 11 --repeat 3
 --fsdp-units layer,none``: per layer 1.49x, 1.46x, 1.50x (median 1.49x) / 1.26x, 1.54x, 1.64x (median 1.54x); replicas
-0.94x, 1.33x, 1.10x (median 1.10x: 0.337 / 0.392 / 0.362 vs 0.358 / 0.295 / 0.330 s). With shorter steps a step's
+0.94x, 1.33x, 1.10x (median 1.10x: 0.337 / 0.392 / 0.362 vs 0.358 / 0.295 / 0.330 s). The default five layouts,
+``--steps 11 --repeat 3`` (micro_batch / mini_batch): per layer 1.50x, 1.51x, 1.47x (median 1.50x) / 1.51x, 1.33x,
+1.40x (median 1.40x); one unit 1.35x, 1.49x, 1.39x (median 1.39x) / 1.17x, 1.43x, 1.38x (median 1.38x); replicas
+1.18x, 1.06x, 1.22x (median 1.18x: 0.393 / 0.320 / 0.427 vs 0.332 / 0.301 / 0.351 s; update 0.171-0.220 vs
+0.161-0.174 s, exchange + THL 0.023-0.028 vs 0.016-0.018 s). With shorter steps a step's
 fixed costs weigh more (the same code measured 1.32x per layer and 1.11x replicas the session before, at 0.59 s
 one-rank steps), and one layout's ratio moved by up to 0.4x between rounds: mini_batch's saving (the backward's
 re-gathers, and the forward's after the first micro-batch; the demo's ranks run one or two micro-batches a step) is
