@@ -114,8 +114,8 @@ GRAD_SYNCS = ("micro_batch", "mini_batch")  # train.grad_sync (mrl_llm.parallel.
 
 
 def with_ranks(cfg, k: int, unit: str = "layer", sync: str = "micro_batch"):
-    """``cfg`` with every policy on ``k`` ranks in FSDP2 units of ``unit``, gradients synced once a ``sync``, and
-    per-sample seeding."""
+    """``cfg`` with every policy on ``k`` ranks (``train.fsdp_unit: unit``, ``train.grad_sync: sync``) and per-sample
+    seeding."""
     pols = tuple(replace(p, ranks=k, sampling=replace(p.sampling, seeding="sample"),
                          train=replace(p.train, fsdp_unit=unit, grad_sync=sync)) for p in cfg.policies)
     return replace(cfg, policies=pols)
