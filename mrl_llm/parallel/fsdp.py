@@ -106,16 +106,23 @@ def gathered(model: torch.nn.Module) -> Iterator[None]:
     without gathering again; on leaving, every unit reshards (before the optimizer steps on the shards) and
     resumes resharding after each forward and backward. The memory of the whole model's compute-dtype weights
     on every rank for the block (the planner counts it: ``train.grad_sync: mini_batch``). Nothing for a model
-    that is not sharded."""
+    that is not sharded. When the block raises, that error is the one that propagates (a reshard failing after
+    it, mid-backward, is not reported over it)."""
     units = [m for m in model.modules() if isinstance(m, FSDPModule)]
     for m in units:
         m.set_reshard_after_forward(False, recurse=False)
         m.set_reshard_after_backward(False, recurse=False)
+    done = False
     try:
         yield
+        done = True
     finally:
         for m in units:
-            m.reshard()
+            try:
+                m.reshard()
+            except Exception:
+                if done:
+                    raise
             m.set_reshard_after_forward(True, recurse=False)
             m.set_reshard_after_backward(True, recurse=False)
 

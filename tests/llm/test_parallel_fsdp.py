@@ -150,6 +150,46 @@ def test_rank_share_refuses_an_unknown_grad_sync_and_does_nothing_unsharded():
         pass
 
 
+def test_gathered_restores_resharding_and_keeps_the_blocks_own_error():
+    """:func:`gathered` turns resharding off for the block and back on after it, also when the block raises; the
+    block's error is the one that propagates when the reshard after it fails too; outside an error a failing
+    reshard is reported; a model without FSDP2 units is left alone."""
+    from torch.distributed.fsdp import FSDPModule
+
+    from mrl_llm.parallel.fsdp import gathered
+
+    class Unit(FSDPModule, torch.nn.Module):  # the FSDP2 calls gathered makes, recorded
+        def set_reshard_after_forward(self, value, recurse=True):
+            self.calls.append(("forward", value))
+
+        def set_reshard_after_backward(self, value, *, recurse=True):
+            self.calls.append(("backward", value))
+
+        def reshard(self):
+            self.calls.append("reshard")
+            if self.fail:
+                raise RuntimeError("reshard failed")
+
+    def unit(fail: bool) -> Unit:
+        m = torch.nn.Module()
+        m.__class__ = Unit  # as fully_shard makes a module an FSDPModule
+        m.fail, m.calls = fail, []
+        return m
+
+    failing = unit(fail=True)
+    with pytest.raises(ValueError, match="the block's own"), gathered(failing):
+        raise ValueError("the block's own")
+    assert failing.calls == [("forward", False), ("backward", False), "reshard", ("forward", True), ("backward", True)]
+    with pytest.raises(RuntimeError, match="reshard failed"), gathered(unit(fail=True)):
+        pass
+    fine = unit(fail=False)
+    with gathered(fine):
+        assert fine.calls == [("forward", False), ("backward", False)]  # kept gathered inside the block
+    assert fine.calls[2:] == ["reshard", ("forward", True), ("backward", True)]
+    with gathered(torch.nn.Linear(2, 2)):  # nothing sharded: nothing to set
+        pass
+
+
 def test_group_spec_malformed_and_group_of_one():
     for kw, match in (({"rank": 0, "world_size": 0}, "world_size must be an integer >= 1"),
                       ({"rank": 2, "world_size": 2, "port": 5}, r"rank must be an integer in \[0, 2\)"),
