@@ -104,6 +104,23 @@ class PolicyPlacement:
                 for r, (role, dev, b) in enumerate(zip(self.bundle_roles, self.bundle_devices, self.bundles, strict=True))]
 
 
+def hints(policies: Sequence[tuple[PolicyFootprint, int]]) -> str:
+    """:data:`HINTS`, and for each ``(policy, trainer ranks)`` on a device that does not fit, the layout setting that
+    would cost less there: FSDP2 shards instead of whole replicas, per-layer units instead of one, gradients
+    reduce-scattered every micro-batch instead of kept gathered."""
+    extra = []
+    for fp, n_train in policies:
+        if n_train <= 1:
+            continue
+        if fp.fsdp_unit == "none":
+            extra.append(f"train.fsdp_unit: layer for {fp.name} (FSDP2 shards, not {n_train} whole replicas)")
+        elif fp.grad_sync == "mini_batch":
+            extra.append(f"train.grad_sync: micro_batch for {fp.name} (its units resharded after each pass)")
+        elif fp.fsdp_unit == "model":
+            extra.append(f"train.fsdp_unit: layer for {fp.name} (one layer gathered at a time)")
+    return HINTS + "".join(f"; or {e}" for e in extra)
+
+
 def training_layout(fp: PolicyFootprint, n_train: int) -> str:
     """How ``n_train`` trainer ranks of ``fp`` hold the model (``train.fsdp_unit``, ``train.grad_sync``), in words."""
     if n_train <= 1:
@@ -214,11 +231,12 @@ def _evaluate(
         if want == 0 or any(math.floor(req[i] * factor) < 1 for i in per_seq):
             need = base + sum(per_seq.values())
             dev = slist[0].device
-            names = sorted({fps[s.policy].name for s in slist})
+            here = sorted({s.policy for s in slist})
             raise AllocationError(
                 f"{mode} plan does not fit: {dev.name} ({dev.capacity_bytes / GiB:.1f} GiB, "
-                f"{cap / GiB:.1f} GiB usable) needs {need / GiB:.1f} GiB for {', '.join(names)} "
-                f"(with one rollout sequence in flight); short by {(need - cap) / GiB:.1f} GiB; {HINTS}"
+                f"{cap / GiB:.1f} GiB usable) needs {need / GiB:.1f} GiB for {', '.join(fps[i].name for i in here)} "
+                f"(with one rollout sequence in flight); short by {(need - cap) / GiB:.1f} GiB; "
+                f"{hints([(fps[i], n_train[i]) for i in here])}"
             )
         for i in per_seq:
             conc[i] = min(conc[i], math.floor(req[i] * factor))

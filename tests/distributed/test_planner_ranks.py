@@ -14,8 +14,9 @@ from mrl_llm.config import PolicyConfig
 from mrl_llm.distributed.cluster import ClusterSpec, NodeSpec
 from mrl_llm.distributed.memory import PolicyFootprint
 from mrl_llm.distributed.plan_cli import footprints_from_config
-from mrl_llm.distributed.planner import plan_placement
+from mrl_llm.distributed.planner import HINTS, hints, plan_placement
 from shared_interfaces.config_io import ConfigError
+from shared_interfaces.mwra import AllocationError
 
 from .specs import cpu_demo
 
@@ -122,3 +123,18 @@ def test_colocated_on_a_cpu_cluster_is_refused_pointing_at_cpu_or_split():
         plan_placement(cpu_demo(), TWO_CPUS, mode="colocated")
     with pytest.raises(AllocationError, match="no policies to place"):
         plan_placement([], TWO_CPUS, mode="split")
+
+
+def test_a_plan_that_does_not_fit_names_the_layout_settings_that_cost_less():
+    """Beside the general hints, each policy on the device that does not fit gets the layout setting that would
+    cost less memory there; a one-rank policy and per-layer shards synced every micro-batch get none."""
+    a, b = cpu_demo()
+    assert hints([]) == HINTS and hints([(a, 1), (replace(a, fsdp_unit="none"), 1), (b, 2)]) == HINTS
+    assert hints([(replace(a, fsdp_unit="none"), 2), (replace(b, grad_sync="mini_batch"), 2)]) == (
+        f"{HINTS}; or train.fsdp_unit: layer for {a.name} (FSDP2 shards, not 2 whole replicas)"
+        f"; or train.grad_sync: micro_batch for {b.name} (its units resharded after each pass)")
+    assert hints([(replace(a, fsdp_unit="model"), 3)]).endswith(
+        f"; or train.fsdp_unit: layer for {a.name} (one layer gathered at a time)")
+    tiny = ClusterSpec("tiny", (NodeSpec(gpus=0, gpu_memory_gib=0.0, cpus=2, ram_gib=0.001),))
+    with pytest.raises(AllocationError, match=rf"does not fit: .*train\.grad_sync: micro_batch for {a.name}"):
+        plan_placement([replace(a, ranks=2, grad_sync="mini_batch")], tiny, mode="cpu")
