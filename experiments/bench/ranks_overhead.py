@@ -30,7 +30,11 @@ instead of ``9 m`` and ``3 m``). ``--steps 11 --repeat 2``, all five layouts (mi
 ``--steps 11 --repeat 3`` (micro_batch / mini_batch): per layer 1.50x, 1.51x, 1.47x (median 1.50x) / 1.51x, 1.33x,
 1.40x (median 1.40x); one unit 1.35x, 1.49x, 1.39x (median 1.39x) / 1.17x, 1.43x, 1.38x (median 1.38x); replicas
 1.18x, 1.06x, 1.22x (median 1.18x: 0.393 / 0.320 / 0.427 vs 0.332 / 0.301 / 0.351 s; update 0.171-0.220 vs
-0.161-0.174 s, exchange + THL 0.023-0.028 vs 0.016-0.018 s). With shorter steps a step's
+0.161-0.174 s, exchange + THL 0.023-0.028 vs 0.016-0.018 s). Longer runs, ``--steps 31 --repeat 3`` (one-rank step
+0.342-0.447 s): per layer 1.67x, 1.55x, 1.28x (median 1.55x) / 1.45x, 1.48x, 1.19x (median 1.45x); one unit 1.27x,
+1.40x, 1.10x (median 1.27x) / 1.46x, 1.32x, 1.14x (median 1.32x); replicas 1.19x, 1.23x, 0.98x (median 1.19x). Over
+the three sets' 9 rounds, per layer, mini_batch was the faster of the two in 6, level in 1 and slower in 2; with one
+unit, faster in 2 of 6 rounds. With shorter steps a step's
 fixed costs weigh more (the same code measured 1.32x per layer and 1.11x replicas the session before, at 0.59 s
 one-rank steps), and one layout's ratio moved by up to 0.4x between rounds: mini_batch's saving (the backward's
 re-gathers, and the forward's after the first micro-batch; the demo's ranks run one or two micro-batches a step) is
