@@ -34,7 +34,7 @@ instead of ``9 m`` and ``3 m``). ``--steps 11 --repeat 2``, all five layouts (mi
 0.342-0.447 s): per layer 1.67x, 1.55x, 1.28x (median 1.55x) / 1.45x, 1.48x, 1.19x (median 1.45x); one unit 1.27x,
 1.40x, 1.10x (median 1.27x) / 1.46x, 1.32x, 1.14x (median 1.32x); replicas 1.19x, 1.23x, 0.98x (median 1.19x). Over
 the three sets' 9 rounds, per layer, mini_batch was the faster of the two in 6, level in 1 and slower in 2; with one
-unit, faster in 2 of 6 rounds. With shorter steps a step's
+unit, faster in 4 of 6 rounds. With shorter steps a step's
 fixed costs weigh more (the same code measured 1.32x per layer and 1.11x replicas the session before, at 0.59 s
 one-rank steps), and one layout's ratio moved by up to 0.4x between rounds: mini_batch's saving (the backward's
 re-gathers, and the forward's after the first micro-batch; the demo's ranks run one or two micro-batches a step) is
