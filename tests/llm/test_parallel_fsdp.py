@@ -2,7 +2,9 @@
 the one-process update — gradients and weights to 1e-6 in fp32, with fillers (ranks with fewer micro-batches),
 several mini-batches (the snapshot pass), token-budget micro-batches, the reference model sharded too and
 grad-norm clipping over the shards, the LM head in log-prob chunks (the root's registered forward method);
-``dtype: bf16`` keeps fp32 master weights and fp32 optimizer state."""
+``dtype: bf16`` keeps fp32 master weights and fp32 optimizer state; ``grad_sync: mini_batch`` (units kept gathered
+through a mini-batch, its gradients reduce-scattered once: fewer collectives, counted) and gradient checkpointing
+alike."""
 
 from __future__ import annotations
 
