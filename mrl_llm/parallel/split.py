@@ -1,8 +1,10 @@
 """A policy's rows split over its ranks, balanced by token count.
 
 :func:`split_by_tokens`: the rows are taken longest first (ties: lower index first) and each goes to the
-rank holding the fewest tokens so far (ties: the lower rank) — the LPT rule, whose largest share is at most
-4/3 of the best possible. Each share keeps the rows' original order. Every row lands on exactly one rank,
+rank holding the fewest tokens so far (ties: the lower rank) among those holding fewer than ``ceil(n / k)``
+rows — the LPT rule with verl's equal-size constraint: no rank gets more rows than an even split gives it, so
+a row-count micro-batch never leaves one rank a small extra micro-batch (and every other rank a filler) because
+it was handed a few more rows. Each share keeps the rows' original order. Every row lands on exactly one rank,
 so any count that sums over rows (:class:`~shared_interfaces.losses.LossNorm`'s) is the sum of the ranks'
 counts. A rank may get no rows (fewer rows than ranks).
 """
@@ -27,8 +29,9 @@ def split_by_tokens(rows: Sequence[int], lengths: Sequence[int], k: int) -> list
     load = [0] * k
     shares: list[list[int]] = [[] for _ in range(k)]
     order = {r: j for j, r in enumerate(rows)}
+    cap = -(-len(rows) // k)  # ceil(n / k) rows a rank at most
     for r in sorted(rows, key=lambda r: (-lengths[r], order[r])):
-        dest = min(range(k), key=lambda j: (load[j], j))
+        dest = min((j for j in range(k) if len(shares[j]) < cap), key=lambda j: (load[j], j))
         shares[dest].append(r)
         load[dest] += lengths[r]
     return [sorted(s, key=order.__getitem__) for s in shares]

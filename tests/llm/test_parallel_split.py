@@ -1,6 +1,7 @@
 """Rows over ranks (:mod:`mrl_llm.parallel.split`, :mod:`mrl_llm.parallel.share`): every row on exactly one
-rank, balanced by tokens (LPT bound), order kept; the empty and malformed cases; a group of one is the
-one-process update exactly; global counts are the sum of the ranks' counts."""
+rank, balanced by tokens (LPT bound) with no rank more rows than an even split, order kept; the empty and
+malformed cases; a group of one is the one-process update exactly; global counts are the sum of the ranks'
+counts."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ def test_every_row_on_one_rank_balanced_in_order(lengths, k):
     assert len(shares) == k
     assert sorted(i for s in shares for i in s) == rows
     assert all(s == sorted(s) for s in shares)
+    assert max(len(s) for s in shares) <= math.ceil(len(rows) / k)  # no rank more rows than an even split
     loads = [sum(lengths[i] for i in s) for s in shares]
     # LPT: the fullest rank exceeds the mean by less than its last row, so by at most the longest row
     assert max(loads) <= sum(lengths) / k + max(lengths, default=0)
@@ -36,6 +38,9 @@ def test_hand_computed_split_empty_and_malformed():
     assert split_by_tokens([0, 1, 2, 3], [5, 1, 4, 2], 2) == [[0, 1], [2, 3]]  # 5+1 vs 4+2
     assert split_by_tokens([3, 1], [9, 2, 9, 7], 2) == [[3], [1]]  # a subset of the rows, by index
     assert split_by_tokens([0], [4], 3) == [[0], [], []]  # fewer rows than ranks
+    # one long row and three short: plain LPT would give 1 and 3 rows (3 micro-batches of one row on one rank,
+    # a filler on the other); at most ceil(4 / 2) = 2 rows a rank, so each runs one micro-batch of 2
+    assert split_by_tokens([0, 1, 2, 3], [1, 1, 1, 10], 2) == [[2, 3], [0, 1]]
     for args, match in ((([0], [1], 0), "ranks must be an integer >= 1"),
                         (([0], [1], True), "ranks must be an integer >= 1"),
                         (([1], [1], 2), "row 1 is not an index"),
