@@ -11,13 +11,14 @@ processes that each update their own ``rows / k`` rows side by side without a gr
 way, no collective: what the machine itself allows; ``1 / k`` of the one process on ``k`` idle cores) — all
 measured in the same run. What a layout exceeds the side-by-side processes by is the group's cost: collectives,
 waiting for the slower rank, work every rank repeats. Unlike ``ranks_overhead.py`` nothing else runs
-(no sampling, exchange, THL, second policy), so a change to the update path shows above the noise.
+(no sampling, exchange, THL, second policy), so fewer things move the numbers; a shared machine still moves
+them from run to run: run it several times.
 
     PYTHONPATH=. python experiments/bench/update_ranks.py [--ranks 2] [--layouts layer/micro_batch,none]
-        [--rows 256] [--micro-batch 64] [--steps 10] [--warmup 3]
+        [--rows 128] [--micro-batch 64] [--max-response 12] [--steps 10] [--warmup 3]
 
 Measured 2026-12-06 on the 2-core machine (nothing else running, but a VM whose neighbours move the numbers: the
-one-process update of the same run ranged 0.17-0.27 s over six runs of the defaults), ``--ranks 2``: the side-by-side
+one-process update ranged 0.17-0.27 s over six runs of the defaults), ``--ranks 2``: the side-by-side
 processes 0.34-0.60x of the one process; 2 ranks, against them: replicas 1.04-2.09x, per-layer units 1.48-2.08x
 (``micro_batch``; ``mini_batch`` 1.60-1.94x in two runs), one unit 1.58-2.10x. A profile of both replica ranks:
 0.007-0.033 s of a 0.14 s update waiting in the three collectives for the other rank.
