@@ -131,7 +131,8 @@ def layouts(units: list[str], syncs: list[str]) -> list[tuple[str, str]]:
     return [(u, s) for u in units for s in (syncs if u != "none" else syncs[:1])]
 
 
-def _listed(arg: str, flag: str, allowed: tuple[str, ...]) -> list[str]:
+def listed(arg: str, flag: str, allowed: tuple[str, ...]) -> list[str]:
+    """The comma-separated values of ``arg``, each one of ``allowed``; empty or unknown: an error naming ``flag``."""
     got = [v.strip() for v in arg.split(",") if v.strip()]
     if not got or any(v not in allowed for v in got):
         raise SystemExit(f"{flag} must list some of {', '.join(allowed)}, got {arg!r}")
@@ -158,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.steps <= args.warmup or args.ranks < 2 or args.repeat < 1:
         raise SystemExit("--steps must exceed --warmup, --ranks be at least 2 and --repeat at least 1")
     runs = [(1, "layer", "micro_batch")] + [(args.ranks, u, sync) for u, sync in layouts(
-        _listed(args.fsdp_units, "--fsdp-units", FSDP_UNITS), _listed(args.grad_syncs, "--grad-syncs", GRAD_SYNCS))]
+        listed(args.fsdp_units, "--fsdp-units", FSDP_UNITS), listed(args.grad_syncs, "--grad-syncs", GRAD_SYNCS))]
 
     import ray
 

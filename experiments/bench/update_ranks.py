@@ -43,10 +43,9 @@ LAYOUTS = ("layer/micro_batch", "layer/mini_batch", "model/micro_batch", "model/
 def parse_layouts(arg: str) -> list[tuple[str, str]]:
     """``"layer/mini_batch,none"`` -> ``[("layer", "mini_batch"), ("none", "micro_batch")]``; unknown or empty lists
     are refused naming the choices."""
-    got = [v.strip() for v in arg.split(",") if v.strip()]
-    if not got or any(v not in LAYOUTS for v in got):
-        raise SystemExit(f"--layouts must list some of {', '.join(LAYOUTS)}, got {arg!r}")
-    return [(v.split("/")[0], (v.split("/") + ["micro_batch"])[1]) for v in got]
+    from experiments.bench.ranks_overhead import listed
+
+    return [(v.split("/")[0], (v.split("/") + ["micro_batch"])[1]) for v in listed(arg, "--layouts", LAYOUTS)]
 
 
 def synthetic_batch(rows: int, max_response: int, vocab: int, seed: int) -> Any:

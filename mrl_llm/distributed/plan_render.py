@@ -38,7 +38,7 @@ def render_plan(plan: PlacementPlan) -> str:
         rows,
     )
     lines += ["", "ranks (one Ray actor per bundle; a policy's ranks form one torch.distributed group):"]
-    lines += [f"  {line}" for p in plan.policies for line in [*p.rank_roles(), f"{p.policy} trains {p.training}"]]
+    lines += [f"  {line}" for p in plan.policies for line in p.plan_lines()]
     lines += ["", "per-device memory estimate (GiB; usable = capacity x usable_fraction):"]
     rows = []
     for load in plan.devices:

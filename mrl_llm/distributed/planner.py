@@ -103,6 +103,10 @@ class PolicyPlacement:
                 + ", ".join(f"{v:.2f} {k}" for k, v in sorted(b.items()))
                 for r, (role, dev, b) in enumerate(zip(self.bundle_roles, self.bundle_devices, self.bundles, strict=True))]
 
+    def plan_lines(self) -> list[str]:
+        """What the plan prints and the run logs for this policy: :meth:`rank_roles`, then how it trains."""
+        return [*self.rank_roles(), f"{self.policy} trains {self.training}"]
+
 
 def hints(policies: Sequence[tuple[PolicyFootprint, int]]) -> str:
     """:data:`HINTS`, and for each ``(policy, trainer ranks)`` on a device that does not fit, the layout setting that

@@ -92,7 +92,7 @@ def ray_specs(config: RunConfig, plan: PlacementPlan, ckpt_root: Path,
     out = []
     for s in actor_specs(config, ckpt_root):
         p = plan.for_policy(s.name)
-        for line in [*p.rank_roles(), f"{p.policy} trains {p.training}"]:
+        for line in p.plan_lines():
             log.info("plan: %s", line)
         cfg = dict(s.config)
         if p.num_gpus > 0:  # the worker must land on the GPU it was given (device auto resolves there)
