@@ -142,11 +142,13 @@ def update_once(group: WorkerGroup, *, dtype: str = "fp32", steps: int = 1, micr
 
 @contextmanager
 def count_fsdp_collectives() -> Iterator[dict[str, int]]:
-    """Count the all-gathers and reduce-scatters FSDP2 runs in the block (torch 2.13 calls
-    ``dist.all_gather_single`` / ``dist.reduce_scatter_single`` through the module attribute)."""
+    """Count the all-gathers and reduce-scatters FSDP2 runs in the block. FSDP2 calls them through the
+    ``torch.distributed`` module attribute: ``all_gather_single`` / ``reduce_scatter_single`` in torch 2.13,
+    ``all_gather_into_tensor`` / ``reduce_scatter_tensor`` in earlier releases (2.11, the GPU image's)."""
     import torch.distributed as dist
 
-    names = {"all_gather": "all_gather_single", "reduce_scatter": "reduce_scatter_single"}
+    names = {"all_gather": next(n for n in ("all_gather_single", "all_gather_into_tensor") if hasattr(dist, n)),
+             "reduce_scatter": next(n for n in ("reduce_scatter_single", "reduce_scatter_tensor") if hasattr(dist, n))}
     counts = dict.fromkeys(names, 0)
     real = {k: getattr(dist, n) for k, n in names.items()}
 
