@@ -75,6 +75,20 @@ def mp_policy(precision: Precision) -> MixedPrecisionPolicy:
 
 FSDP_UNITS = ("layer", "model", "none")
 
+#: The FSDP2 methods the worker groups call, all in torch 2.8 and later (2.6 and 2.7 lack the first three).
+FSDP2_METHODS = ("set_gradient_divide_factor", "set_force_sum_reduction_for_comms", "set_reshard_after_forward",
+                 "set_reshard_after_backward", "set_requires_gradient_sync", "reshard")
+
+
+def require_fsdp2() -> None:
+    """Refuse, naming the fix, a torch whose FSDP2 lacks a method :func:`shard_model` or :func:`gathered` call
+    (torch < 2.8; ``pyproject.toml`` asks for 2.8, but ``experiments/gpu/smoke.sh`` runs on whatever torch is there)."""
+    missing = [m for m in FSDP2_METHODS if not hasattr(FSDPModule, m)]
+    if missing:
+        raise RuntimeError(f"FSDP2 worker groups need torch >= 2.8 (this torch {torch.__version__} has no "
+                           f"FSDPModule.{missing[0]}); install torch>=2.8, or train with policies[].ranks: 1 or "
+                           "train.fsdp_unit: none (whole replicas)")
+
 
 def shard_model(model: torch.nn.Module, precision: Precision, group: WorkerGroup, *,
                 unit: str = "layer") -> torch.nn.Module:
@@ -84,6 +98,7 @@ def shard_model(model: torch.nn.Module, precision: Precision, group: WorkerGroup
         raise ValueError(f"FSDP unit {unit!r} is not one of {FSDP_UNITS}")
     if not group.sharded or unit == "none":
         return model
+    require_fsdp2()
     policy = mp_policy(precision)
     for layer in decoder_layers(model) if unit == "layer" else ():
         fully_shard(layer, mp_policy=policy)

@@ -242,6 +242,29 @@ def test_shard_model_refuses_an_unknown_unit_and_finds_any_hf_models_layers():
         decoder_layers(torch.nn.Sequential(torch.nn.Linear(2, 2)))
 
 
+def test_shard_model_refuses_a_torch_without_fsdp2s_methods(monkeypatch):
+    """torch 2.6 / 2.7 have fully_shard but not every FSDPModule method the groups call: a clear error naming the
+    fix before anything is sharded, not an AttributeError from the middle of shard_model; replicas need none."""
+    from types import SimpleNamespace
+
+    from torch.distributed.fsdp import FSDPModule
+
+    from mrl_llm.parallel.fsdp import FSDP2_METHODS, require_fsdp2
+
+    require_fsdp2()  # this torch has them all
+    two = SimpleNamespace(sharded=True)  # what shard_model reads of a group of 2
+    monkeypatch.delattr(FSDPModule, "set_force_sum_reduction_for_comms")
+    for unit in ("layer", "model"):
+        model = tiny_model()
+        with pytest.raises(RuntimeError, match=r"need torch >= 2.8 .*FSDPModule.set_force_sum_reduction_for_comms\); "
+                                               r"install torch>=2.8, or train with policies\[\]\.ranks: 1"):
+            shard_model(model, Precision("fp32"), two, unit=unit)
+        assert not any(isinstance(m, FSDPModule) for m in model.modules())  # nothing sharded
+    model = tiny_model()
+    assert shard_model(model, Precision("fp32"), two, unit="none") is model
+    assert "set_force_sum_reduction_for_comms" in FSDP2_METHODS
+
+
 def test_chunk_rows_is_torch_chunk():
     for rows, k in ((0, 2), (1, 2), (2, 3), (5, 2), (7, 3), (96, 2), (97, 4)):
         want = [len(c) for c in torch.chunk(torch.arange(rows), k)] if rows else []
