@@ -20,6 +20,16 @@ all against the same one-rank run. ``--repeat N`` makes N
 rounds of these runs, interleaved, each k-rank run against its own round's one-rank run, and gives the median
 ratio: on a shared machine one round's ratio moves by ~0.1 from run to run.
 
+2026-12-06 (sixth session; a one-rank step 0.222-0.247 s). ``--steps 11 --num-cpus 2``: replicas 1.25x (0.277 vs
+0.222 s), one unit with mini_batch 1.31x (0.291 s); ``--steps 21 --repeat 2``: replicas 1.18x, 1.36x (median 1.27x;
+0.292 / 0.310 vs 0.247 / 0.227 s). Where the extra time goes, measured with per-actor CPU timers (not kept): the
+k = 2 ranks together use 20-39 % more CPU a step than the one rank (training +19-40 %, generation +22 %); the
+driver, GCS and raylet use next to none. The same generation work done by 4 processes of 8 prompts instead of 2 of
+16: +24 % CPU, +18 % wall; one process samples 16 prompts in 0.041-0.046 s and 8 in 0.023 s, so ~12 % of a call is fixed
+cost. About half the extra is that per-call fixed work done by each rank, half is 4 processes contending for 2 cores
+(a k = 2 rank's update waits ~22 ms a step in its 4 all-reduces). Neither is a code path to remove: on a machine
+with a core or GPU per rank the ranks' fixed work runs side by side instead of in turn.
+
 2026-12-06 (fifth session; a faster machine: a one-rank step 0.256-0.358 s). ``train.grad_sync: mini_batch``: FSDP2
 units kept gathered through a mini-batch, the gradients accumulated unsharded in fp32 and reduce-scattered once (the
 parity tests count the collectives: 6 all-gathers and 3 reduce-scatters for a mini-batch of ``m`` micro-batches
