@@ -81,7 +81,7 @@ FSDP2_METHODS = ("set_gradient_divide_factor", "set_force_sum_reduction_for_comm
 
 
 def require_fsdp2() -> None:
-    """Refuse, naming the fix, a torch whose FSDP2 lacks a method :func:`shard_model` or :func:`gathered` call
+    """Refuse, naming the fix, a torch whose FSDP2 lacks a method this module calls on a sharded model
     (torch < 2.8; ``pyproject.toml`` asks for 2.8, but ``experiments/gpu/smoke.sh`` runs on whatever torch is there)."""
     missing = [m for m in FSDP2_METHODS if not hasattr(FSDPModule, m)]
     if missing:
