@@ -82,7 +82,9 @@ def ray_specs(config: RunConfig, plan: PlacementPlan, ckpt_root: Path,
     """The policies' actor specs: the local trainer's, with the plan's threads (``threads``, when set,
     may lower them), checkpoints every ``checkpoint_every`` steps, a vllm engine's memory settings, and one
     rank per planned bundle (a worker group, :mod:`mrl_llm.distributed.rank_group`; each rank's role is logged).
-    ``faults`` (tests) must name the config's policies and their ranks (a ``ConfigError`` / ``ValueError``)."""
+    ``faults`` (tests) must name the config's policies and their ranks (a ``ConfigError`` / ``ValueError``). A
+    policy sharded over k > 1 ranks on a torch without FSDP2's methods is a ``ConfigError`` before any rank starts."""
+    from mrl_llm.parallel.fsdp import require_fsdp2
     from mrl_llm.rollout.vllm_memory import vllm_memory
     unknown = sorted(set(faults or {}) - set(config.policy_names))
     if unknown:
@@ -102,9 +104,14 @@ def ray_specs(config: RunConfig, plan: PlacementPlan, ckpt_root: Path,
             cfg["gpu_bundle"] = True
         if config.policy(s.name).engine == "vllm":
             cfg["engine_args"] = vllm_memory(plan, fps[s.name]).engine_args()  # policies[].engine_args win
+        ranks = sum(role != "rollout" for role in p.bundle_roles) or len(p.bundles)
+        if ranks > 1 and config.policy(s.name).train.fsdp_unit != "none":
+            try:  # here, not in the ranks' creation, where Ray would wrap it in their traceback
+                require_fsdp2()
+            except RuntimeError as err:
+                raise ConfigError(f"policy {s.name!r} (ranks: {ranks}): {err}") from err
         out.append(replace(s, config=cfg, threads=min(config.threads or p.threads, p.threads),
-                           checkpoint_every=config.checkpoint_every, fault=(faults or {}).get(s.name),
-                           ranks=sum(role != "rollout" for role in p.bundle_roles) or len(p.bundles)))
+                           checkpoint_every=config.checkpoint_every, fault=(faults or {}).get(s.name), ranks=ranks))
     return out
 
 

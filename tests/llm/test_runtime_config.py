@@ -68,6 +68,22 @@ def test_ray_specs_follow_the_plan(tmp_path: Path):
     assert all("engine_args" not in s.config or not s.config["engine_args"] for s in specs)
 
 
+def test_ray_specs_refuse_fsdp2_ranks_on_a_torch_without_fsdp2s_methods(tmp_path: Path, monkeypatch):
+    """On torch 2.6 / 2.7 a sharded worker group is a ConfigError naming the policy before any rank starts
+    (not Ray's wrapper of the ranks' creation error); one rank and whole replicas need no FSDP2."""
+    from torch.distributed.fsdp import FSDPModule
+
+    cpu = ClusterSpec("2cpu", (NodeSpec(cpus=2, ram_gib=24),))
+    c = cfg({"backend": "ray"}, ranks=2)
+    assert [s.ranks for s in ray_specs(c, plan_run(c, cpu), tmp_path)] == [2, 1]
+    monkeypatch.delattr(FSDPModule, "set_gradient_divide_factor")
+    with pytest.raises(ConfigError, match=r"policy 'a' \(ranks: 2\): FSDP2 worker groups need torch >= 2.8 .*"
+                                          r"FSDPModule.set_gradient_divide_factor"):
+        ray_specs(c, plan_run(c, cpu), tmp_path)
+    for ok in (cfg({"backend": "ray"}), cfg({"backend": "ray"}, ranks=2, train={"fsdp_unit": "none"})):
+        assert len(ray_specs(ok, plan_run(ok, cpu), tmp_path)) == 2
+
+
 def test_vllm_policies_sharing_a_gpu_get_their_planned_memory(tmp_path: Path):
     d = cfg({"backend": "ray"}).to_dict()
     c = config_from_mapping({**d, "policies": [{**p, "engine": "vllm"} for p in d["policies"]]})
