@@ -20,6 +20,10 @@ all against the same one-rank run. ``--repeat N`` makes N
 rounds of these runs, interleaved, each k-rank run against its own round's one-rank run, and gives the median
 ratio: on a shared machine one round's ratio moves by ~0.1 from run to run.
 
+2026-12-06 (seventh session; a one-rank step 0.319-0.463 s). ``--fsdp-units none,model --grad-syncs mini_batch
+--steps 11 --repeat 3``: replicas 1.30x, 1.00x, 1.42x (median 1.30x: 0.511 / 0.465 / 0.454 vs 0.391 / 0.463 / 0.319
+s); one unit with mini_batch 1.58x, 1.02x, 1.51x (median 1.51x). The one-rank step moved by 0.14 s between rounds.
+
 2026-12-06 (sixth session; a one-rank step 0.222-0.247 s). ``--steps 11 --num-cpus 2``: replicas 1.25x (0.277 vs
 0.222 s), one unit with mini_batch 1.31x (0.291 s); ``--steps 21 --repeat 2``: replicas 1.18x, 1.36x (median 1.27x;
 0.292 / 0.310 vs 0.247 / 0.227 s). Where the extra time goes, measured with per-actor CPU timers (not kept): the
