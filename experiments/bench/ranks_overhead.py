@@ -20,6 +20,23 @@ all against the same one-rank run. ``--repeat N`` makes N
 rounds of these runs, interleaved, each k-rank run against its own round's one-rank run, and gives the median
 ratio: on a shared machine one round's ratio moves by ~0.1 from run to run.
 
+Each run's line gives each policy's own step (rank 0's generation, scoring, exchange + THL, update and sync,
+without the wait at the step's barrier). Where at k = 1 the slowest policy's own step is more than 1.5x the
+fastest's, the bench says so: that policy's one rank holds one core while the other cores idle at the barrier,
+and k ranks of it can use them, so the ratio mixes the group's overhead with that gain. The default config
+(``tiny_cpu.yaml``) is such a pair (a 151 k-vocabulary Qwen head against a 32 k Llama one: own steps ~6:1); the
+demo's policies are even (1.1-1.3:1).
+
+2026-12-06 (eighth session; a one-rank step 0.249-0.282 s). ``--demo DIR --fsdp-units none,model --grad-syncs
+mini_batch --steps 11 --num-cpus 2 --repeat 3``: replicas 1.22x, 1.23x, 1.24x (median 1.23x: 0.305 / 0.331 / 0.350
+vs 0.249 / 0.269 / 0.282 s); one unit with mini_batch 1.54x, 1.39x, 1.38x (median 1.39x). Own steps at k = 1:
+llama-sub 0.232-0.269 s, qwen-add 0.210-0.216 s; replicas 0.280-0.319 / 0.248-0.278 s. The default config, ``--steps
+8 --num-cpus 2 --repeat 2`` (one-rank step 3.54 / 3.74 s, its checkpoints every 2 steps included): replicas 0.86x,
+0.78x (median 0.82x); one unit 1.22x, 1.19x (micro_batch), 1.12x, 1.04x (mini_batch); per layer 1.19x, 1.17x
+(micro_batch), 1.17x, 1.12x (mini_batch). Once more with ``--fsdp-units none``: 0.77x (2.464 vs 3.187 s), own steps
+at k = 1 qwen-tiny 2.632 s, llama-tiny 0.425 s (6.2:1), at k = 2 1.935 / 0.559 s: below 1 because the qwen ranks take
+the core the llama rank leaves idle at k = 1.
+
 2026-12-06 (seventh session; a one-rank step 0.319-0.463 s). ``--fsdp-units none,model --grad-syncs mini_batch
 --steps 11 --repeat 3``: replicas 1.30x, 1.00x, 1.42x (median 1.30x: 0.511 / 0.465 / 0.454 vs 0.391 / 0.463 / 0.319
 s); one unit with mini_batch 1.58x, 1.02x, 1.51x (median 1.51x). The one-rank step moved by 0.14 s between rounds.
@@ -129,6 +146,7 @@ PARTS = ("generation_s", "scoring_s", "exchange_thl_s", "update_s", "sync_s")
 EXCHANGE_PARTS = ("publish_s", "fetch_s", "peer_check_s", "plan_s", "thl_s")  # exchange_thl_s in detail
 FSDP_UNITS = ("layer", "model", "none")  # train.fsdp_unit (mrl_llm.parallel.fsdp.FSDP_UNITS)
 GRAD_SYNCS = ("micro_batch", "mini_batch")  # train.grad_sync (mrl_llm.parallel.share.GRAD_SYNCS)
+UNEVEN = 1.5  # policies' own steps further apart than this at k = 1: the ratio is not the overhead alone
 
 
 def with_ranks(cfg, k: int, unit: str = "layer", sync: str = "micro_batch"):
@@ -137,6 +155,21 @@ def with_ranks(cfg, k: int, unit: str = "layer", sync: str = "micro_batch"):
     pols = tuple(replace(p, ranks=k, sampling=replace(p.sampling, seeding="sample"),
                          train=replace(p.train, fsdp_unit=unit, grad_sync=sync)) for p in cfg.policies)
     return replace(cfg, policies=pols)
+
+
+def own_steps(rows: list[dict]) -> dict[str, float]:
+    """Each policy's mean own step (rank 0's ``step_s``: its generation, scoring, exchange + THL, update and sync,
+    without the wait for the other policies at the step's barrier) over ``rows`` (train metric rows); ``{}`` for
+    none."""
+    by: dict[str, list[float]] = {}
+    for r in rows:
+        by.setdefault(r["policy"], []).append(r["step_s"])
+    return {name: statistics.mean(v) for name, v in sorted(by.items())}
+
+
+def imbalance(steps: dict[str, float]) -> float:
+    """The slowest policy's own step over the fastest's (1.0 for fewer than two policies)."""
+    return max(steps.values()) / min(steps.values()) if len(steps) > 1 and min(steps.values()) > 0 else 1.0
 
 
 def layouts(units: list[str], syncs: list[str]) -> list[tuple[str, str]]:
@@ -186,6 +219,7 @@ def main(argv: list[str] | None = None) -> int:
                   runtime=replace(cfg.runtime, backend="ray", mode="sync", max_staleness=0))
     ray.init(address="local", num_cpus=args.num_cpus, include_dashboard=False, log_to_driver=False)
     rounds: list[dict[str, float]] = []
+    one_rank_imbalance: list[float] = []  # per round: the slowest policy's own step / the fastest's, at k = 1
     try:
         with tempfile.TemporaryDirectory(prefix="mrl-ranks-overhead-") as tmp:
             for rnd, (k, unit, sync) in ((r, run) for r in range(args.repeat) for run in runs):
@@ -205,8 +239,12 @@ def main(argv: list[str] | None = None) -> int:
                 parts = ", ".join(f"{p[:-2]} {statistics.mean(r[p] for r in rows):.3f}" for p in PARTS)
                 parts += " (" + ", ".join(f"{p[:-2]} {statistics.mean(r.get(p) or 0.0 for r in rows):.3f}"
                                           for p in EXCHANGE_PARTS) + ")"
+                own = own_steps(rows)
+                if k == 1:
+                    one_rank_imbalance.append(imbalance(own))
                 print(f"{label}: mean step {per_step[label]:.3f} s over steps {args.warmup}..{args.steps - 1} "
-                      f"(rank 0, mean over policies, s: {parts}); whole run incl. start-up "
+                      f"(rank 0, mean over policies, s: {parts}; each policy's own step: "
+                      + ", ".join(f"{n} {v:.3f}" for n, v in own.items()) + "); whole run incl. start-up "
                       f"{time.perf_counter() - t0:.1f} s; {(out / 'plan.txt').read_text().splitlines()[0]}")
     finally:
         ray.shutdown()
@@ -221,6 +259,11 @@ def main(argv: list[str] | None = None) -> int:
         ratio = statistics.median(ratios)
         verdict = "meets" if ratio <= 1.15 else "MISSES"
         print(f"  {label}: {'median ' if len(rounds) > 1 else ''}{ratio:.2f}x -> {verdict} the 1.15 target")
+    skew = statistics.median(one_rank_imbalance)
+    if skew > UNEVEN:
+        print(f"\nat k = 1 the slowest policy's own step is {skew:.1f}x the fastest's: its one rank runs on one core "
+              f"while the faster policies' cores idle at the step's barrier; k ranks of it can use those cores, so "
+              f"these ratios mix the group's overhead with that gain (the CPU demo's policies are even: --demo DIR)")
     return 0
 
 
