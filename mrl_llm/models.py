@@ -25,7 +25,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -283,13 +284,30 @@ def count_params(model: torch.nn.Module) -> dict[str, int]:
     return {"total": total, "flops": total - (0 if tied else emb.numel())}
 
 
+@contextmanager
+def hf_progress_bars_off() -> Iterator[None]:
+    """transformers' progress bars off inside the block (restored after): a checkpoint's save must not print its
+    "Writing model shards" bar across the run's own step bar."""
+    from transformers.utils import logging as hf_logging
+
+    was_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_on:
+            hf_logging.enable_progress_bar()
+
+
 def save_policy(model: torch.nn.Module, tokenizer, out_dir: str | Path, meta: Mapping[str, Any], *,
                 state_dict: Mapping[str, torch.Tensor] | None = None) -> Path:
     """Save an HF model directory (safetensors + tokenizer) with ``mrl_policy.json`` = ``meta``; ``state_dict``:
     the weights to write instead of the model's own (a sharded model's gathered weights)."""
     d = Path(out_dir)
     d.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(str(d), safe_serialization=True, state_dict=None if state_dict is None else dict(state_dict))
+    with hf_progress_bars_off():
+        model.save_pretrained(str(d), safe_serialization=True,
+                              state_dict=None if state_dict is None else dict(state_dict))
     tokenizer.save_pretrained(str(d))
     (d / POLICY_META).write_text(json.dumps(dict(meta), indent=1, sort_keys=True))
     return d

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from mrl_llm.models import build_model, load_tokenizer
@@ -30,3 +31,30 @@ def test_a_policy_model_is_built_with_dropout_off(caplog):
         assert disable_dropout(model) == 0  # nothing left to switch off
     assert disable_dropout(torch.nn.Module()) == 0 and disable_dropout(torch.nn.Dropout(0.0)) == 0
     assert disable_dropout(torch.nn.Sequential(torch.nn.Dropout(0.5), torch.nn.Dropout(0.1))) == 2
+
+
+def test_saving_a_policy_prints_no_progress_bar_and_leaves_the_setting_as_it_was(tmp_path, capfd):
+    """A checkpoint's save inside the step loop would print transformers' "Writing model shards" bar across the
+    run's step bar (transformers 5): it is off for the save and back as it was after, on or off."""
+    from transformers.utils import logging as hf_logging
+
+    from mrl_llm.byte_tokenizer import byte_tokenizer
+    from mrl_llm.config import PolicyConfig
+    from mrl_llm.models import hf_progress_bars_off, save_policy
+
+    tok = byte_tokenizer()
+    model = build_model(PolicyConfig(name="a", model_config=tiny("llama", num_hidden_layers=1)), tok, seed=0)
+    was_on = hf_logging.is_progress_bar_enabled()
+    try:
+        for on in (True, False):
+            (hf_logging.enable_progress_bar if on else hf_logging.disable_progress_bar)()
+            save_policy(model, tok, tmp_path / f"p{on}", {"name": "a"})
+            assert hf_logging.is_progress_bar_enabled() is on
+            assert "Writing model shards" not in capfd.readouterr().err
+        hf_logging.enable_progress_bar()
+        with pytest.raises(OSError, match="disk full"), hf_progress_bars_off():  # back on after an error too
+            assert not hf_logging.is_progress_bar_enabled()
+            raise OSError("disk full")
+        assert hf_logging.is_progress_bar_enabled()
+    finally:
+        (hf_logging.enable_progress_bar if was_on else hf_logging.disable_progress_bar)()
