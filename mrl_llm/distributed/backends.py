@@ -18,6 +18,7 @@ each policy gets a placement group of its planned bundles and its actor (or one 
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +105,8 @@ class RayBackend:
         self.placement_groups: dict[str, Any] = {}
         self.exchange: Any = None
         self.exchange_handle: Any = None
+        self.exchange_name: str | None = None  # the exchange actor's Ray name and namespace (open)
+        self.exchange_namespace: str | None = None
 
     def open(self, out: Path) -> None:
         import ray
@@ -115,8 +118,18 @@ class RayBackend:
             raise RuntimeError("Ray is not initialised; call ray.init(...) (a local cluster) before the Ray driver")
         self.out = Path(out)
         self.fs_token = write_token(self.out)  # every actor must see the run directory (shared_dir)
-        self.exchange_handle = start_exchange(self.out / "exchange.jsonl", fsync=self.exchange_fsync)
+        self.exchange_name = f"mrl-exchange-{uuid.uuid4().hex}"  # unique: runs may share a Ray cluster
+        self.exchange_namespace = ray.get_runtime_context().namespace
+        self.exchange_handle = start_exchange(self.out / "exchange.jsonl", fsync=self.exchange_fsync,
+                                              name=self.exchange_name, namespace=self.exchange_namespace)
         self.exchange = RemoteExchange(self.exchange_handle, producer="driver")
+
+    def _actor_exchange(self, producer: str) -> Any:
+        """What a policy actor reaches the exchange with: the exchange actor by name (no handle in its constructor
+        arguments; :mod:`mrl_llm.distributed.exchange_actor`)."""
+        from mrl_llm.distributed.exchange_actor import RemoteExchange
+
+        return RemoteExchange.named(self.exchange_name, self.exchange_namespace, producer=producer)
 
     def _actor_options(self, name: str, rank: int = 0) -> dict[str, Any]:
         opts: dict[str, Any] = dict(max_restarts=-1, max_task_retries=0, num_cpus=0)
@@ -132,7 +145,6 @@ class RayBackend:
         split`` its trainers and rollout actors (:mod:`mrl_llm.distributed.split_group`), behind one handle."""
         import ray
 
-        from mrl_llm.distributed.exchange_actor import RemoteExchange
         from mrl_llm.distributed.rank_group import start_rank_group
 
         name = spec.name
@@ -141,17 +153,17 @@ class RayBackend:
             from mrl_llm.distributed.split_group import start_split_group
 
             gpu = self.placement is not None and self.placement.for_policy(name).num_gpus > 0
-            return start_split_group(spec, lambda: RemoteExchange(self.exchange_handle, producer=name),
+            return start_split_group(spec, lambda: self._actor_exchange(name),
                                      lambda b: self._actor_options(name, b), roles, gpu=gpu,
                                      transfer=self.weight_transfer)
         if spec.ranks == 1:
             return ray.remote(PolicyActor).options(**self._actor_options(name)).remote(
-                spec, RemoteExchange(self.exchange_handle, producer=name))
+                spec, self._actor_exchange(name))
         if self.placement is not None and len(self.placement.for_policy(name).bundles) != spec.ranks:
             raise ValueError(f"policy {name!r} has {spec.ranks} ranks but its plan {len(self.placement.for_policy(name).bundles)} "
                              "bundles; plan with policies[].ranks (one bundle per rank)")
         gpu = self.placement is not None and self.placement.for_policy(name).num_gpus > 0
-        return start_rank_group(spec, lambda: RemoteExchange(self.exchange_handle, producer=name),
+        return start_rank_group(spec, lambda: self._actor_exchange(name),
                                 lambda r: self._actor_options(name, r), gpu=gpu)
 
     def check_shared_dir(self, handle: Any) -> None:

@@ -21,7 +21,11 @@ A peer that never delivers (it died between sampling and publishing) is given up
 ``wait_timeout_s``, with a warning; its records are then simply absent from that step.
 
 :class:`RemoteExchange` is the client: an :class:`ExperienceExchange` over an actor handle, so code
-written against the SEE contract (the trainer's step functions) runs unchanged on Ray.
+written against the SEE contract (the trainer's step functions) runs unchanged on Ray. The policy actors get it
+by the exchange actor's name (:meth:`RemoteExchange.named`), not with a handle inside their constructor
+arguments: Ray does not count a handle nested in an actor's constructor arguments for that actor's restarts
+(ray-project/ray#53727; it logs an error for every such actor), and a name is resolved again by the restarted
+actor.
 """
 
 from __future__ import annotations
@@ -174,8 +178,38 @@ class RemoteExchange(ExperienceExchange):
     """The SEE contract over an exchange actor handle (records travel as JSON, validated on receipt)."""
 
     def __init__(self, handle: Any, *, producer: str = "driver") -> None:
-        self.handle = handle
+        self._handle = handle
         self.producer = producer
+        self.name: str | None = None  # set by named(): the handle is looked up, and not pickled
+        self.namespace: str | None = None
+
+    @classmethod
+    def named(cls, name: str, namespace: str | None, *, producer: str) -> RemoteExchange:
+        """The client of the exchange actor named ``name`` in Ray ``namespace``, looked up on first use in the
+        process that uses it (module docstring)."""
+        if not name:
+            raise ValueError("RemoteExchange.named needs the exchange actor's name; start_exchange(name=...)")
+        ex = cls(None, producer=producer)
+        ex.name, ex.namespace = name, namespace
+        return ex
+
+    @property
+    def handle(self) -> Any:
+        if self._handle is None:
+            import ray
+
+            try:
+                self._handle = ray.get_actor(self.name, namespace=self.namespace)
+            except ValueError as err:
+                raise RuntimeError(f"the experience exchange actor {self.name!r} (Ray namespace {self.namespace!r}) "
+                                   "is gone: the run's driver ended or killed it; restart the run (--resume)") from err
+        return self._handle
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        if self.name is not None:
+            state["_handle"] = None  # looked up again by name where it lands
+        return state
 
     def publish(self, records: Iterable[ExperienceRecord]) -> int:
         import ray

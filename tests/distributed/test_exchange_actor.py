@@ -101,3 +101,53 @@ def test_remote_exchange_keeps_the_see_contract_and_validates(ray_local, tmp_pat
         ray.get(remote.handle.publish.remote([recs[0].to_dict()], "dict-sender"))
     assert len(remote) == len(recs)
     ray.kill(remote.handle)
+
+
+class NamedClient:
+    """A restartable actor that reaches the exchange by name, as the policy actors do."""
+
+    def __init__(self, exchange) -> None:
+        self.exchange = exchange
+
+    def publish(self, lines: list[str]) -> int:
+        import ray
+
+        return ray.get(self.exchange.handle.publish.remote(lines, self.exchange.producer))
+
+    def pid(self) -> int:
+        import os
+
+        return os.getpid()
+
+
+def test_actors_reach_the_exchange_by_name_across_their_restarts(ray_local, tmp_path, capfd) -> None:
+    """No actor handle travels in a policy actor's constructor arguments (Ray does not count one for the actor's
+    restarts, ray-project/ray#53727, and logs an error per actor): the client holds the exchange actor's name,
+    pickles without a handle, and a restarted actor looks the name up again."""
+    import cloudpickle
+
+    ray = ray_local
+    handle = start_exchange(tmp_path / "see.jsonl", name="see-by-name", namespace="mrl-tests")
+    named = RemoteExchange.named("see-by-name", "mrl-tests", producer="a")
+    assert named.publish([make_record("a", 0, "x", 0)]) == 1  # resolved here, on first use
+    assert cloudpickle.loads(cloudpickle.dumps(named))._handle is None  # ...and not shipped
+    client = ray.remote(NamedClient).options(num_cpus=0, max_restarts=-1).remote(named)
+    first = ray.get(client.pid.remote())
+    assert ray.get(client.publish.remote([make_record("a", 0, "x", 1).to_json()])) == 1
+    ray.kill(client, no_restart=False)
+    deadline, pid = time.monotonic() + 60, first
+    while pid == first and time.monotonic() < deadline:  # the kill lands asynchronously
+        try:
+            pid = ray.get(client.pid.remote(), timeout=10)
+        except ray.exceptions.RayActorError:
+            pass
+        time.sleep(0.2)
+    assert pid != first, "the actor was not restarted within 60 s"
+    assert ray.get(client.publish.remote([make_record("a", 0, "x", 2).to_json()])) == 1  # restarted, by name
+    assert len(named) == 3
+    assert "constructor arguments in the object store" not in capfd.readouterr().err
+    ray.kill(handle)
+    with pytest.raises(RuntimeError, match="the experience exchange actor 'gone' .* is gone.*--resume"):
+        len(RemoteExchange.named("gone", "mrl-tests", producer="a"))
+    with pytest.raises(ValueError, match="needs the exchange actor's name"):
+        RemoteExchange.named("", None, producer="a")
