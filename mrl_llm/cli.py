@@ -32,6 +32,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from shared_interfaces.config_io import ConfigError
 
@@ -70,10 +71,21 @@ def _train(args: argparse.Namespace) -> int:
     cfg = _with_runtime(cfg, args)
     summary = train(cfg, out, resume=bool(args.resume))
     for p in summary["policies"]:
-        print(f"{p['name']}: eval_accuracy={p['eval_accuracy']} peer_exclusive_accuracy={p['peer_exclusive_accuracy']} "
-              f"kl_to_ref={p['kl_to_ref']} entropy={p['entropy']}")
+        print(final_line(p))
     print(f"summary: {Path(out) / 'summary.json'}")
     return 0
+
+
+def final_line(policy: dict[str, Any]) -> str:
+    """A policy's last metrics in ``summary.json`` as one line, ``key=value``: accuracies to 3 decimals, the KL
+    and entropy to 4 significant digits, ``n/a`` for what was not measured (no evaluation, or no prompt that
+    only a peer solved)."""
+    def fmt(key: str, spec: str) -> str:
+        v = policy.get(key)
+        return f"{key}={'n/a' if v is None else format(v, spec)}"
+
+    return f"{policy['name']}: " + " ".join(fmt(k, s) for k, s in (
+        ("eval_accuracy", ".3f"), ("peer_exclusive_accuracy", ".3f"), ("kl_to_ref", ".4g"), ("entropy", ".4g")))
 
 
 def _step_of(arg: str, flag: str) -> tuple[str, int]:

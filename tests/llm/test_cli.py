@@ -42,7 +42,7 @@ def test_train_resume_eval_report(tmp_path, capsys):
     assert main(["train", "--config", str(cfg), "--out", str(out), "--regime", "xgrpo"]) == 0
     s = json.loads((out / "summary.json").read_text())
     assert s["regime"] == "xgrpo" and s["steps"] == 1 and [p["name"] for p in s["policies"]] == ["a", "b"]
-    assert "eval_accuracy=" in capsys.readouterr().out
+    assert "a: eval_accuracy=" in capsys.readouterr().out
     from shared_interfaces.success_matrix import read_success_matrix
 
     matrix = read_success_matrix(out / "success_matrix.json")  # every run writes its success matrix at its end
@@ -116,3 +116,13 @@ def test_train_on_ray_from_the_command_line(tmp_path, capsys):
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [(r["step"], r["policy"]) for r in rows if r["kind"] == "train"] == [(0, "a"), (0, "b"), (1, "a"), (2, "a")]
     assert {r["step"] for r in rows if r["kind"] == "eval"} == {0, 2, 3}
+
+
+def test_the_final_lines_round_and_say_what_was_not_measured():
+    from mrl_llm.cli import final_line
+
+    p = {"name": "q", "eval_accuracy": 0.25, "peer_exclusive_accuracy": None, "kl_to_ref": 0.000123456,
+         "entropy": 11.91653823852539}
+    assert final_line(p) == "q: eval_accuracy=0.250 peer_exclusive_accuracy=n/a kl_to_ref=0.0001235 entropy=11.92"
+    assert final_line({"name": "q"}) == ("q: eval_accuracy=n/a peer_exclusive_accuracy=n/a kl_to_ref=n/a "
+                                         "entropy=n/a")  # nothing measured (no evaluation, no steps)
