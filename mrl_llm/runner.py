@@ -109,10 +109,11 @@ def _run(config: RunConfig, out: Path, *, resume: bool, problems: Sequence[Probl
                         prune(out / "checkpoints" / n, config.keep_checkpoints)
                 if trains and every_ck and (step + 1) % every_ck == 0:  # the actors saved
                     record_checkpoint(out, step, rt.backend.exchange_digest(step), data_fp)
+                rewards = ", ".join(f"{r['policy']} reward {r['reward_mean']:.2f}" for r in rows)
                 bar.update(1)
-                bar.set_postfix({r["policy"]: f"r={r['reward_mean']:.2f}" for r in rows})
+                bar.set_postfix_str(rewards)
                 if not config.progress:
-                    log.info("step %d: %s", step, " ".join(f"{r['policy']} r={r['reward_mean']:.2f}" for r in rows))
+                    log.info("step %d: %s", step, rewards)
 
             def evaluate(drv: Driver, t: int) -> None:
                 nonlocal exclusive

@@ -36,10 +36,15 @@ def write_config(path: Path) -> Path:
     return path
 
 
-def test_train_resume_eval_report(tmp_path, capsys):
+def test_train_resume_eval_report(tmp_path, capsys, caplog):
+    import logging
+    import re
+
     cfg = write_config(tmp_path / "cfg.yaml")
     out = tmp_path / "runs" / "grpo"
-    assert main(["train", "--config", str(cfg), "--out", str(out), "--regime", "xgrpo"]) == 0
+    with caplog.at_level(logging.INFO):
+        assert main(["train", "--config", str(cfg), "--out", str(out), "--regime", "xgrpo"]) == 0
+    assert re.search(r"step 0: a reward \d\.\d\d, b reward \d\.\d\d", caplog.text)  # progress off: one line a step
     s = json.loads((out / "summary.json").read_text())
     assert s["regime"] == "xgrpo" and s["steps"] == 1 and [p["name"] for p in s["policies"]] == ["a", "b"]
     assert "a: eval_accuracy=" in capsys.readouterr().out
