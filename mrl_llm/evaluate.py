@@ -22,6 +22,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from shared_interfaces.config_io import ConfigError
+
 
 def solved(row: Mapping[str, Any]) -> bool:
     return not row["skipped"] and (row["greedy_correct"] > 0 or row["successes"] > 0)
@@ -98,6 +100,11 @@ def evaluate_saved_policy(policy_dir: str | Path, data_path: str | Path, *, veri
     cfg = DataConfig(path=str(data_path), verifier=verifier, limit=max_prompts, answer_format=answer_format,
                      fields=FieldMap(question=question_field, answer=answer_field))
     d = Path(policy_dir)
+    if not (d / "config.json").is_file():
+        raise ConfigError(f"{d} is not a saved policy (no {d / 'config.json'}); pass a run's DIR/policies/<name>, or any "
+                          "HF model directory with its tokenizer")
+    if not Path(data_path).is_file():
+        raise ConfigError(f"evaluation data {data_path} is not a file; pass a JSONL file of question/answer rows")
     meta_path = d / POLICY_META
     meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
     name = str(meta.get("name") or d.name).replace("/", "_")

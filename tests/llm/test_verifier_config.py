@@ -78,3 +78,22 @@ def test_eval_cli_takes_the_answer_format_and_refuses_it_for_other_verifiers(tmp
     assert len(err) == 1 and "answer_format applies to the math verifier only" in err[0]
     with pytest.raises(SystemExit):  # argparse: not one of the choices
         main([*args, "--answer-format", "last_line"])
+
+
+def test_eval_cli_names_a_missing_policy_or_data_file_before_loading_anything(tmp_path, capsys):
+    """An empty or missing policy directory and a missing data file: one line saying what to pass (it was the
+    tokenizer loader's advice to install sentencepiece, and 'check data.path in the config' after the model loaded)."""
+    from mrl_llm.cli import main
+
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"question": "1+1", "answer": "2"}\n')
+    (tmp_path / "empty").mkdir()
+    for policy in (tmp_path / "empty", tmp_path / "missing"):
+        assert main(["eval", "--policy", str(policy), "--data", str(data), "--verifier", "arithmetic"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == [f"mrl_llm eval: {policy} is not a saved policy (no {policy / 'config.json'}); pass a run's "
+                       "DIR/policies/<name>, or any HF model directory with its tokenizer"]
+    (tmp_path / "empty" / "config.json").write_text("{}")  # the data is checked before the model is loaded
+    assert main(["eval", "--policy", str(tmp_path / "empty"), "--data", str(tmp_path / "no.jsonl")]) == 2
+    assert capsys.readouterr().err.strip() == (f"mrl_llm eval: evaluation data {tmp_path / 'no.jsonl'} is not a file; "
+                                               "pass a JSONL file of question/answer rows")
