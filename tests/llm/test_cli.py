@@ -42,7 +42,7 @@ def test_train_resume_eval_report(tmp_path, capsys, caplog):
 
     cfg = write_config(tmp_path / "cfg.yaml")
     out = tmp_path / "runs" / "grpo"
-    with caplog.at_level(logging.INFO):
+    with caplog.at_level(logging.INFO, logger="mrl_llm.runner"):  # (another test may have quietened mrl_llm)
         assert main(["train", "--config", str(cfg), "--out", str(out), "--regime", "xgrpo"]) == 0
     assert re.search(r"step 0: a reward \d\.\d\d, b reward \d\.\d\d", caplog.text)  # progress off: one line a step
     s = json.loads((out / "summary.json").read_text())
