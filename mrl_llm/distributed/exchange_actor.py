@@ -177,21 +177,21 @@ def start_exchange(log_path: str | Path, *, name: str | None = None, fsync: bool
 class RemoteExchange(ExperienceExchange):
     """The SEE contract over an exchange actor handle (records travel as JSON, validated on receipt)."""
 
-    def __init__(self, handle: Any, *, producer: str = "driver") -> None:
+    def __init__(self, handle: Any, *, producer: str = "driver", name: str | None = None,
+                 namespace: str | None = None) -> None:
+        if handle is None and not name:
+            raise ValueError("RemoteExchange needs the exchange actor's handle (start_exchange's return) or its name "
+                             "(RemoteExchange.named, after start_exchange(name=...))")
         self._handle = handle
         self.producer = producer
-        self.name: str | None = None  # set by named(): the handle is looked up, and not pickled
-        self.namespace: str | None = None
+        self.name = name or None  # named(): the handle is looked up, and not pickled
+        self.namespace = namespace
 
     @classmethod
     def named(cls, name: str, namespace: str | None, *, producer: str) -> RemoteExchange:
         """The client of the exchange actor named ``name`` in Ray ``namespace``, looked up on first use in the
         process that uses it (module docstring)."""
-        if not name:
-            raise ValueError("RemoteExchange.named needs the exchange actor's name; start_exchange(name=...)")
-        ex = cls(None, producer=producer)
-        ex.name, ex.namespace = name, namespace
-        return ex
+        return cls(None, producer=producer, name=name, namespace=namespace)
 
     @property
     def handle(self) -> Any:

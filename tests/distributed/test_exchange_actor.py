@@ -149,5 +149,6 @@ def test_actors_reach_the_exchange_by_name_across_their_restarts(ray_local, tmp_
     ray.kill(handle)
     with pytest.raises(RuntimeError, match="the experience exchange actor 'gone' .* is gone.*--resume"):
         len(RemoteExchange.named("gone", "mrl-tests", producer="a"))
-    with pytest.raises(ValueError, match="needs the exchange actor's name"):
-        RemoteExchange.named("", None, producer="a")
+    for no_exchange in (lambda: RemoteExchange.named("", None, producer="a"), lambda: RemoteExchange(None)):
+        with pytest.raises(ValueError, match="needs the exchange actor's handle .* or its name"):
+            no_exchange()
