@@ -97,3 +97,20 @@ def test_eval_cli_names_a_missing_policy_or_data_file_before_loading_anything(tm
     assert main(["eval", "--policy", str(tmp_path / "empty"), "--data", str(tmp_path / "no.jsonl")]) == 2
     assert capsys.readouterr().err.strip() == (f"mrl_llm eval: evaluation data {tmp_path / 'no.jsonl'} is not a file; "
                                                "pass a JSONL file of question/answer rows")
+
+
+def test_eval_cli_refuses_an_empty_data_file_naming_it(tmp_path, capsys):
+    from mrl_llm.byte_tokenizer import byte_tokenizer
+    from mrl_llm.cli import main
+    from mrl_llm.config import PolicyConfig
+    from mrl_llm.models import build_model, save_policy
+    from tests.llm.helpers import tiny
+
+    tok = byte_tokenizer()
+    model = build_model(PolicyConfig(name="a", model_config=tiny("llama", num_hidden_layers=1)), tok, seed=0)
+    save_policy(model, tok, tmp_path / "p", {"name": "a"})
+    (tmp_path / "empty.jsonl").write_text("")
+    assert main(["eval", "--policy", str(tmp_path / "p"), "--data", str(tmp_path / "empty.jsonl"),
+                 "--verifier", "arithmetic"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith(f"mrl_llm eval: dataset {tmp_path / 'empty.jsonl'} has no usable problems (0 rows")
