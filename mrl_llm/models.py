@@ -212,8 +212,9 @@ def build_model(policy: PolicyConfig, tokenizer, *, seed: int, dtype: str | None
                 f"model directory {p} for policy {policy.name!r} not found (no config.json there); put the "
                 "model's Hugging Face files there or set policies[].model_dir"
             )
-        try:
-            model = AutoModelForCausalLM.from_pretrained(str(p), dtype=dtype)
+        try:  # no "Loading weights" bar: a late-joining or restarted policy loads under the run's step bar
+            with hf_progress_bars_off():
+                model = AutoModelForCausalLM.from_pretrained(str(p), dtype=dtype)
         except Exception as err:  # noqa: BLE001 - re-raised with the path
             msg = " ".join(str(err).split())
             raise ModelLoadError(f"cannot load the model of policy {policy.name!r} from {p}: {msg}") from err
@@ -286,8 +287,9 @@ def count_params(model: torch.nn.Module) -> dict[str, int]:
 
 @contextmanager
 def hf_progress_bars_off() -> Iterator[None]:
-    """transformers' progress bars off inside the block (restored after): a checkpoint's save must not print its
-    "Writing model shards" bar across the run's own step bar."""
+    """transformers' progress bars off inside the block (restored after): a checkpoint's save or a local load
+    must not print its "Writing model shards" / "Loading weights" bar across the run's own step bar. (A hub
+    download keeps its bars: it can take minutes.)"""
     from transformers.utils import logging as hf_logging
 
     was_on = hf_logging.is_progress_bar_enabled()

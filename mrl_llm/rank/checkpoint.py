@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from mrl_llm.config import PolicyConfig
-from mrl_llm.models import save_policy
+from mrl_llm.models import hf_progress_bars_off, save_policy
 from mrl_llm.parallel.checkpoint import load_optimizer_state
 from mrl_llm.precision import lowp_copy
 from mrl_llm.rank.model import PolicyModel
@@ -94,7 +94,8 @@ def load_checkpoint(d: Path, pm: PolicyModel, *, tok_id: str) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM
 
     meta = read_state(d, tok_id)
-    loaded = AutoModelForCausalLM.from_pretrained(str(d / "model"), dtype=torch.float32)
+    with hf_progress_bars_off():  # a rank rejoining mid-run: no "Loading weights" bar under the step bar
+        loaded = AutoModelForCausalLM.from_pretrained(str(d / "model"), dtype=torch.float32)
     pm.load_weights(loaded.state_dict())  # k > 1: each rank its shard
     del loaded
     load_optimizer_state(pm.optimizer, torch.load(d / "optimizer.pt", weights_only=True))

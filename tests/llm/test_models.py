@@ -33,14 +33,15 @@ def test_a_policy_model_is_built_with_dropout_off(caplog):
     assert disable_dropout(torch.nn.Sequential(torch.nn.Dropout(0.5), torch.nn.Dropout(0.1))) == 2
 
 
-def test_saving_a_policy_prints_no_progress_bar_and_leaves_the_setting_as_it_was(tmp_path, capfd):
-    """A checkpoint's save inside the step loop would print transformers' "Writing model shards" bar across the
-    run's step bar (transformers 5): it is off for the save and back as it was after, on or off."""
+def test_saving_and_loading_a_policy_print_no_progress_bar_and_leave_the_setting_as_it_was(tmp_path, capfd):
+    """A checkpoint's save inside the step loop, or a local model directory loaded by a policy that joins or
+    rejoins mid-run, would print transformers' "Writing model shards" / "Loading weights" bar across the run's
+    step bar (transformers 5): they are off for the save and the load and back as they were after, on or off."""
     from transformers.utils import logging as hf_logging
 
     from mrl_llm.byte_tokenizer import byte_tokenizer
     from mrl_llm.config import PolicyConfig
-    from mrl_llm.models import hf_progress_bars_off, save_policy
+    from mrl_llm.models import hf_progress_bars_off, load_policy, save_policy
 
     tok = byte_tokenizer()
     model = build_model(PolicyConfig(name="a", model_config=tiny("llama", num_hidden_layers=1)), tok, seed=0)
@@ -51,6 +52,10 @@ def test_saving_a_policy_prints_no_progress_bar_and_leaves_the_setting_as_it_was
             save_policy(model, tok, tmp_path / f"p{on}", {"name": "a"})
             assert hf_logging.is_progress_bar_enabled() is on
             assert "Writing model shards" not in capfd.readouterr().err
+            loaded, _, meta = load_policy(tmp_path / f"p{on}")
+            assert meta["name"] == "a" and hf_logging.is_progress_bar_enabled() is on
+            assert "Loading weights" not in capfd.readouterr().err
+            torch.testing.assert_close(loaded.state_dict(), model.state_dict())
         hf_logging.enable_progress_bar()
         with pytest.raises(OSError, match="disk full"), hf_progress_bars_off():  # back on after an error too
             assert not hf_logging.is_progress_bar_enabled()
