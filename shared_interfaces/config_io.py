@@ -9,13 +9,15 @@ values that fit a signed 64-bit integer (what numpy and torch accept).
 YAML is only ever read with :func:`load_yaml`: safe-loaded (no tags execute) and without anchors or
 aliases (``&a`` / ``*a`` / ``<<: *a``), which are refused with an error naming the file and line: an
 alias is shared when loaded but expanded when a config is written out, so a 2 KB "billion laughs" file
-would otherwise grow to gigabytes.
+would otherwise grow to gigabytes. Numbers in exponent form without a dot (``lr: 1e-6``, ``1E3``) are floats,
+as in YAML 1.2 and JSON (PyYAML's YAML 1.1 reads them as strings).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import types
 import typing
 from collections.abc import Mapping
@@ -84,6 +86,8 @@ def _convert(tp: Any, value: Any, where: str) -> Any:
             raise ConfigError(f"{where}: {value!r} is not a finite number; give a finite value")
         return out
     if tp is int:
+        if isinstance(value, float) and value.is_integer() and INT_MIN <= value <= INT_MAX:
+            raise ConfigError(f"{where}: expected an integer, got {value!r}; write it as {int(value)}")
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(f"{where}: expected an integer, got {value!r}")
         if not INT_MIN <= value <= INT_MAX:
@@ -140,8 +144,13 @@ def to_mapping(obj: Any) -> Any:
     return obj
 
 
+#: YAML 1.2 floats in exponent form that YAML 1.1 (PyYAML) reads as strings: ``1e-6``, ``-2E+3``, ``3.e4``.
+_EXPONENT_FLOAT = re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$")
+
+
 def _no_alias_loader(path: Path) -> type:
-    """A ``yaml.SafeLoader`` that refuses anchors and aliases (module docstring) naming ``path``."""
+    """A ``yaml.SafeLoader`` that refuses anchors and aliases and reads ``1e-6`` as a float (module docstring),
+    naming ``path`` in its errors."""
     import yaml
 
     class NoAliasLoader(yaml.SafeLoader):
@@ -156,6 +165,7 @@ def _no_alias_loader(path: Path) -> type:
                 )
             return super().compose_node(parent, index)
 
+    NoAliasLoader.add_implicit_resolver("tag:yaml.org,2002:float", _EXPONENT_FLOAT, list("-+0123456789"))
     return NoAliasLoader
 
 
@@ -166,6 +176,8 @@ def load_yaml(path: str | Path) -> Any:
     p = Path(path)
     if not p.exists():
         raise ConfigError(f"config file {p} does not exist")
+    if p.is_dir():
+        raise ConfigError(f"{p} is a directory; give a YAML file")
     try:
         with open(p, encoding="utf-8") as fh:
             text = fh.read()

@@ -47,6 +47,24 @@ def test_plain_yaml_and_empty_file_still_load(tmp_path):
     assert load_yaml(p) == {}
 
 
+def test_exponent_numbers_are_floats_as_in_yaml_1_2(tmp_path):
+    """``lr: 1e-6`` is how learning rates are written; PyYAML (YAML 1.1) alone reads it as the string '1e-6'."""
+    p = tmp_path / "c.yaml"
+    p.write_text("a: 1e-6\nb: -2E+3\nc: 3.e4\nd: 1.0e-6\ne: 12\nf: '1e-6'\ng: 1e3x\nh: [1e-3, 2]\n")
+    assert load_yaml(p) == {"a": 1e-6, "b": -2000.0, "c": 3e4, "d": 1e-6, "e": 12, "f": "1e-6", "g": "1e3x",
+                            "h": [1e-3, 2]}
+    assert from_mapping(_Cfg, {"x": load_yaml(p)["a"]}, where="cfg").x == 1e-6
+    with pytest.raises(ConfigError, match=r"cfg\.n: expected an integer, got 1000\.0; write it as 1000"):
+        from_mapping(_Cfg, {"n": 1e3}, where="cfg")
+    with pytest.raises(ConfigError, match=r"cfg\.n: expected an integer, got 1\.5$"):
+        from_mapping(_Cfg, {"n": 1.5}, where="cfg")
+
+
+def test_a_directory_is_not_a_config_file(tmp_path):
+    with pytest.raises(ConfigError, match=r"is a directory; give a YAML file"):
+        load_yaml(tmp_path)
+
+
 def test_malformed_yaml_names_the_file(tmp_path):
     p = tmp_path / "bad.yaml"
     p.write_text("a: [1, 2\n")
