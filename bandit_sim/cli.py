@@ -89,10 +89,11 @@ def build_config(args: argparse.Namespace) -> SimConfig:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from bandit_sim.results import write_run
+    from bandit_sim.results import check_out_dir, write_run
     from bandit_sim.runner import run_config, scenario_of
 
     cfg = build_config(args)
+    check_out_dir(args.out)
     scenario = scenario_of(cfg)
     res = run_config(cfg, scenario, workers=args.workers, progress=not args.quiet)
     info = {"source": cfg.scenario or "generator", "shape": list(scenario.init_logits.shape)}

@@ -95,6 +95,8 @@ class SimConfig:
 def config_from_mapping(data: Mapping[str, Any], base: SimConfig | None = None, *, where: str = "config") -> SimConfig:
     """``base`` (defaults when None) updated by ``data``; nested sections (``generator``, ``sgt``, ...) are
     merged key by key. Unknown keys raise :class:`ConfigError` naming them."""
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{where}: the top level must be a mapping of SimConfig keys, got {type(data).__name__}")
     merged = to_mapping(base or SimConfig())
     for key, value in dict(data).items():
         if isinstance(value, Mapping) and isinstance(merged.get(key), dict):

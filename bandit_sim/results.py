@@ -19,12 +19,14 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
 from pathlib import Path
 
 import numpy as np
 
 from bandit_sim.engine import SimResult
 from bandit_sim.metrics import ALL_METRICS, seed_summary
+from shared_interfaces.config_io import ConfigError
 
 SUMMARY_KEYS = (
     "accuracy", "rescue_accuracy", "support", "kl_to_init", "entropy", "ratio_variance", "sgt_activations",
@@ -98,10 +100,39 @@ def write_metrics(result: SimResult, out_dir: Path) -> None:
                         w.writerow([int(step), name, pol, key, f"{mean:.6g}", f"{ci:.6g}", f"{var:.6g}"])
 
 
+#: Every file a run writes (:func:`write_run`); a rerun into the same directory removes them first, so no
+#: figure of the earlier run is left beside the new summary.
+RUN_FILES = ("summary.json", "metrics.csv", "metrics.npz", "learning_curves.png", "stability_support.png")
+
+
+def check_out_dir(out_dir: str | Path) -> Path:
+    """``out_dir`` as a path a run may be written to, checked before the run: a new or empty directory, or an
+    earlier run's (which the run replaces); anything else is a :class:`ConfigError` saying what to give."""
+    if not str(out_dir).strip():
+        raise ConfigError("--out is empty; give a directory for the run's outputs")
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} is a file; give a directory for the run's outputs")
+    if out.is_dir() and any(out.iterdir()) and not (out / "summary.json").is_file():
+        raise ConfigError(f"--out {out} is a non-empty directory that holds no bandit_sim run; give a new or "
+                          "empty directory (a directory with an earlier run's summary.json is replaced)")
+    nearest = out.absolute()
+    while not nearest.exists():
+        nearest = nearest.parent
+    if not nearest.is_dir():
+        raise ConfigError(f"--out {out}: {nearest} is a file, not a directory; give another --out")
+    if not os.access(nearest, os.W_OK | os.X_OK):
+        raise ConfigError(f"--out {out}: {nearest} is not writable; give a directory you can write to")
+    return out
+
+
 def write_run(result: SimResult, out_dir: str | Path, scenario_info: dict | None = None, plots: bool = True) -> dict:
-    """Write every output of a run under ``out_dir``; returns the summary."""
+    """Write every output of a run under ``out_dir`` (:func:`check_out_dir`'s; an earlier run's files there are
+    removed first); returns the summary."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    for name in RUN_FILES:
+        (out / name).unlink(missing_ok=True)
     summary = summary_dict(result, scenario_info)
     (out / "summary.json").write_text(json.dumps(summary, indent=2, allow_nan=False) + "\n")
     write_metrics(result, out)

@@ -62,10 +62,44 @@ def test_bad_input_gives_a_clear_error(tmp_path, capsys, argv, msg):
     assert msg in capsys.readouterr().err
 
 
-def test_bad_config_key(tmp_path, capsys):
-    (tmp_path / "c.yaml").write_text("stepz: 3\n")
+def test_out_is_checked_before_the_run_and_a_rerun_leaves_no_stale_figure(tmp_path, capsys):
+    """A file, an empty string or a foreign non-empty directory as --out is refused before anything runs; an
+    earlier run's directory is replaced whole (no figure of it left beside a ``--no-plots`` rerun's summary)."""
+    (tmp_path / "afile").write_text("x")
+    (tmp_path / "home").mkdir()
+    (tmp_path / "home" / "notes.txt").write_text("mine")
+    for out, msg in ((tmp_path / "afile", "is a file"), (tmp_path / "afile" / "sub", "is a file, not a directory"),
+                     ("", "--out is empty"), (tmp_path / "home", "holds no bandit_sim run")):
+        assert main(["run", "--preset", "smoke", "--steps", "2", "--seeds", "1", "--out", str(out), "--quiet"]) == 2
+        err = capsys.readouterr().err
+        assert msg in err and "Traceback" not in err
+    assert (tmp_path / "home" / "notes.txt").read_text() == "mine" and not (tmp_path / "summary.json").exists()
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "summary.json").write_text("{}")
+    (run / "stability_support.png").write_bytes(b"old figure")
+    assert main(["run", "--preset", "smoke", "--steps", "2", "--seeds", "1", "--regimes", "grpo", "--out", str(run),
+                 "--quiet", "--no-plots"]) == 0
+    assert sorted(f.name for f in run.iterdir()) == ["metrics.csv", "metrics.npz", "summary.json"]
+
+
+@pytest.mark.parametrize("text, msg", [
+    ("stepz: 3\n", "unknown key(s) ['stepz']"),
+    ("- 1\n", "the top level must be a mapping of SimConfig keys, got list"),
+    ("lr: 1e-3x\n", "lr: expected a number, got '1e-3x'"),
+    ("steps: 1e3\n", "steps: expected an integer, got 1000.0; write it as 1000"),
+])
+def test_bad_config_file(tmp_path, capsys, text, msg):
+    (tmp_path / "c.yaml").write_text(text)
     assert main(["run", "--preset", "smoke", "--config", str(tmp_path / "c.yaml"), "--out", str(tmp_path)]) == 2
-    assert "unknown key(s) ['stepz']" in capsys.readouterr().err
+    assert msg in capsys.readouterr().err
+
+
+def test_config_lr_in_exponent_form(tmp_path):
+    (tmp_path / "c.yaml").write_text("lr: 1e-3\nsteps: 2\nseeds: 1\nregimes: [grpo]\n")
+    assert main(["run", "--preset", "smoke", "--config", str(tmp_path / "c.yaml"), "--out", str(tmp_path / "o"),
+                 "--quiet", "--no-plots"]) == 0
+    assert json.loads((tmp_path / "o" / "summary.json").read_text())["config"]["lr"] == 1e-3
 
 
 def test_bad_scenario_values(tmp_path, capsys):
