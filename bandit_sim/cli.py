@@ -106,7 +106,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from bandit_sim.sweep import run_sweep
+    from bandit_sim.sweep import read_grid_record, run_sweep
     from bandit_sim.sweep_config import load_grid
 
     if (args.out is None) == (args.resume is None):
@@ -120,7 +120,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         grid_file = out / "grid.json"
         if not grid_file.is_file():
             raise ConfigError(f"--resume {out}: no grid.json there; it is not a sweep directory")
-        grid = _recorded_grid(json.loads(grid_file.read_text()), grid_file)
+        grid = _recorded_grid(read_grid_record(grid_file), grid_file)
     else:
         raise ConfigError("give --grid NAME or FILE.yaml (named grids: paper, paper-full, smoke)")
     res = run_sweep(grid, out, runtime=args.runtime, workers=args.workers, resume=args.resume is not None,
@@ -136,8 +136,6 @@ def _recorded_grid(data: dict, where: Path):
     from bandit_sim.config import config_from_mapping
     from bandit_sim.sweep_config import SweepGrid
 
-    if not isinstance(data, dict) or set(data) != {"name", "base", "axes"}:
-        raise ConfigError(f"{where}: not a grid record (keys name, base, axes); pass --grid")
     base = config_from_mapping(data["base"], where=f"{where}: base")
     return SweepGrid(base, {k: tuple(v) for k, v in data["axes"].items()}, name=str(data["name"]))
 

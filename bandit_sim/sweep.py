@@ -48,9 +48,17 @@ ATTEMPTS = 2  # a failing point is tried twice, then reported
 PointFn = Callable[[SimConfig, dict, int], dict]
 
 
+def _value_key(v: float) -> str:
+    """``v`` as short as it can be written and read back exactly: ``0.2``, ``5``, ``0.1234561`` (``:g`` keeps 6
+    digits, so 0.1234561 and 0.1234562 would share a point file)."""
+    short = f"{v:g}"
+    return short if float(short) == v else repr(v)
+
+
 def point_key(point: dict[str, float]) -> str:
-    """The point's file name stem, e.g. ``overlap=0.2,group_size=4``."""
-    return ",".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in point.items()) or "base"
+    """The point's file name stem, e.g. ``overlap=0.2,group_size=4``; distinct points have distinct keys."""
+    return ",".join(f"{k}={_value_key(v)}" if isinstance(v, float) else f"{k}={v}"
+                    for k, v in point.items()) or "base"
 
 
 def run_point(base: SimConfig, point: dict[str, float], workers: int = 1) -> dict[str, Any]:
@@ -134,10 +142,14 @@ def prepare_dir(grid: SweepGrid, out: Path, *, resume: bool) -> dict[str, dict]:
     if resume:
         if not ident_path.is_file():
             raise ConfigError(f"--resume {out}: no grid.json there; it is not a sweep directory (start one with --out)")
-        old = json.loads(ident_path.read_text())
+        old = read_grid_record(ident_path)
         if {k: old.get(k) for k in ("base", "axes")} != {k: ident[k] for k in ("base", "axes")}:
             raise ConfigError(f"--resume {out}: that sweep was made by another grid ({old.get('name')}); resume it with "
                               "the same grid, or start a new --out")
+        if list(old["axes"]) != list(ident["axes"]):
+            raise ConfigError(f"--resume {out}: that sweep's axes were {list(old['axes'])}, this grid's are "
+                              f"{list(ident['axes'])} (the same in another order names every point anew); list "
+                              "them in the recorded order")
     else:
         if (out / "points").is_dir() and any((out / "points").glob("*.json")):
             raise ConfigError(f"--out {out} already holds a sweep's points; continue it with --resume {out} or pick "
@@ -149,10 +161,29 @@ def prepare_dir(grid: SweepGrid, out: Path, *, resume: bool) -> dict[str, dict]:
     done = {}
     for f in (out / "points").glob("*.json"):
         try:
-            done[f.stem] = json.loads(f.read_text())
+            data = json.loads(f.read_text())
         except json.JSONDecodeError as err:
             raise ConfigError(f"{f} is not valid JSON ({err}); delete it and --resume to rerun that point") from err
+        rows = data.get("rows") if isinstance(data, dict) else None
+        if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+            raise ConfigError(f"{f} is not a sweep point's result (no list of rows); delete it and --resume to rerun "
+                              "that point")
+        done[f.stem] = data
     return done
+
+
+def read_grid_record(path: Path) -> dict[str, Any]:
+    """A sweep directory's ``grid.json`` (:meth:`SweepGrid.to_dict`), checked: a mapping with ``name``, ``base``
+    (a mapping) and ``axes`` (axis -> list of numbers)."""
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"{path} is not valid JSON ({err}); pass the sweep's --grid to rewrite it") from err
+    if (not isinstance(data, dict) or set(data) != {"name", "base", "axes"} or not isinstance(data["base"], dict)
+            or not isinstance(data["axes"], dict) or not all(isinstance(v, list) for v in data["axes"].values())):
+        raise ConfigError(f"{path}: not a grid record (keys name, base, axes; axes: lists of values); pass the "
+                          "sweep's --grid")
+    return data
 
 
 def make_runtime(runtime: str, *, workers: int, ray_address: str | None, point_fn: PointFn) -> Runtime:
@@ -221,10 +252,12 @@ def _schedule(rt: Runtime, base: SimConfig, todo: list[tuple[str, dict]], out: P
 def write_outputs(grid: SweepGrid, out: Path, result: SweepResult, *, runtime: str, workers: int) -> None:
     rows = result.rows
     if rows:
-        with open(out / "sweep.csv", "w", newline="") as fh:
+        tmp = out / "sweep.csv.tmp"
+        with open(tmp, "w", newline="") as fh:
             w = csv.DictWriter(fh, fieldnames=list(rows[0]))
             w.writeheader()
             w.writerows(rows)
+        os.replace(tmp, out / "sweep.csv")  # a failure half-way leaves the earlier table whole
         plot_sweep(grid, rows, out / "sweep.png")
     summary = {"grid": grid.name, "axes": {k: list(v) for k, v in grid.axes.items()}, "points": result.points,
                "finished": result.points - len(result.failures), "ran_now": result.ran, "runtime": runtime,

@@ -19,6 +19,7 @@ every point's run config is built (and so validated) when the grid is loaded.
 
 from __future__ import annotations
 
+import math
 import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -63,9 +64,17 @@ class SweepGrid:
 
 
 def apply_point(base: SimConfig, point: Mapping[str, float]) -> SimConfig:
-    """The run config of one grid point."""
+    """The run config of one grid point; a value the point's key cannot change (overlap over a scenario file,
+    which no generator makes) or that is not finite / whole where it must be is a :class:`ConfigError`."""
     cfg = base
     for name, v in point.items():
+        if not math.isfinite(v):
+            raise ConfigError(f"axis {name}: {v} is not a finite number")
+        if name == "overlap" and cfg.scenario is not None:
+            raise ConfigError(f"axis overlap changes the generated scenario, but the config reads scenario "
+                              f"{cfg.scenario}; remove the overlap axis or the scenario override")
+        if name == "group_size" and v != int(v):
+            raise ConfigError(f"axis group_size: {v} is not a whole number")
         if name == "overlap":
             gen = cfg.generator
             cfg = replace(cfg, generator=replace(gen, overlap=float(v), unsolved=min(gen.unsolved, 1.0 - float(v))))

@@ -147,11 +147,50 @@ def test_cli_resume_reads_the_recorded_grid(tmp_path, capsys):
     assert read_csv(tmp_path / "a" / "sweep.csv") == first
 
 
-@pytest.mark.parametrize("content", ["{not json", ""])
-def test_corrupt_point_file_names_itself(tmp_path, capsys, content):
+@pytest.mark.parametrize(("content", "msg"), [("{not json", "is not valid JSON"), ("", "is not valid JSON"),
+                                              ("{}", "is not a sweep point's result"),
+                                              ("[]", "is not a sweep point's result"),
+                                              ('{"rows": [1]}', "is not a sweep point's result")])
+def test_corrupt_point_file_names_itself(tmp_path, capsys, content, msg):
     gf = grid_file(tmp_path)
     assert main(["sweep", "--grid", str(gf), "--out", str(tmp_path / "a"), "--quiet"]) == 0
+    table = (tmp_path / "a" / "sweep.csv").read_text()
     (tmp_path / "a" / "points" / "overlap=0.2,thl_sigma=0.json").write_text(content)
     capsys.readouterr()
     assert main(["sweep", "--resume", str(tmp_path / "a"), "--quiet"]) == 2
-    assert "overlap=0.2,thl_sigma=0.json is not valid JSON" in capsys.readouterr().err
+    assert f"overlap=0.2,thl_sigma=0.json {msg}" in capsys.readouterr().err
+    assert (tmp_path / "a" / "sweep.csv").read_text() == table
+
+
+@pytest.mark.parametrize(("content", "msg"), [("{not json", "grid.json is not valid JSON"),
+                                              ('{"name": "g", "base": {}, "axes": {"lr": 5}}', "not a grid record"),
+                                              ("[]", "not a grid record")])
+def test_corrupt_grid_record_names_itself(tmp_path, capsys, content, msg):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "grid.json").write_text(content)
+    assert main(["sweep", "--resume", str(tmp_path / "a"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert msg in err and "Traceback" not in err
+
+
+def test_resume_with_the_axes_in_another_order_is_refused(tmp_path, capsys):
+    gf = grid_file(tmp_path, steps=2)
+    assert main(["sweep", "--grid", str(gf), "--out", str(tmp_path / "a"), "--quiet"]) == 0
+    gf.write_text((GRID % 2).replace("axes: {overlap: [0.2, 0.5, 0.8], thl_sigma: [0.0, 1.0]}",
+                                     "axes: {thl_sigma: [0.0, 1.0], overlap: [0.2, 0.5, 0.8]}"))
+    capsys.readouterr()
+    assert main(["sweep", "--grid", str(gf), "--resume", str(tmp_path / "a"), "--quiet"]) == 2
+    assert "list them in the recorded order" in capsys.readouterr().err
+
+
+def test_close_axis_values_get_their_own_point_files(tmp_path):
+    """``:g`` keeps 6 digits: 0.1234561 and 0.1234562 shared one point file, and the table showed one value's
+    result under both."""
+    assert point_key({"lr": 0.1234561}) != point_key({"lr": 0.1234562})
+    assert [point_key({"overlap": v, "group_size": 4}) for v in (0.2, 5.0, 1e-7)] == [
+        "overlap=0.2,group_size=4", "overlap=5,group_size=4", "overlap=1e-07,group_size=4"]
+    gf = tmp_path / "g.yaml"
+    gf.write_text("base: smoke\noverrides: {steps: 2, seeds: 1, regimes: [grpo]}\naxes: {lr: [0.1234561, 0.1234562]}\n")
+    res = run_sweep(load_grid(gf), tmp_path / "s", progress=False)
+    assert len(list((tmp_path / "s" / "points").glob("*.json"))) == 2
+    assert sorted({r["lr"] for r in res.rows}) == [0.1234561, 0.1234562]

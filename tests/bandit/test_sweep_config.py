@@ -51,6 +51,11 @@ def test_overlap_caps_unsolved():
     ({"base": "smoke", "overrides": {"stepz": 3}, "axes": {"lr": [1.0]}}, "unknown key(s) ['stepz']"),
     ({"base": "smoke", "overrides": [1], "axes": {"lr": [1.0]}}, "'overrides' must be a mapping"),
     ({"base": "smoke", "axes": {"lr": [1.0, -2.0]}}, "lr must be > 0"),
+    ({"base": "smoke", "axes": {"lr": [1.0, float("inf")]}}, "axis lr: inf is not a finite number"),
+    ({"base": "smoke", "axes": {"thl_sigma": [float("nan")]}}, "axis thl_sigma: nan is not a finite number"),
+    ({"base": "smoke", "axes": {"group_size": [4, 4.2]}}, "axis group_size: 4.2 is not a whole number"),
+    ({"base": "smoke", "overrides": {"scenario": "s.npz"}, "axes": {"overlap": [0.2, 0.8]}},
+     "axis overlap changes the generated scenario, but the config reads scenario s.npz"),
 ])
 def test_malformed_grids_name_the_problem(data, needle):
     with pytest.raises(ConfigError) as err:
