@@ -9,7 +9,7 @@ Choices not given by the paper (documented here, swept by ``bandit_sim sweep``):
 step's update is divided by the learner's number of policy-gradient rows, and ``L_SGT`` by its number of
 SGT targets in the batch; the THL residual on PRP's aligned peer denominator is log-normal,
 ``log mu = log pi_peer(a) + thl_bias + thl_sigma * xi`` with ``xi ~ N(0, 1)`` per (learner, peer sample).
-``threads`` is torch's intra-op thread count; on a shared 2-core machine one thread per process and
+``threads`` is torch's intra-op thread count (at most this machine's cores are used); on a shared 2-core machine one thread per process and
 ``--workers 2`` (two processes) is faster than two threads, which stall whenever the other core is busy.
 ``plan_table`` looks the core's per-prompt plan up in a table of every 0/1 outcome (built once by the
 core, :mod:`bandit_sim.plan_table`; the same numbers) instead of calling it on every step.
@@ -74,6 +74,12 @@ class SimConfig:
             raise ConfigError(f"lr must be > 0, got {self.lr}")
         if not self.thl_sigma >= 0:
             raise ConfigError(f"thl_sigma must be >= 0, got {self.thl_sigma}")
+        for name in ("support_eps", "rescue_eps"):
+            if not getattr(self, name) >= 0:
+                raise ConfigError(f"{name} must be >= 0 (a probability threshold), got {getattr(self, name)}")
+        if not 0 <= self.rescue_peer_min <= 1:
+            raise ConfigError(f"rescue_peer_min must be in [0, 1] (a peer's success probability), got "
+                              f"{self.rescue_peer_min}")
         if not self.regimes:
             raise ConfigError("regimes: give at least one regime, e.g. grpo,xgrpo,sgt")
         self.regime_specs()  # unknown or invalid regime names fail here, naming the regime

@@ -26,6 +26,7 @@ or the peer's recorded log-prob plus the THL residual ``thl_bias + thl_sigma * x
 from __future__ import annotations
 
 import math
+import os
 import time
 import zlib
 from collections.abc import Sequence
@@ -95,7 +96,7 @@ class Engine:
     the slice (this is how :mod:`bandit_sim.runner` shards a run over processes)."""
 
     def __init__(self, scenario: Scenario, cfg: SimConfig, seed_range: tuple[int, int] | None = None):
-        torch.set_num_threads(cfg.threads)
+        torch.set_num_threads(min(cfg.threads, os.cpu_count() or 1))  # more threads than cores only contend
         self.cfg = cfg
         self.specs = cfg.regime_specs()
         self.scenario = scenario

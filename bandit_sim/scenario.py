@@ -47,6 +47,9 @@ class Scenario:
             raise ScenarioError(
                 f"scenario: {len(self.policy_names)} policy names for {init.shape[0]} policies in init_logits"
             )
+        if len(set(self.policy_names)) != len(self.policy_names):
+            raise ScenarioError(f"scenario: policy names {list(self.policy_names)} repeat a name; give each policy "
+                                "its own (the metrics are keyed by name)")
         if self.features is not None:
             feats = np.asarray(self.features, dtype=np.float64)
             if feats.ndim != 3 or feats.shape[:2] != rew.shape:
@@ -85,10 +88,14 @@ class Scenario:
         return (self.init_probs() * self.correct).sum(axis=-1)
 
 
+#: The largest |init logit| a scenario may hold: softmax probabilities saturate long before (exp(-60) ~ 1e-26), and
+#: beyond float32's range (3.4e38) a logit would be inf.
+MAX_ABS_LOGIT = 1e6
+
+
 def validate_arrays(init_logits, rewards, *, where: str = "scenario") -> tuple[np.ndarray, np.ndarray]:
     """Check shapes and values; return float64 copies. Errors name the array and the fix."""
-    init = np.asarray(init_logits, dtype=np.float64)
-    rew = np.asarray(rewards, dtype=np.float64)
+    init, rew = (_real_array(a, name, where) for a, name in ((init_logits, "init_logits"), (rewards, "rewards")))
     if init.ndim != 3:
         raise ScenarioError(f"{where}: init_logits must have shape [P, C, K] (policies, contexts, arms), got {init.shape}")
     if rew.ndim != 2:
@@ -106,6 +113,11 @@ def validate_arrays(init_logits, rewards, *, where: str = "scenario") -> tuple[n
             f"{where}: init_logits contain NaN or inf; use a large negative finite logit (e.g. -60) for "
             "an arm the policy never pulls"
         )
+    if np.abs(init).max() > MAX_ABS_LOGIT:
+        raise ScenarioError(
+            f"{where}: init_logits reach {np.abs(init).max():.3g}, beyond +-{MAX_ABS_LOGIT:g} (the simulator may "
+            "compute in float32); use a large negative finite logit (e.g. -60) for an arm the policy never pulls"
+        )
     if not np.isfinite(rew).all():
         raise ScenarioError(f"{where}: rewards contain NaN or inf")
     if rew.min() < 0.0 or rew.max() > 1.0:
@@ -113,6 +125,15 @@ def validate_arrays(init_logits, rewards, *, where: str = "scenario") -> tuple[n
             f"{where}: rewards must be success probabilities in [0, 1], got range [{rew.min()}, {rew.max()}]"
         )
     return init.copy(), rew.copy()
+
+
+def _real_array(a, name: str, where: str) -> np.ndarray:
+    """``a`` as a float64 array, or a :class:`ScenarioError` naming ``name`` (text, complex numbers)."""
+    arr = np.asarray(a)
+    if arr.dtype.kind not in "biuf":
+        raise ScenarioError(f"{where}: {name} must hold real numbers, got dtype {arr.dtype} "
+                            f"({'complex' if arr.dtype.kind == 'c' else 'not numbers'}); save float arrays")
+    return arr.astype(np.float64)
 
 
 def save_scenario(path: str | Path, scenario: Scenario) -> Path:
@@ -136,6 +157,13 @@ def load_scenario(path: str | Path) -> Scenario:
     p = Path(path)
     if not p.exists():
         raise ScenarioError(f"scenario file {p} does not exist; pass --scenario FILE.npz or --preset NAME")
+    if p.is_dir():
+        raise ScenarioError(f"scenario {p} is a directory; pass --scenario FILE.npz")
+    with open(p, "rb") as fh:
+        magic = fh.read(4)
+    if magic != b"PK\x03\x04":  # an .npz is a zip archive
+        raise ScenarioError(f"scenario file {p} is {'empty' if not magic else 'not an .npz (a zip archive)'}; "
+                            "write one with numpy.savez(path, init_logits=..., rewards=...) or bandit_sim scenario")
     try:
         with np.load(p, allow_pickle=False) as data:
             arrays = {k: data[k] for k in data.files}
@@ -151,6 +179,8 @@ def load_scenario(path: str | Path) -> Scenario:
         raise ScenarioError(f"scenario file {p} has unknown array(s) {unknown}; known: init_logits, rewards, policy_names, features")
     init, rew = validate_arrays(arrays["init_logits"], arrays["rewards"], where=f"scenario file {p}")
     names = arrays.get("policy_names")
+    if names is not None and names.ndim != 1:
+        raise ScenarioError(f"scenario file {p}: policy_names must be a 1-D array of names, got shape {names.shape}")
     names_t = tuple(str(n) for n in names.tolist()) if names is not None else default_names(init.shape[0])
     return Scenario(init, rew, names_t, arrays.get("features"))
 

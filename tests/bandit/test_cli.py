@@ -88,11 +88,29 @@ def test_out_is_checked_before_the_run_and_a_rerun_leaves_no_stale_figure(tmp_pa
     ("- 1\n", "the top level must be a mapping of SimConfig keys, got list"),
     ("lr: 1e-3x\n", "lr: expected a number, got '1e-3x'"),
     ("steps: 1e3\n", "steps: expected an integer, got 1000.0; write it as 1000"),
+    ("support_eps: -1\n", "support_eps must be >= 0"),
+    ("rescue_peer_min: 7\n", "rescue_peer_min must be in [0, 1]"),
 ])
 def test_bad_config_file(tmp_path, capsys, text, msg):
     (tmp_path / "c.yaml").write_text(text)
     assert main(["run", "--preset", "smoke", "--config", str(tmp_path / "c.yaml"), "--out", str(tmp_path)]) == 2
     assert msg in capsys.readouterr().err
+
+
+def test_more_threads_than_cores_use_the_cores(tmp_path):
+    """``threads: 100000`` crashed torch (a segfault, no message); the engine uses at most this machine's cores."""
+    import os
+
+    import torch
+
+    was = torch.get_num_threads()
+    try:
+        (tmp_path / "c.yaml").write_text("threads: 100000\nsteps: 2\nseeds: 1\nregimes: [grpo]\n")
+        assert main(["run", "--preset", "smoke", "--config", str(tmp_path / "c.yaml"), "--out", str(tmp_path / "o"),
+                     "--quiet", "--no-plots"]) == 0
+        assert torch.get_num_threads() == os.cpu_count()
+    finally:
+        torch.set_num_threads(was)
 
 
 def test_config_lr_in_exponent_form(tmp_path):

@@ -82,6 +82,12 @@ def test_npz_with_only_the_two_arrays(tmp_path):
     (dict(init_logits=np.zeros((2, 3, 4))), "lacks array"),
     (dict(init_logits=np.zeros((2, 3, 4)), rewards=np.zeros((3, 4)), extra=np.zeros(2)), "unknown array"),
     (dict(init_logits=np.zeros((2, 3, 1)), rewards=np.zeros((3, 1))), "K >= 2"),
+    (dict(init_logits=np.full((2, 3, 4), 1e39), rewards=np.zeros((3, 4))), r"reach 1e\+39, beyond \+-1e\+06"),
+    (dict(init_logits=np.full((2, 3, 4), "a"), rewards=np.zeros((3, 4))), "init_logits must hold real numbers"),
+    (dict(init_logits=np.zeros((2, 3, 4), complex), rewards=np.zeros((3, 4))), r"real numbers.*\(complex\)"),
+    (dict(init_logits=np.zeros((2, 3, 4)), rewards=np.zeros((3, 4)), policy_names=np.array("ab")), "1-D array"),
+    (dict(init_logits=np.zeros((2, 3, 4)), rewards=np.zeros((3, 4)), policy_names=np.array(["a", "a"])),
+     "repeat a name"),
 ])
 def test_bad_scenario_files_are_refused(tmp_path, arrays, msg):
     np.savez(tmp_path / "bad.npz", **arrays)
@@ -92,6 +98,14 @@ def test_bad_scenario_files_are_refused(tmp_path, arrays, msg):
 def test_missing_and_pickled_files(tmp_path):
     with pytest.raises(ScenarioError, match="does not exist"):
         load_scenario(tmp_path / "nope.npz")
+    with pytest.raises(ScenarioError, match="is a directory"):
+        load_scenario(tmp_path)
+    (tmp_path / "empty.npz").write_bytes(b"")
+    with pytest.raises(ScenarioError, match="empty.npz is empty; write one with numpy.savez"):
+        load_scenario(tmp_path / "empty.npz")
+    (tmp_path / "text.npz").write_text("init_logits = 1\n")
+    with pytest.raises(ScenarioError, match=r"not an .npz \(a zip archive\)"):
+        load_scenario(tmp_path / "text.npz")
     np.savez(tmp_path / "obj.npz", init_logits=np.array([{"a": 1}], dtype=object), rewards=np.zeros((1, 2)))
     with pytest.raises(ScenarioError, match="not a plain .npz"):
         load_scenario(tmp_path / "obj.npz")
