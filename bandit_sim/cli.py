@@ -142,6 +142,7 @@ def _recorded_grid(data: dict, where: Path):
 
 def cmd_predict(args: argparse.Namespace) -> int:
     from bandit_sim.predict import PredictOptions, format_prediction, predict, write_prediction
+    from bandit_sim.results import check_out_file
     from shared_interfaces.success_matrix import read_success_matrix
 
     regimes = None if args.regimes is None else tuple(r.strip() for r in args.regimes.split(",") if r.strip())
@@ -149,6 +150,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
                           preset=args.preset, objective=args.objective, arms=args.arms, alpha=args.alpha,
                           thl_sigma=args.thl_sigma, steps=args.steps, prompts_per_step=args.prompts_per_step,
                           group_size=args.group_size, eval_k=args.eval_k)
+    if args.out is not None:
+        check_out_file(args.out)
     matrix = read_success_matrix(args.success_matrix)
     probe = read_success_matrix(args.probe_run) if args.probe_run else None
     res = predict(matrix, probe, opts)
@@ -159,8 +162,10 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
 
 def cmd_scenario(args: argparse.Namespace) -> int:
+    from bandit_sim.results import check_out_file
     from bandit_sim.runner import scenario_of
 
+    check_out_file(args.out)
     path = save_scenario(args.out, scenario_of(get_preset(args.preset)))
     print(json.dumps({"written": str(path)}))
     return 0

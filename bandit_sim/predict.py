@@ -61,6 +61,10 @@ class PredictOptions:
             raise ConfigError("--regimes: give at least one regime")
         for r in self.regimes:
             parse_regime(r)
+        for key in ("steps", "prompts_per_step", "group_size", "eval_k"):
+            v = getattr(self, key)
+            if v is not None and v < 1:
+                raise ConfigError(f"--{key.replace('_', '-')} must be >= 1, got {v}")
 
 
 def run_settings(m: SuccessMatrix, opts: PredictOptions, *, where: str) -> dict[str, Any]:
@@ -98,6 +102,12 @@ def free_settings(m: SuccessMatrix, run: dict[str, Any], scenario, probe: Succes
     prun = run_settings(probe, PredictOptions(), where="--probe-run")
     if parse_regime(prun["regime"]["name"]).name != "grpo":
         raise SuccessMatrixError(f"--probe-run is a {prun['regime']['name']} run; the fit needs a GRPO probe")
+    if probe.curve_steps[-1] > prun["steps"]:
+        raise SuccessMatrixError(f"--probe-run's curve reaches step {int(probe.curve_steps[-1])}, past its run's "
+                                 f"{prun['steps']} steps; the file is inconsistent: write it again from the run")
+    if not np.isfinite(probe.curve_accuracy[:, 1:]).any():
+        raise SuccessMatrixError("--probe-run's curve has no accuracy after step 0 (all null); write it from a GRPO "
+                                 "run whose evaluations ran (eval.every > 0)")
     fractions = probe.curve_steps / prun["steps"]
     case = FitCase(scenario, prun, int(prun["group_size"]), int(prun["eval_k"]), fractions, probe.curve_accuracy)
     fit = fit_grid([case], SimOptions(seeds=opts.seeds, thl_sigma=opts.thl_sigma))

@@ -116,14 +116,31 @@ def check_out_dir(out_dir: str | Path) -> Path:
     if out.is_dir() and any(out.iterdir()) and not (out / "summary.json").is_file():
         raise ConfigError(f"--out {out} is a non-empty directory that holds no bandit_sim run; give a new or "
                           "empty directory (a directory with an earlier run's summary.json is replaced)")
-    nearest = out.absolute()
+    _check_creatable(out, out)
+    return out
+
+
+def check_out_file(path: str | Path) -> Path:
+    """``path`` as a file an output may be written to (``scenario`` / ``predict --out``), checked before the
+    work: not empty, not a directory, under a writable directory; else a :class:`ConfigError`."""
+    if not str(path).strip():
+        raise ConfigError("--out is empty; give a file name")
+    p = Path(path)
+    if p.is_dir():
+        raise ConfigError(f"--out {p} is a directory; give a file name (e.g. {p / 'out.json'})")
+    _check_creatable(p.parent, p)
+    return p
+
+
+def _check_creatable(d: Path, out: Path) -> None:
+    """Directory ``d`` (of ``--out out``) exists or can be made under the nearest existing one, writable."""
+    nearest = d.absolute()
     while not nearest.exists():
         nearest = nearest.parent
     if not nearest.is_dir():
         raise ConfigError(f"--out {out}: {nearest} is a file, not a directory; give another --out")
     if not os.access(nearest, os.W_OK | os.X_OK):
-        raise ConfigError(f"--out {out}: {nearest} is not writable; give a directory you can write to")
-    return out
+        raise ConfigError(f"--out {out}: {nearest} is not writable; give a path you can write to")
 
 
 def write_run(result: SimResult, out_dir: str | Path, scenario_info: dict | None = None, plots: bool = True) -> dict:

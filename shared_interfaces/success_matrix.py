@@ -183,6 +183,9 @@ def _check_run(run: Any, where: str) -> None:
         v = run.get(key)
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
             raise _fail(where, f"run.{key} must be a positive integer, got {v!r}")
+    k = run.get("eval_k")
+    if k is not None and (not isinstance(k, int) or isinstance(k, bool) or k < 1):
+        raise _fail(where, f"run.eval_k must be a positive integer or null, got {k!r}")
     if not isinstance(run.get("regime"), dict) or not isinstance(run["regime"].get("name"), str):
         raise _fail(where, "run.regime must be the run's regime section (an object with a 'name')")
 
@@ -246,6 +249,11 @@ def from_dict(data: Any, *, where: str = "success matrix") -> SuccessMatrix:
 def read_success_matrix(path: str | Path) -> SuccessMatrix:
     """Read and validate a success-matrix file; errors name the file."""
     p = Path(path)
+    if p.is_dir():
+        inside = p / "success_matrix.json"
+        hint = (f"pass {inside}" if inside.is_file() else
+                "pass a success-matrix file (write one with `python -m mrl_llm success-matrix --run RUN_DIR`)")
+        raise SuccessMatrixError(f"success matrix {p} is a directory; {hint}")
     if not p.is_file():
         raise SuccessMatrixError(f"success matrix {p} does not exist; write one with `python -m mrl_llm success-matrix "
                                  "--run RUN_DIR`")

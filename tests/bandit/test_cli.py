@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -81,6 +82,17 @@ def test_out_is_checked_before_the_run_and_a_rerun_leaves_no_stale_figure(tmp_pa
     assert main(["run", "--preset", "smoke", "--steps", "2", "--seeds", "1", "--regimes", "grpo", "--out", str(run),
                  "--quiet", "--no-plots"]) == 0
     assert sorted(f.name for f in run.iterdir()) == ["metrics.csv", "metrics.npz", "summary.json"]
+
+
+def test_scenario_and_predict_out_files_are_checked_before_the_work(tmp_path, capsys):
+    (tmp_path / "afile").write_text("x")
+    fixture = str(Path(__file__).resolve().parents[1] / "fixtures" / "demo" / "seed0.json")
+    for cmd in (["scenario", "--preset", "smoke"], ["predict", "--success-matrix", fixture, "--seeds", "2"]):
+        for out, msg in ((tmp_path, "is a directory; give a file name"), (tmp_path / "afile" / "x", "is a file, not a"),
+                         ("", "--out is empty")):
+            assert main([*cmd, "--out", str(out)]) == 2
+            err = capsys.readouterr().err
+            assert msg in err and "Traceback" not in err, (cmd, out, err)
 
 
 @pytest.mark.parametrize("text, msg", [

@@ -111,3 +111,27 @@ def test_predict_errors(tmp_path, capsys):
     assert "magic" in capsys.readouterr().err
     assert main(["predict", "--success-matrix", str(FIXTURE / "seed0.json"), "--seeds", "1"]) == 2
     assert "--seeds must be >= 2" in capsys.readouterr().err
+    for flag, value in (("--eval-k", "-2"), ("--eval-k", "0"), ("--steps", "0"), ("--group-size", "0")):
+        assert main(["predict", "--success-matrix", str(FIXTURE / "seed0.json"), flag, value]) == 2
+        assert f"{flag} must be >= 1, got {value}" in capsys.readouterr().err
+    raw = json.loads((FIXTURE / "seed0.json").read_text())
+    for bad in (-4, "4"):
+        (tmp_path / "k.json").write_text(json.dumps({**raw, "run": {**raw["run"], "eval_k": bad}}))
+        assert main(["predict", "--success-matrix", str(tmp_path / "k.json")]) == 2
+        assert "run.eval_k must be a positive integer or null" in capsys.readouterr().err
+    (tmp_path / "run").mkdir()
+    assert main(["predict", "--success-matrix", str(tmp_path / "run")]) == 2
+    assert "is a directory; pass a success-matrix file" in capsys.readouterr().err
+    write_success_matrix(tmp_path / "run" / "success_matrix.json", m)
+    assert main(["predict", "--success-matrix", str(tmp_path / "run")]) == 2
+    assert f"is a directory; pass {tmp_path / 'run' / 'success_matrix.json'}" in capsys.readouterr().err
+
+
+def test_a_probe_without_evaluations_or_past_its_steps_is_refused():
+    m = read_success_matrix(FIXTURE / "seed0.json")
+    blank = replace(m, curve_accuracy=np.where(np.arange(m.curve_steps.size) == 0, m.curve_accuracy, np.nan))
+    with pytest.raises(SuccessMatrixError, match="curve has no accuracy after step 0"):
+        predict(m, blank, PredictOptions(seeds=2))
+    late = replace(m, curve_steps=m.curve_steps * (m.run["steps"] + 1))
+    with pytest.raises(SuccessMatrixError, match="past its run's"):
+        predict(m, late, PredictOptions(seeds=2))
