@@ -41,6 +41,10 @@ from bandit_sim.scenario import Scenario
 CORRECT_ARM = 0
 
 
+#: The most arms a calibrated scenario has: its [P, C, K] logits are allocated whole.
+MAX_ARMS = 4096
+
+
 @dataclass(frozen=True)
 class CalibrationConfig:
     """``arms``: K; ``alpha``: the never-solved floor's expected number of successes over the run
@@ -52,6 +56,9 @@ class CalibrationConfig:
     def __post_init__(self) -> None:
         if self.arms < 2:
             raise ValueError(f"calibration: need at least 2 arms (one correct, one wrong), got {self.arms}")
+        if self.arms > MAX_ARMS:
+            raise ValueError(f"calibration: {self.arms} arms is beyond {MAX_ARMS} (the wrong arms are alike, the "
+                             f"default 16 is enough); give --arms <= {MAX_ARMS}")
         if not self.alpha > 0:
             raise ValueError(f"calibration: alpha must be > 0, got {self.alpha}")
 

@@ -26,6 +26,17 @@ from bandit_sim.scenario import ScenarioError, save_scenario
 from shared_interfaces.config_io import ConfigError, load_yaml
 
 
+def _at_least_one(text: str) -> int:
+    """An argparse type: an integer >= 1."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {n}")
+    return n
+
+
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="bandit_sim", description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="command", required=True)
@@ -40,7 +51,7 @@ def _parser() -> argparse.ArgumentParser:
                       ("--batch-prompts", int), ("--epochs", int), ("--sgt-weight", float),
                       ("--thl-sigma", float), ("--seed", int)):
         run.add_argument(flag, type=typ)
-    run.add_argument("--workers", type=int, default=1, help="processes (regimes are sharded; exact)")
+    run.add_argument("--workers", type=_at_least_one, default=1, help="processes (regimes are sharded; exact)")
     run.add_argument("--no-plots", action="store_true")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
     sw = sub.add_parser("sweep", help="run a grid of configs")
@@ -51,7 +62,7 @@ def _parser() -> argparse.ArgumentParser:
     sw.add_argument("--runtime", choices=("sequential", "ray"), default="sequential",
                     help="sequential: points one by one, each over --workers processes; ray: points as Ray tasks")
     sw.add_argument("--ray-address", help="an existing Ray cluster (default: start a local one)")
-    sw.add_argument("--workers", type=int, default=1, help="processes per point (sequential runtime)")
+    sw.add_argument("--workers", type=_at_least_one, default=1, help="processes per point (sequential runtime)")
     sw.add_argument("--quiet", action="store_true", help="no progress bar")
     pr = sub.add_parser("predict", help="predict the regimes' outcomes for LLM policies from their success matrix")
     pr.add_argument("--success-matrix", required=True, help="success_matrix.json of a run (mrl_llm success-matrix)")

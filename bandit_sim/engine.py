@@ -43,6 +43,7 @@ from bandit_sim.models import make_model
 from bandit_sim.plan_table import PlanTable, tabulable
 from bandit_sim.sampling import inverse_cdf, log_softmax_backward
 from bandit_sim.scenario import Scenario, load_features, rescue_sets
+from shared_interfaces.config_io import ConfigError
 from shared_interfaces.losses_fast import regime_loss_fast
 from shared_interfaces.regimes import LearnerRows, behaviour_correction
 
@@ -90,6 +91,41 @@ class SimResult:
     wall_s: float = 0.0
 
 
+#: Float copies of the [R, S, P, C, K] logits a run holds at once (parameters, gradients, Adam's two moments,
+#: probabilities, log-probabilities and the initial policy's), and of the [R, S, P, B, G] samples of a step.
+_TABLE_COPIES, _SAMPLE_COPIES = 8, 8
+
+
+def memory_estimate(cfg: SimConfig, scenario: Scenario, seeds: int | None = None) -> int:
+    """A rough upper estimate of the bytes a run holds (:data:`_TABLE_COPIES`, the per-step samples and the
+    recorded metrics) with ``seeds`` of the run's seeds (default all): a guard against sizes that cannot fit, not
+    a measurement."""
+    R, S = len(cfg.regimes), cfg.seeds if seeds is None else seeds
+    P, C, K = scenario.init_logits.shape
+    itemsize = 4 if cfg.dtype == "float32" else 8
+    n_records = cfg.steps // cfg.record_every + 2
+    return (itemsize * R * S * P * (_TABLE_COPIES * C * K + _SAMPLE_COPIES * cfg.batch_prompts * cfg.group_size)
+            + 8 * n_records * R * S * P * len(ALL_METRICS))
+
+
+def check_fits_in_memory(cfg: SimConfig, scenario: Scenario, seeds: int | None = None) -> None:
+    """A :class:`ConfigError` before anything is allocated when :func:`memory_estimate` exceeds this machine's
+    physical memory (an allocator traceback, or the machine swapping, otherwise)."""
+    need = memory_estimate(cfg, scenario, seeds)
+    try:
+        have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):  # not a POSIX system: no guard
+        return
+    if need > have:
+        P, C, K = scenario.init_logits.shape
+        raise ConfigError(
+            f"this run would need about {need / 2**30:,.1f} GiB ({len(cfg.regimes)} regimes x {seeds or cfg.seeds} seeds x "
+            f"{P} policies x [{C} contexts x {K} arms], {cfg.steps} steps recorded every {cfg.record_every}), this "
+            f"machine has {have / 2**30:,.1f} GiB; lower --seeds, the scenario's size, --batch-prompts x "
+            "--group-size or steps / record_every")
+
+
+
 class Engine:
     """Runs ``cfg`` on ``scenario``. ``seed_range=(lo, hi)`` runs only seeds ``lo..hi-1`` of the
     ``cfg.seeds``: the draws are made for all seeds and sliced, so a seed's trajectory does not depend on
@@ -97,6 +133,8 @@ class Engine:
 
     def __init__(self, scenario: Scenario, cfg: SimConfig, seed_range: tuple[int, int] | None = None):
         torch.set_num_threads(min(cfg.threads, os.cpu_count() or 1))  # more threads than cores only contend
+        lo, hi = seed_range or (0, cfg.seeds)
+        check_fits_in_memory(cfg, scenario, hi - lo)
         self.cfg = cfg
         self.specs = cfg.regime_specs()
         self.scenario = scenario

@@ -17,7 +17,7 @@ import numpy as np
 from tqdm import tqdm
 
 from bandit_sim.config import SimConfig
-from bandit_sim.engine import Engine, SimResult
+from bandit_sim.engine import Engine, SimResult, check_fits_in_memory
 from bandit_sim.scenario import Scenario, generate_scenario, load_scenario
 
 
@@ -58,6 +58,7 @@ def run_config(cfg: SimConfig, scenario: Scenario | None = None, *, workers: int
                desc: str = "steps") -> SimResult:
     """Run ``cfg``; ``workers > 1`` shards it over processes (one torch thread each)."""
     scenario = scenario if scenario is not None else scenario_of(cfg)
+    check_fits_in_memory(cfg, scenario)  # before any worker starts (each engine checks its own share too)
     if workers <= 1:
         bar = tqdm(total=cfg.steps, desc=desc, leave=False, disable=not progress)
         res = Engine(scenario, cfg).run(bar.update)

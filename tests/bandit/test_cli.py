@@ -57,10 +57,20 @@ def test_overrides_config_file_and_scenario_file(tmp_path):
     (["--preset", "smoke", "--batch-prompts", "999"], "exceeds the scenario's"),
     ([], "give a scenario"),
     (["--scenario", "/nonexistent.npz"], "does not exist"),
+    (["--preset", "smoke", "--seeds", "100000000000"], "this run would need about"),
+    (["--preset", "smoke", "--group-size", "1000000000"], "lower --seeds, the scenario's size, --batch-prompts x"),
 ])
 def test_bad_input_gives_a_clear_error(tmp_path, capsys, argv, msg):
     assert main(["run", *argv, "--out", str(tmp_path / "o"), "--quiet"]) == 2
     assert msg in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("cmd", [["run", "--preset", "smoke"], ["sweep", "--grid", "smoke"]])
+def test_workers_below_one_are_refused(tmp_path, capsys, cmd):
+    for bad in ("0", "-2"):
+        with pytest.raises(SystemExit) as exc:
+            main([*cmd, "--workers", bad, "--out", str(tmp_path / "o")])
+        assert exc.value.code == 2 and f"--workers: must be >= 1, got {bad}" in capsys.readouterr().err
 
 
 def test_out_is_checked_before_the_run_and_a_rerun_leaves_no_stale_figure(tmp_path, capsys):

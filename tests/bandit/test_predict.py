@@ -111,6 +111,8 @@ def test_predict_errors(tmp_path, capsys):
     assert "magic" in capsys.readouterr().err
     assert main(["predict", "--success-matrix", str(FIXTURE / "seed0.json"), "--seeds", "1"]) == 2
     assert "--seeds must be >= 2" in capsys.readouterr().err
+    assert main(["predict", "--success-matrix", str(FIXTURE / "seed0.json"), "--arms", "1000000000"]) == 2
+    assert "1000000000 arms is beyond 4096" in capsys.readouterr().err
     for flag, value in (("--eval-k", "-2"), ("--eval-k", "0"), ("--steps", "0"), ("--group-size", "0")):
         assert main(["predict", "--success-matrix", str(FIXTURE / "seed0.json"), flag, value]) == 2
         assert f"{flag} must be >= 1, got {value}" in capsys.readouterr().err
