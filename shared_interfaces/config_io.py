@@ -9,7 +9,8 @@ values that fit a signed 64-bit integer (what numpy and torch accept).
 YAML is only ever read with :func:`load_yaml`: safe-loaded (no tags execute) and without anchors or
 aliases (``&a`` / ``*a`` / ``<<: *a``), which are refused with an error naming the file and line: an
 alias is shared when loaded but expanded when a config is written out, so a 2 KB "billion laughs" file
-would otherwise grow to gigabytes. Numbers in exponent form without a dot (``lr: 1e-6``, ``1E3``) are floats,
+would otherwise grow to gigabytes. A key given twice in one mapping is refused too (YAML keeps the last one
+silently). Numbers in exponent form without a dot (``lr: 1e-6``, ``1E3``) are floats,
 as in YAML 1.2 and JSON (PyYAML's YAML 1.1 reads them as strings).
 """
 
@@ -164,6 +165,18 @@ def _no_alias_loader(path: Path) -> type:
                     "(&name / *name / <<: *name); write the values out"
                 )
             return super().compose_node(parent, index)
+
+        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+            seen: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=True)
+                line = key_node.start_mark.line + 1
+                if isinstance(key, typing.Hashable) and key in seen:
+                    raise ConfigError(f"{path}:{line}: key {key!r} is given twice (first on line {seen[key]}); "
+                                      "keep one")
+                if isinstance(key, typing.Hashable):
+                    seen[key] = line
+            return super().construct_mapping(node, deep=deep)
 
     NoAliasLoader.add_implicit_resolver("tag:yaml.org,2002:float", _EXPONENT_FLOAT, list("-+0123456789"))
     return NoAliasLoader

@@ -60,6 +60,19 @@ def test_exponent_numbers_are_floats_as_in_yaml_1_2(tmp_path):
         from_mapping(_Cfg, {"n": 1.5}, where="cfg")
 
 
+def test_a_key_given_twice_is_refused_naming_both_lines(tmp_path):
+    """YAML keeps the last of two equal keys without a word: ``steps: 0`` appended to a config won."""
+    p = tmp_path / "c.yaml"
+    p.write_text("steps: 10\nseed: 1\npolicies:\n  - {name: a, seed: 2}\nsteps: 0\n")
+    with pytest.raises(ConfigError, match=r"c\.yaml:5: key 'steps' is given twice \(first on line 1\); keep one"):
+        load_yaml(p)
+    p.write_text("policies:\n  - name: a\n    name: b\n")
+    with pytest.raises(ConfigError, match=r"c\.yaml:3: key 'name' is given twice \(first on line 2\)"):
+        load_yaml(p)
+    p.write_text("a: {x: 1}\nb: {x: 1}\n")  # equal keys in different mappings are fine
+    assert load_yaml(p) == {"a": {"x": 1}, "b": {"x": 1}}
+
+
 def test_a_directory_is_not_a_config_file(tmp_path):
     with pytest.raises(ConfigError, match=r"is a directory; give a YAML file"):
         load_yaml(tmp_path)
