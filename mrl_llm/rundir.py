@@ -97,6 +97,9 @@ def check_run_dir(config: RunConfig, out: Path, resume: bool) -> None:
     if out.exists() and not out.is_dir():
         raise FileExistsError(f"--out {out} is a file, not a directory; choose a new --out directory")
     if out.is_dir() and any(out.iterdir()):
+        if holds_run(out) and not any((out / m).is_file() for m in RESUMABLE_MARKERS):
+            raise FileExistsError(f"{out} holds a run that stopped before its first checkpoint (killed?), so there "
+                                  f"is nothing to resume; remove {out} or choose a new --out directory")
         if holds_run(out):
             raise FileExistsError(f"{out} already holds a run; pass --resume {out} to continue it or choose "
                                   "a new --out directory")

@@ -57,7 +57,10 @@ def test_train_resume_eval_report(tmp_path, capsys, caplog):
     assert "already holds a run" in capsys.readouterr().err
     assert main(["train", "--config", str(cfg), "--resume", str(out), "--steps", "2"]) == 2  # regime differs
     assert "['regime']" in capsys.readouterr().err
-    assert main(["train", "--config", str(cfg), "--resume", str(out), "--steps", "2", "--regime", "xgrpo"]) == 0
+    # resumed with the run's own config.json, as the refusal above says (its default eps is written 1e-08, which
+    # YAML 1.1 alone reads as a string)
+    assert '"eps": 1e-08' in (out / "config.json").read_text()
+    assert main(["train", "--config", str(out / "config.json"), "--resume", str(out), "--steps", "2"]) == 0
     s = json.loads((out / "summary.json").read_text())
     assert s["steps"] == 2 and s["policies"][0]["compute"]["samples"] == 2 * 2 * 2
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]

@@ -97,3 +97,10 @@ def test_resume_refuses_a_different_config_and_a_busy_dir(tmp_path, verifier):
         train(replace(small_config(2), seed=5), tmp_path / "r", resume=True, problems=probs, eval_problems=probs[:2])
     with pytest.raises(FileNotFoundError, match="nothing to resume"):
         train(small_config(2), tmp_path / "empty", resume=True, problems=probs)
+    # a run killed before its first checkpoint (no guard could clean up): not "pass --resume", which cannot work
+    killed = tmp_path / "killed"
+    killed.mkdir()
+    (killed / "config.json").write_text((tmp_path / "r" / "config.json").read_text())
+    (killed / "metrics.jsonl").write_text("")
+    with pytest.raises(FileExistsError, match="stopped before its first checkpoint .* remove .*killed or choose"):
+        train(small_config(1), killed, problems=probs, eval_problems=probs[:2])
