@@ -6,7 +6,8 @@ naming the policy and the key, prompt or file, instead of a traceback minutes in
   a ``model_config`` suits its model type and tokenizer (:func:`mrl_llm.models.fresh_config`).
 * :func:`fit_prompts` — every prompt, rendered with each policy's template and counted with that
   policy's tokenizer exactly as the worker will (:meth:`mrl_llm.worker.LLMPolicyWorker.set_prompt`),
-  has ``1 <= tokens <= max_prompt_len``. A prompt that does not is an error naming the policy, the
+  has ``1 <= tokens <= max_prompt_len`` and leaves the model's context (:func:`context_lengths`) room for
+  one generated token: a prompt of the whole context has no response to train on. A prompt that does not is an error naming the policy, the
   prompt and the dataset, or — with the dataset's ``on_malformed: skip`` — dropped for every policy
   and counted (one warning, like the dataset's other bad rows).
 
@@ -15,6 +16,7 @@ Both runtimes call them through :func:`mrl_llm.run_setup.resolve_problems`.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -53,6 +55,37 @@ def check_model_configs(config: RunConfig) -> dict[str, Any]:
     return tokenizers
 
 
+#: Where transformers configs keep the context length (``n_positions``: GPT-2's family).
+_CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length")
+
+
+def context_lengths(config: RunConfig) -> dict[str, int | None]:
+    """Each policy's context length in tokens, from its ``model_config`` (over its model type's defaults) or its
+    ``model_dir``'s ``config.json`` (None where unknown: a hub id, or a config without one of
+    :data:`_CONTEXT_KEYS`)."""
+    from transformers import AutoConfig
+
+    out: dict[str, int | None] = {}
+    for pol in config.policies:
+        if pol.model_config is not None:
+            mc = dict(pol.model_config)
+            try:
+                hf = {**vars(AutoConfig.for_model(mc.pop("model_type"))), **mc}
+            except Exception:  # noqa: BLE001 - an unknown model type: check_model_configs names it
+                hf = mc
+        elif pol.model_dir is not None and (Path(pol.model_dir) / "config.json").is_file():
+            try:
+                hf = json.loads((Path(pol.model_dir) / "config.json").read_text(encoding="utf-8"))
+            except (OSError, ValueError):  # the model load names a broken config.json
+                hf = {}
+        else:
+            hf = {}
+        hf = hf.get("text_config", hf) if isinstance(hf.get("text_config"), dict) else hf
+        n = next((hf[k] for k in _CONTEXT_KEYS if isinstance(hf.get(k), int) and hf[k] > 0), None)
+        out[pol.name] = n
+    return out
+
+
 def prompt_lengths(template: PromptTemplate, tokenizer: Any, problems: Sequence[Problem]) -> list[int]:
     """The token count of each problem's prompt, as the worker encodes it."""
     if not problems:
@@ -70,18 +103,26 @@ def fit_prompts(config: RunConfig, problems: Sequence[Problem], *, on_malformed:
     if not problems:
         return [], []
     tokenizers = tokenizers if tokenizers is not None else {p.name: load_tokenizer(p) for p in config.policies}
+    contexts = context_lengths(config)
     bad: dict[str, LongPrompt] = {}
     for pol in config.policies:
         template = PromptTemplate(pol.template, tokenizers[pol.name], policy=f"policy {pol.name!r}")
+        ctx = contexts[pol.name]
+        limit = pol.max_prompt_len if ctx is None else min(pol.max_prompt_len, ctx - 1)
         todo = [p for p in problems if str(p.prompt_id) not in bad]
         for prob, n in zip(todo, prompt_lengths(template, tokenizers[pol.name], todo), strict=True):
-            if 1 <= n <= pol.max_prompt_len:
+            if 1 <= n <= limit:
                 continue
             miss = LongPrompt(pol.name, str(prob.prompt_id), n)
             if on_malformed != "skip":
-                what = ("encodes to no tokens; check the template" if n == 0 else
-                        f"has {n} tokens > max_prompt_len {pol.max_prompt_len} (template applied); raise "
-                        "policies[].max_prompt_len, shorten the question")
+                if n == 0:
+                    what = "encodes to no tokens; check the template"
+                elif n <= pol.max_prompt_len:
+                    what = (f"has {n} tokens, leaving no room to generate in the model's context of {ctx} tokens "
+                            "(template applied); shorten the question, use a model with a longer context")
+                else:
+                    what = (f"has {n} tokens > max_prompt_len {pol.max_prompt_len} (template applied); raise "
+                            "policies[].max_prompt_len, shorten the question")
                 raise DataError(f"{source}: policy {pol.name!r}: prompt {miss.prompt_id!r} {what}, or set the "
                                 "dataset's on_malformed: skip to skip such prompts (counted)")
             bad[miss.prompt_id] = miss

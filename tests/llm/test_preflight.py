@@ -103,3 +103,37 @@ def test_legacy_keys_transformers_converts_are_accepted():
     assert rope["rope_theta"] == 12345.0
     with pytest.raises(ConfigError, match=r"\['gradient_checkpointing'\] that a 'qwen2' config does not have"):
         fresh_config(PolicyConfig(name="a", model_config=tiny("qwen2", gradient_checkpointing=True)), byte_tokenizer())
+
+
+def test_a_prompt_must_leave_the_model_room_to_generate(tmp_path):
+    """A prompt under max_prompt_len but of the model's whole context left no response token: the update then
+    failed deep in backward ("element 0 of tensors does not require grad")."""
+    import json
+
+    from mrl_llm.preflight import context_lengths
+
+    cfg = config_from_mapping({"policies": [
+        {"name": "a", "model_config": tiny("llama", max_position_embeddings=16), "tokenizer_dir": "utf8-bytes",
+         "max_prompt_len": 1000, "template": {"text": "{question}\n"}}]})
+    assert context_lengths(cfg) == {"a": 16}
+    fits = probs("x" * 14)  # 14 + newline = 15 tokens: one left to generate
+    assert fit_prompts(cfg, fits, on_malformed="error", source="d.jsonl") == (fits, [])
+    with pytest.raises(DataError, match=r"prompt 'p0' has 16 tokens, leaving no room to generate in the model's "
+                                        r"context of 16 tokens"):
+        fit_prompts(cfg, probs("x" * 15), on_malformed="error", source="d.jsonl")
+    kept, skipped = fit_prompts(cfg, probs("x" * 15, "y"), on_malformed="skip", source="d.jsonl")
+    assert [p.prompt_id for p in kept] == ["p1"] and [s.n_tokens for s in skipped] == [16]
+    # a model directory's config.json (GPT-2's n_positions), a hub id (unknown: max_prompt_len alone)
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_positions": 64}))
+    dirs = config_from_mapping({"policies": [
+        {"name": "d", "model_dir": str(tmp_path / "m")}, {"name": "h", "model_dir": "org/some-model"}]})
+    assert context_lengths(dirs) == {"d": 64, "h": None}
+    # the model type's default where model_config leaves it out
+    assert context_lengths(config()) == {"a": tiny_default_context(), "b": tiny_default_context()}
+
+
+def tiny_default_context() -> int:
+    from transformers import LlamaConfig
+
+    return tiny("llama").get("max_position_embeddings", LlamaConfig().max_position_embeddings)
