@@ -26,6 +26,11 @@ from shared_interfaces.config_io import ConfigError, from_mapping, load_yaml
 from shared_interfaces.mwra import Resources
 
 
+#: The largest cluster a plan is made for (the plan lists every device: 1024 8-GPU nodes take seconds) and the most
+#: GPUs a node may have.
+MAX_NODES, MAX_GPUS_PER_NODE = 1024, 64
+
+
 @dataclass(frozen=True)
 class NodeSpec:
     """``count`` identical nodes."""
@@ -39,6 +44,9 @@ class NodeSpec:
     def __post_init__(self) -> None:
         if self.count < 1 or self.cpus < 1 or self.gpus < 0 or self.ram_gib <= 0:
             raise ConfigError(f"node spec {self}: count and cpus must be >= 1, gpus >= 0, ram_gib > 0")
+        if self.count > MAX_NODES or self.gpus > MAX_GPUS_PER_NODE:
+            raise ConfigError(f"node spec {self}: at most {MAX_NODES} nodes and {MAX_GPUS_PER_NODE} GPUs a node; "
+                              "describe the nodes the run will use")
         if self.gpus > 0 and self.gpu_memory_gib <= 0:
             raise ConfigError(f"node spec {self}: gpus > 0 needs gpu_memory_gib > 0")
 
@@ -62,6 +70,10 @@ class ClusterSpec:
     def __post_init__(self) -> None:
         if not self.nodes:
             raise ConfigError(f"cluster {self.name!r}: nodes must list at least one node")
+        total = sum(n.count for n in self.nodes)
+        if total > MAX_NODES:
+            raise ConfigError(f"cluster {self.name!r}: {total} nodes, at most {MAX_NODES}; describe the nodes the "
+                              "run will use")
 
     def expanded(self) -> list[NodeSpec]:
         """One entry per physical node (``count`` unrolled)."""

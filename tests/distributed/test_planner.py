@@ -178,3 +178,11 @@ def test_cluster_files(tmp_path) -> None:
         load_cluster(bad)
     with pytest.raises(ConfigError, match="not found; pass --cluster"):
         load_cluster(tmp_path / "missing.yaml")
+    # sizes a plan cannot list (100000 nodes ran for minutes and gigabytes) are refused at once
+    for nodes, msg in (("[{count: 100000, gpus: 8, gpu_memory_gib: 80, cpus: 2, ram_gib: 8}]", "at most 1024 nodes"),
+                       ("[{gpus: 100000000, gpu_memory_gib: 80, cpus: 2, ram_gib: 8}]", "64 GPUs a node"),
+                       ("[{count: 1000, cpus: 2, ram_gib: 8}, {count: 25, cpus: 2, ram_gib: 8}]",
+                        "1025 nodes, at most 1024")):
+        bad.write_text(f"nodes: {nodes}\n")
+        with pytest.raises(ConfigError, match=msg):
+            load_cluster(bad)
