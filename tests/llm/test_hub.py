@@ -118,7 +118,7 @@ def test_data_prepare_writes_the_configs_dataset_from_a_local_file(tmp_path, cap
 
 @pytest.mark.parametrize("content,match", [
     ("", "has no rows; nothing written"),
-    ('{"problem": "Q?"}\n', "row 0: no answer field 'solution'"),
+    ('{"problem": "Q?"}\n', "bad.jsonl:1: no answer field 'solution'"),
     ('{"problem": "Q?", "solution": "1"}\nnot json\n', ":2: not valid JSON"),
 ])
 def test_data_prepare_refuses_empty_and_malformed_sources(tmp_path, capsys, content, match):
