@@ -146,6 +146,9 @@ def test_out_into_a_non_empty_directory_that_is_not_a_run_is_refused(tmp_path):
     run = tmp_path / "run"
     (run / "checkpoints").mkdir(parents=True)
     (run / "config.json").write_text("{}")
+    with pytest.raises(FileExistsError, match="stopped before its first checkpoint"):  # nothing --resume could use
+        check_run_dir(_cfg(), run, resume=False)
+    (run / "checkpoints" / "run_state.json").write_text("{}")
     with pytest.raises(FileExistsError, match=f"pass --resume {run}"):
         check_run_dir(_cfg(), run, resume=False)
     (tmp_path / "empty").mkdir()
