@@ -319,6 +319,9 @@ class EvalConfig:
             raise ConfigError("eval.every and eval.k must be >= 0")
         if self.max_prompts is not None and self.max_prompts < 1:
             raise ConfigError("eval.max_prompts must be >= 1 or null")
+        if self.max_new_tokens is not None and self.max_new_tokens < 1:
+            raise ConfigError(f"eval.max_new_tokens must be >= 1, or null for each policy's own sampling.max_new_tokens; "
+                              f"got {self.max_new_tokens}")
         if not self.temperature > 0 or not 0 < self.top_p <= 1:
             raise ConfigError("eval.temperature must be > 0 and eval.top_p in (0, 1]")
 

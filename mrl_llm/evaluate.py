@@ -17,6 +17,7 @@ For every (step, policy, prompt) a policy answers once greedily and samples ``k`
 from __future__ import annotations
 
 import json
+import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -82,48 +83,98 @@ def evaluate_workers(workers: Mapping[str, Any], problems: Sequence[Any], *, ste
     return rows
 
 
+#: ``mrl_llm eval``'s flag for each dataset setting a message may name (:func:`evaluate_saved_policy`), specific first.
+EVAL_FLAGS = (("data.fields.question", "--question-field"), ("data.fields.answer", "--answer-field"),
+              ("data.fields", "--question-field / --answer-field"),
+              ("fields.question and fields.answer", "--question-field and --answer-field"),
+              ("data.answer_format", "--answer-format"), ("remove answer_format", "remove --answer-format"),
+              ("data.limit", "--max-prompts"),
+              ("data.path in the config", "--data"))
+
+
+def _in_eval_flags(err: BaseException) -> str:
+    """A dataset error's text with the config keys it names replaced by ``mrl_llm eval``'s flags."""
+    msg = str(err)
+    for key, flag in EVAL_FLAGS:
+        msg = msg.replace(key, flag)
+    return msg
+
+
+def check_eval_args(*, k: int, temperature: float, max_new_tokens: int | None, max_prompts: int | None) -> None:
+    """The numbers of an evaluation, as ``mrl_llm eval`` takes them: ``k`` >= 0 (0: greedy only), ``temperature``
+    finite and > 0, ``max_new_tokens`` and ``max_prompts`` >= 1 or None (the policy's own; every prompt).
+    :class:`ConfigError` naming the flag."""
+    def whole(v: Any) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool)
+
+    if not whole(k) or k < 0:
+        raise ConfigError(f"--k must be an integer >= 0 (samples per prompt for pass@k; 0: greedy only), got {k!r}")
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not (
+            math.isfinite(temperature) and temperature > 0):
+        raise ConfigError(f"--temperature must be a finite number > 0, got {temperature!r}")
+    if max_new_tokens is not None and (not whole(max_new_tokens) or max_new_tokens < 1):
+        raise ConfigError(f"--max-new-tokens must be an integer >= 1 (leave it out for the policy's own "
+                          f"sampling.max_new_tokens), got {max_new_tokens!r}")
+    if max_prompts is not None and (not whole(max_prompts) or max_prompts < 1):
+        raise ConfigError(f"--max-prompts must be an integer >= 1 (leave it out for every row), got {max_prompts!r}")
+
+
 def evaluate_saved_policy(policy_dir: str | Path, data_path: str | Path, *, verifier: str = "math", k: int = 4,
                           temperature: float = 1.0, top_p: float = 1.0, max_new_tokens: int | None = None,
                           max_prompts: int | None = None, seed: int = 0,
                           question_field: str = "question", answer_field: str = "answer",
                           answer_format: str = "boxed") -> dict[str, Any]:
     """Evaluate a saved policy directory on a JSONL file: ``{"summary": ..., "rows": [...]}``
-    (``answer_format``: the MATH verifier's, see :class:`mrl_llm.data.DataConfig`)."""
+    (``answer_format``: the MATH verifier's, see :class:`mrl_llm.data.DataConfig`).
+
+    The arguments are ``mrl_llm eval``'s flags (:func:`check_eval_args`) and its errors name them. Everything
+    cheap is checked before the model is built: the arguments, the policy's ``mrl_policy.json``
+    (:func:`mrl_llm.models.read_policy_meta`), the verifier and the whole dataset."""
     from mrl_llm import rewards
-    from mrl_llm.config import PolicyConfig, SamplingSection
-    from mrl_llm.data import DataConfig, FieldMap, load_jsonl
-    from mrl_llm.models import POLICY_META
+    from mrl_llm.config import POLICY_NAME, PolicyConfig, SamplingSection
+    from mrl_llm.data import DataConfig, DataError, FieldMap, load_jsonl
+    from mrl_llm.models import POLICY_META, read_policy_meta
     from mrl_llm.templates import TemplateConfig
     from mrl_llm.worker import LLMPolicyWorker, WorkerConfig
     from shared_interfaces.config_io import from_mapping
 
-    cfg = DataConfig(path=str(data_path), verifier=verifier, limit=max_prompts, answer_format=answer_format,
-                     fields=FieldMap(question=question_field, answer=answer_field))
+    check_eval_args(k=k, temperature=temperature, max_new_tokens=max_new_tokens, max_prompts=max_prompts)
+    try:
+        cfg = DataConfig(path=str(data_path), verifier=verifier, limit=max_prompts, answer_format=answer_format,
+                         fields=FieldMap(question=question_field, answer=answer_field))
+    except DataError as err:
+        raise DataError(_in_eval_flags(err)) from err
     d = Path(policy_dir)
     if not (d / "config.json").is_file():
         raise ConfigError(f"{d} is not a saved policy (no {d / 'config.json'}); pass a run's DIR/policies/<name>, or any "
                           "HF model directory with its tokenizer")
     if not Path(data_path).is_file():
         raise ConfigError(f"evaluation data {data_path} is not a file; pass a JSONL file of question/answer rows")
+    meta = read_policy_meta(d)
     meta_path = d / POLICY_META
-    meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
     name = str(meta.get("name") or d.name).replace("/", "_")
+    name = name if POLICY_NAME.fullmatch(name) else "policy"  # a name saved before names had a rule
     sampling = dict(meta.get("sampling") or {})
     if max_new_tokens is not None:
         sampling["max_new_tokens"] = max_new_tokens
     template = from_mapping(TemplateConfig, meta.get("template") or {}, where=f"{meta_path}: template")
     pol = PolicyConfig(name=name, model_dir=str(d), template=template, dtype=meta.get("dtype", "fp32"),
-                       sampling=SamplingSection(**sampling))
+                       sampling=from_mapping(SamplingSection, sampling, where=f"{meta_path}: sampling"))
     options = cfg.verifier_options()
-    worker = LLMPolicyWorker(name, WorkerConfig(policy=pol, track_ref_kl=False, verifier_options={verifier: options}),
-                             seed=seed)
     v = rewards.get_verifier(verifier, **options)
+    worker = None
     try:
-        report = load_jsonl(cfg, check_gold=rewards.gold_checker(v))
+        try:
+            report = load_jsonl(cfg, check_gold=rewards.gold_checker(v))
+        except DataError as err:
+            raise DataError(_in_eval_flags(err)) from err
+        worker = LLMPolicyWorker(name, WorkerConfig(policy=pol, track_ref_kl=False,
+                                                    verifier_options={verifier: options}), seed=seed)
         rows = evaluate_workers({name: worker}, list(report.problems), step=int(meta.get("version", 0)), k=k,
                                 temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens)
     finally:
         rewards.close_verifier(v)
-        worker.close()
+        if worker is not None:
+            worker.close()
     return {"policy": name, "data": str(data_path), "skipped_rows": len(report.skipped),
             "summary": summarize(rows)[name], "rows": rows}

@@ -72,10 +72,24 @@ def load_tokenizer_dir(path: str | Path, *, who: str = "policy"):
     p = Path(path).resolve()
     if not p.is_dir():
         raise ModelLoadError(f"tokenizer directory {p} for {who} not found; set tokenizer_dir (or model_dir)")
+    require_tokenizer_files(p, who)
     try:
         return _load_tokenizer_cached(str(p))
     except ModelLoadError as err:
         raise ModelLoadError(f"{who}: {err}") from err
+
+
+#: The files one of which a tokenizer folder holds (fast, BPE, SentencePiece and WordPiece tokenizers).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model", "spiece.model",
+                   "vocab.txt")
+
+
+def require_tokenizer_files(p: Path, who: str) -> None:
+    """A :class:`ModelLoadError` when folder ``p`` holds none of :data:`TOKENIZER_FILES` (transformers would
+    answer with advice to install sentencepiece or tiktoken, which does not help)."""
+    if not any((p / name).is_file() for name in TOKENIZER_FILES):
+        raise ModelLoadError(f"{who}: {p} holds no tokenizer files ({', '.join(TOKENIZER_FILES)}); point it at a "
+                             "folder written by a tokenizer's save_pretrained")
 
 
 #: ``tokenizer_class`` values of a plain ``tokenizer.json`` tokenizer (no model-specific class).
@@ -315,12 +329,46 @@ def save_policy(model: torch.nn.Module, tokenizer, out_dir: str | Path, meta: Ma
     return d
 
 
+def read_policy_meta(policy_dir: str | Path) -> dict[str, Any]:
+    """A saved policy's ``mrl_policy.json``, checked: ``{}`` when the directory has none (any HF model directory);
+    else a JSON object whose ``name`` is a string, ``version`` an integer >= 0, ``dtype`` a known dtype
+    (:data:`mrl_llm.config.DTYPE_ALIASES`) and ``template`` / ``sampling`` valid sections (unknown keys are errors).
+    Other keys are returned unchecked. Every error is a one-line :class:`ConfigError` naming the file."""
+    from mrl_llm.config import DTYPE_ALIASES, SamplingSection
+    from mrl_llm.templates import TemplateConfig
+    from shared_interfaces.config_io import from_mapping
+
+    path = Path(policy_dir) / POLICY_META
+    if not path.is_file():
+        return {}
+    fix = "fix the file, or delete it to load the policy with the default name, dtype, template and sampling"
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as err:  # not JSON, or not UTF-8
+        raise ConfigError(f"{path} is not valid JSON ({err}); {fix}") from err
+    if not isinstance(meta, dict):
+        raise ConfigError(f"{path} must hold a JSON object, got a {type(meta).__name__}; {fix}")
+    name, version, dtype = meta.get("name", ""), meta.get("version", 0), meta.get("dtype", "fp32")
+    if name is not None and not isinstance(name, str):  # null: the directory's name
+        raise ConfigError(f"{path}: name must be a string, got {name!r}; {fix}")
+    if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+        raise ConfigError(f"{path}: version must be an integer >= 0, got {version!r}; {fix}")
+    if not isinstance(dtype, str) or dtype not in DTYPE_ALIASES:
+        raise ConfigError(f"{path}: dtype {dtype!r} is not one of {sorted(DTYPE_ALIASES)}; {fix}")
+    for key, cls in (("template", TemplateConfig), ("sampling", SamplingSection)):
+        try:
+            from_mapping(cls, {} if meta.get(key) is None else meta[key], where=key)
+        except ConfigError as err:
+            raise ConfigError(f"{path}: {err}; {fix}") from err
+    return meta
+
+
 def load_policy(policy_dir: str | Path, *, dtype: str = "fp32") -> tuple[torch.nn.Module, Any, dict[str, Any]]:
     """``(model, tokenizer, meta)`` of a directory written by :func:`save_policy` (or any HF model dir
-    with a tokenizer; ``meta`` is then empty)."""
+    with a tokenizer; ``meta`` is then empty). ``meta`` is checked (:func:`read_policy_meta`): a bad
+    ``mrl_policy.json`` is a :class:`ConfigError` naming it."""
     p = Path(policy_dir)
-    meta_path = p / POLICY_META
-    meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+    meta = read_policy_meta(p)
     name = str(meta.get("name", p.name))
     pol = PolicyConfig(name=name if POLICY_NAME.fullmatch(name) else "policy", model_dir=str(p),
                        dtype=meta.get("dtype", dtype))  # type: ignore[arg-type]

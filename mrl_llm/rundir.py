@@ -77,6 +77,22 @@ def _nearest_existing(p: Path) -> Path:
     return p
 
 
+def check_out_file(dest: Path, flag: str, *, example: str) -> None:
+    """``dest`` (given as ``flag``, e.g. ``--out``) as a file a command may write, checked before its work so that
+    the work is not thrown away: not a directory (``example``: a file name to suggest in it), under a directory
+    that exists or can be made, and writable."""
+    dest = Path(dest)
+    if dest.is_dir():
+        raise ConfigError(f"{flag} {dest} is a directory; give a file path (e.g. {dest / example})")
+    base = _nearest_existing(dest.parent)
+    if not base.is_dir():
+        raise ConfigError(f"{flag} {dest}: {base} is a file, not a directory; give a path under a directory")
+    target = dest if dest.exists() else base
+    if not os.access(target, os.W_OK | (0 if target is dest else os.X_OK)):
+        raise PermissionError(f"{flag} {dest}: {target} is not writable (a read-only directory?); choose a writable "
+                              "location")
+
+
 def check_run_dir(config: RunConfig, out: Path, resume: bool) -> None:
     """Refuse an ``out`` a run may not be written into (module docstring). Both runtimes check with this."""
     out = Path(out)

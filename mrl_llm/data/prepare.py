@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -64,21 +63,6 @@ def read_local(path: Path) -> list[tuple[str, Any]]:
     return out
 
 
-def check_out(dest: Path, flag: str) -> None:
-    """``dest`` (given as ``flag``: ``--out`` or ``data.path``) as a file prepare may write, checked before
-    any source is read: not a directory, under a directory that exists or can be made and is writable."""
-    if dest.is_dir():
-        raise DataError(f"{flag} {dest} is a directory; give a file path (e.g. {dest / 'train.jsonl'})")
-    nearest = dest.parent.absolute()
-    while not nearest.exists() and nearest != nearest.parent:
-        nearest = nearest.parent
-    if not nearest.is_dir():
-        raise DataError(f"{flag} {dest}: {nearest} is a file, not a directory; give a path under a directory")
-    if not os.access(nearest, os.W_OK | os.X_OK):
-        raise PermissionError(f"{flag} {dest}: {nearest} is not writable (a read-only directory?); "
-                              "choose a writable location")
-
-
 def read_hub(repo: str, *, split: str, subset: str | None = None) -> Iterable[Mapping[str, Any]]:
     """Rows of split ``split`` of hub dataset ``repo`` (``datasets.load_dataset``)."""
     try:
@@ -97,9 +81,10 @@ def prepare(data: DataConfig, source: str, *, out: str | Path | None = None, spl
     """Write ``source``'s rows, checked against ``data``, to ``out`` (default ``data.path``); returns
     ``(path, rows written)`` (module docstring)."""
     from mrl_llm import rewards
+    from mrl_llm.rundir import check_out_file
 
     dest = Path(out or data.path)
-    check_out(dest, "--out" if out else "data.path")
+    check_out_file(dest, "--out" if out else "data.path", example="train.jsonl")
     if dest.exists() and not force:
         raise FileExistsError(f"{dest} exists; pass --force to overwrite it")
     local = Path(source).expanduser()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 import unicodedata
 from pathlib import Path
@@ -25,16 +26,26 @@ from mrl_llm.thl.vocab import same_vocabulary, vocab_info
 TEXT_FIELDS = ("response", "text", "answer", "solution", "completion", "output")
 
 
+class ReportError(Exception):
+    """A bad input of the report; :func:`main` prints it as one line and exits 2."""
+
+
 def load_tokenizer(path: str, flag: str) -> Any:
     from transformers import AutoTokenizer
 
+    from mrl_llm.models import ModelLoadError, require_tokenizer_files
+
     p = Path(path)
     if not p.is_dir():
-        raise SystemExit(f"tokenizer dir {path} not found; pass {flag} DIR (a folder with tokenizer.json or vocab.json + merges.txt)")
+        raise ReportError(f"tokenizer dir {path} not found; pass {flag} DIR (a folder with tokenizer.json or vocab.json + merges.txt)")
+    try:
+        require_tokenizer_files(p, flag)
+    except ModelLoadError as err:
+        raise ReportError(str(err)) from err
     try:
         return AutoTokenizer.from_pretrained(p)
     except Exception as exc:  # noqa: BLE001 - report what went wrong and how to fix it
-        raise SystemExit(f"could not load a tokenizer from {path} ({exc}); pass {flag} a folder saved by save_pretrained") from exc
+        raise ReportError(f"could not load a tokenizer from {path} ({exc}); pass {flag} a folder saved by save_pretrained") from exc
 
 
 def load_texts(path: str, field: str | None, limit: int | None) -> list[str]:
@@ -44,7 +55,7 @@ def load_texts(path: str, field: str | None, limit: int | None) -> list[str]:
 
     p = Path(path)
     if not p.is_file():
-        raise SystemExit(f"data file {path} not found; pass --data FILE.jsonl (one JSON object a line)")
+        raise ReportError(f"data file {path} not found; pass --data FILE.jsonl (one JSON object a line)")
     texts = []
     with p.open("rb") as f:
         for n, raw in enumerate(f, 1):
@@ -53,19 +64,19 @@ def load_texts(path: str, field: str | None, limit: int | None) -> list[str]:
             try:
                 row = json.loads(decode_line(raw, f"{path}:{n}", first=n == 1))
             except DataError as err:
-                raise SystemExit(str(err)) from err
+                raise ReportError(str(err)) from err
             except json.JSONDecodeError as err:
-                raise SystemExit(f"{path}:{n}: not valid JSON ({err.msg} at column {err.colno})") from err
+                raise ReportError(f"{path}:{n}: not valid JSON ({err.msg} at column {err.colno})") from err
             if not isinstance(row, dict):
-                raise SystemExit(f"{path}:{n}: a row must be a JSON object, got {type(row).__name__}")
+                raise ReportError(f"{path}:{n}: a row must be a JSON object, got {type(row).__name__}")
             key = field or next((k for k in TEXT_FIELDS if isinstance(row.get(k), str)), None)
             if key is None or not isinstance(row.get(key), str):
-                raise SystemExit(f"{path}:{n}: no text field {field or '/'.join(TEXT_FIELDS)}; pass --field NAME")
+                raise ReportError(f"{path}:{n}: no text field {field or '/'.join(TEXT_FIELDS)}; pass --field NAME")
             texts.append(row[key])
             if limit is not None and len(texts) >= limit:
                 break
     if not texts:
-        raise SystemExit(f"{path} has no text rows; pass --data a JSONL file with one JSON object a line")
+        raise ReportError(f"{path} has no text rows; pass --data a JSONL file with one JSON object a line")
     return texts
 
 
@@ -153,6 +164,19 @@ def format_report(source_dir: str, target_dir: str, data: str, s: dict[str, Any]
     return "\n".join(lines)
 
 
+def _at_least(low: int):
+    """An argparse type: an integer >= ``low``."""
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if n < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {n}")
+        return n
+    return parse
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m mrl_llm.thl", description="Tokenizer Heterogeneity Layer tools")
     sub = ap.add_subparsers(dest="command", required=True)
@@ -161,13 +185,17 @@ def main(argv: list[str] | None = None) -> int:
     rp.add_argument("--target", required=True, help="learner tokenizer folder")
     rp.add_argument("--data", required=True, help="JSONL file; each row's text field is one peer response")
     rp.add_argument("--field", default=None, help=f"text field (default: the first of {', '.join(TEXT_FIELDS)})")
-    rp.add_argument("--limit", type=int, default=None, help="use the first N rows")
-    rp.add_argument("--seed", type=int, default=0, help="seed of the synthetic log-probs")
+    rp.add_argument("--limit", type=_at_least(1), default=None, help="use the first N rows")
+    rp.add_argument("--seed", type=_at_least(0), default=0, help="seed of the synthetic log-probs")
     rp.add_argument("--json", action="store_true", help="print the statistics as JSON")
     args = ap.parse_args(argv)
-    source = load_tokenizer(args.source, "--source")
-    target = load_tokenizer(args.target, "--target")
-    texts = load_texts(args.data, args.field, args.limit)
+    try:
+        source = load_tokenizer(args.source, "--source")
+        target = load_tokenizer(args.target, "--target")
+        texts = load_texts(args.data, args.field, args.limit)
+    except ReportError as err:
+        print(f"mrl_llm.thl report: {err}", file=sys.stderr)
+        return 2
     stats = pair_report(source, target, texts, seed=args.seed)
     print(json.dumps(stats, indent=2) if args.json else format_report(args.source, args.target, args.data, stats))
     return 0

@@ -63,3 +63,13 @@ def test_saving_and_loading_a_policy_print_no_progress_bar_and_leave_the_setting
         assert hf_logging.is_progress_bar_enabled()
     finally:
         (hf_logging.enable_progress_bar if was_on else hf_logging.disable_progress_bar)()
+
+
+def test_an_empty_tokenizer_folder_is_named_without_the_install_sentencepiece_advice(tmp_path):
+    """transformers answers an empty folder with advice to install sentencepiece or tiktoken."""
+    from mrl_llm.models import ModelLoadError, load_tokenizer_dir
+
+    with pytest.raises(ModelLoadError, match=r"policy 'a': .* holds no tokenizer files \(tokenizer\.json, .*\); point "
+                                             r"it at a folder written by a tokenizer's save_pretrained") as err:
+        load_tokenizer_dir(tmp_path, who="policy 'a'")
+    assert "sentencepiece" not in str(err.value)

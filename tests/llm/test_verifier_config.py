@@ -75,7 +75,8 @@ def test_eval_cli_takes_the_answer_format_and_refuses_it_for_other_verifiers(tmp
     args = ["eval", "--policy", str(tmp_path / "no-policy"), "--data", str(data)]
     assert main([*args, "--verifier", "mcq", "--answer-format", "boxed_or_answer_line"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "answer_format applies to the math verifier only" in err[0]
+    assert len(err) == 1 and "--answer-format applies to the math verifier only" in err[0]  # the flag, not data.
+    assert "(remove --answer-format)" in err[0]
     with pytest.raises(SystemExit):  # argparse: not one of the choices
         main([*args, "--answer-format", "last_line"])
 

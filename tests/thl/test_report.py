@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -54,13 +55,26 @@ def test_report_module_entry_point(saved):
         ({"--source": "nope"}, "tokenizer dir .* not found; pass --source"),
         ({"--target": "nope"}, "tokenizer dir .* not found; pass --target"),
         ({"--field": "question"}, "no text field question; pass --field"),
+        ({"--source": "empty_dir"}, "--source: .*empty_dir holds no tokenizer files .* save_pretrained"),
     ],
 )
-def test_report_errors_say_what_to_do(saved, change, message):
+def test_report_errors_say_what_to_do(saved, change, message, capsys):
+    (saved / "empty_dir").mkdir(exist_ok=True)
     args = {"--source": "tiny_sp_bpe", "--target": "tiny_bl", "--data": "data.jsonl", **change}
     argv = ["report"] + [x for k, v in args.items() for x in (k, v if k == "--field" else str(saved / v))]
-    with pytest.raises(SystemExit, match=message):
-        main(argv)
+    assert main(argv) == 2  # a user error: one line, exit 2, as the other CLIs
+    err = capsys.readouterr().err
+    assert re.search(message, err) and err.count("\n") == 1
+
+
+@pytest.mark.parametrize(("flag", "value", "message"), [("--limit", "0", "must be >= 1, got 0"),
+                                                         ("--limit", "-3", "must be >= 1, got -3"),
+                                                         ("--seed", "-1", "must be >= 0, got -1")])
+def test_report_refuses_a_limit_below_one_and_a_negative_seed(saved, capsys, flag, value, message):
+    with pytest.raises(SystemExit) as exc:
+        main(["report", "--source", str(saved / "tiny_sp_bpe"), "--target", str(saved / "tiny_bl"), "--data",
+              str(saved / "data.jsonl"), flag, value])
+    assert exc.value.code == 2 and f"{flag}: {message}" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
@@ -72,8 +86,9 @@ def test_report_errors_say_what_to_do(saved, change, message):
         (b"\n\n", r"bad\.jsonl has no text rows"),
     ],
 )
-def test_report_names_file_and_line_of_bad_rows(saved, tmp_path, content, message):
+def test_report_names_file_and_line_of_bad_rows(saved, tmp_path, content, message, capsys):
     bad = tmp_path / "bad.jsonl"
     bad.write_bytes(content)
-    with pytest.raises(SystemExit, match=message):
-        main(["report", "--source", str(saved / "tiny_sp_bpe"), "--target", str(saved / "tiny_bl"), "--data", str(bad)])
+    assert main(["report", "--source", str(saved / "tiny_sp_bpe"), "--target", str(saved / "tiny_bl"), "--data",
+                 str(bad)]) == 2
+    assert re.search(message, capsys.readouterr().err)
