@@ -36,7 +36,8 @@ from typing import Any
 
 from shared_interfaces.config_io import ConfigError
 
-USER_ERRORS = (ConfigError, FileNotFoundError, FileExistsError, KeyError, ValueError, PermissionError)
+USER_ERRORS = (ConfigError, FileNotFoundError, FileExistsError, KeyError, ValueError, PermissionError,
+               IsADirectoryError, NotADirectoryError)
 
 
 def one_line(err: BaseException) -> str:
@@ -118,21 +119,26 @@ def _with_runtime(cfg, args: argparse.Namespace):
 def _eval(args: argparse.Namespace) -> int:
     from mrl_llm.evaluate import evaluate_saved_policy
     from mrl_llm.metrics import clean
+    from mrl_llm.rundir import check_out_file
 
+    out = Path(args.out) if args.out else None
+    if out is not None:  # before the evaluation: a bad --out must not throw its results away
+        check_out_file(out, "--out", example="eval.json")
     res = evaluate_saved_policy(args.policy, args.data, verifier=args.verifier, k=args.k, temperature=args.temperature,
                                 max_new_tokens=args.max_new_tokens, max_prompts=args.max_prompts,
                                 question_field=args.question_field,
                                 answer_field=args.answer_field, answer_format=args.answer_format)
     print(json.dumps(clean(res["summary"]), indent=1))
-    if args.out:
-        Path(args.out).write_text(json.dumps(clean(res), indent=1))
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(clean(res), indent=1))
     return 0
 
 
 def _success_matrix(args: argparse.Namespace) -> int:
-    from mrl_llm.success_matrix import FILE_NAME, write_run_matrix
+    from mrl_llm.success_matrix import write_run_matrix
 
-    path = write_run_matrix(args.run, args.out or Path(args.run) / FILE_NAME)
+    path = write_run_matrix(args.run, args.out or args.run)  # a directory: its FILE_NAME
     print(f"success matrix: {path}")
     return 0
 
@@ -142,7 +148,10 @@ def _report(args: argparse.Namespace) -> int:
 
     rep = make_report(args.runs, args.out)
     print(rep["table"])
+    for run in rep["no_metrics"]:
+        print(f"left out (no metrics rows yet): {run}")
     print(f"figure: {rep['png']}")
+    print(f"table: {rep['md']}")
     return 0
 
 

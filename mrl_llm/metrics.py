@@ -42,7 +42,7 @@ import json
 import logging
 import math
 import os
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -137,10 +137,11 @@ class MetricsLog:
             self.tb.close()
 
 
-def read_metrics(path: str | Path, *, rolled_back: bool = False) -> list[dict[str, Any]]:
+def read_metrics(path: str | Path, *, rolled_back: bool = False,
+                 check: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
     """The rows of a ``metrics.jsonl``, without the train rows marked ``"rolled_back": true`` (see
-    :func:`mark_rolled_back`) unless ``rolled_back=True``. A line that is not JSON is an error naming
-    the file and line."""
+    :func:`mark_rolled_back`) unless ``rolled_back=True``. A line that is not a JSON object is an error naming
+    the file and line; so is a returned row that ``check`` refuses (it raises ``ValueError`` with the reason)."""
     p = Path(path)
     if not p.is_file():
         return []
@@ -149,10 +150,20 @@ def read_metrics(path: str | Path, *, rolled_back: bool = False) -> list[dict[st
         if not line.strip():
             continue
         try:
-            rows.append(json.loads(line))
+            row = json.loads(line)
         except json.JSONDecodeError as err:
-            raise ValueError(f"{p}, line {k}: not a JSON row ({err})") from None
-    return rows if rolled_back else [r for r in rows if not r.get("rolled_back")]
+            raise ValueError(f"{p}, line {k}: not a JSON row ({err}); repair or remove the line") from None
+        if not isinstance(row, dict):
+            raise ValueError(f"{p}, line {k}: not a JSON object; repair or remove the line")
+        if not rolled_back and row.get("rolled_back"):
+            continue
+        if check is not None:
+            try:
+                check(row)
+            except ValueError as err:
+                raise ValueError(f"{p}, line {k}: {err}; repair or remove the line") from None
+        rows.append(row)
+    return rows
 
 
 def mark_rolled_back(path: str | Path, policy: str, steps: Collection[int]) -> int:

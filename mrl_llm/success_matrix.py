@@ -7,6 +7,12 @@ From the run's ``config.json`` and ``eval.jsonl`` (skipped rows left out): the s
 policy's sample accuracy at every evaluation; ``run``, the settings a simulator mirrors; ``outcomes``, the
 run's own regime's final and mean sample accuracy and its rescue rate (the share of the policies'
 peer-exclusive prompts, :func:`mrl_llm.evaluate.peer_exclusive_sets`, solved at the last evaluation).
+
+A damaged or hand-edited run directory is an error naming the file (and the ``eval.jsonl`` line) and the fix:
+corrupt JSON, a missing key, a row of a policy the config does not have, or a second row for one (step,
+policy, prompt) — a run writes each once (a resumed run cuts ``eval.jsonl`` back and does not evaluate a step
+again), so a repeat is damage, not data. ``--out`` may be a directory: the matrix is written into it as
+``success_matrix.json``.
 """
 
 from __future__ import annotations
@@ -27,6 +33,96 @@ log = logging.getLogger(__name__)
 FILE_NAME = "success_matrix.json"
 
 
+def _config(path: Path) -> dict[str, Any]:
+    """``config.json`` of a run, checked for what the matrix reads; errors name the file and the key."""
+    fix = "train writes it at a run's start: restore it from the experiment's YAML config"
+    try:
+        cfg = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as err:  # JSONDecodeError, UnicodeDecodeError
+        raise SuccessMatrixError(f"{path}: not JSON ({err}); {fix}") from None
+    if not isinstance(cfg, dict):
+        raise SuccessMatrixError(f"{path}: not a JSON object; {fix}")
+    for key in ("policies", "regime", "steps", "prompts_per_step"):
+        if key not in cfg:
+            raise SuccessMatrixError(f"{path} has no {key!r}; {fix}")
+    pols = cfg["policies"]
+    if not isinstance(pols, list) or not pols or not all(isinstance(p, dict) and isinstance(p.get("name"), str)
+                                                         for p in pols):
+        raise SuccessMatrixError(f"{path}: 'policies' is not a list of policies with a 'name' each; {fix}")
+    if not isinstance(cfg["regime"], dict) or not isinstance(cfg["regime"].get("name"), str):
+        raise SuccessMatrixError(f"{path}: 'regime' has no 'name' (e.g. {{\"name\": \"sgt\"}}); {fix}")
+    ints = [("steps", cfg["steps"]), ("prompts_per_step", cfg["prompts_per_step"]), ("seed", cfg.get("seed", 0)),
+            *((f"policies[{i}].group_size", p.get("group_size", 8)) for i, p in enumerate(pols))]
+    for key, v in ints:
+        if not _is_int(v):
+            raise SuccessMatrixError(f"{path}: {key} is {v!r}, not a whole number; {fix}")
+    return cfg
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def read_run_eval(path: Path, policies: list[str], config: Path) -> list[dict[str, Any]]:
+    """The rows of a run's ``eval.jsonl``, checked: every row a JSON object with ``step``, ``policy`` (one of
+    ``policies``, from ``config``), ``prompt_id`` and ``skipped``, and a non-skipped row with whole-number
+    ``samples`` >= ``successes`` >= 0 and ``greedy_correct``; one row per (step, policy, prompt) (module
+    docstring). Errors name the file and line."""
+    rows: list[dict[str, Any]] = []
+    first: dict[tuple[int, str, str], int] = {}
+    lines = path.read_text(encoding="utf-8").split("\n")
+    for k, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        where = f"{path}, line {k}"
+        try:
+            r = json.loads(line)
+        except ValueError as err:
+            torn = " (a stopped run's torn last line: train --resume drops it)" if k == len(lines) else ""
+            raise SuccessMatrixError(f"{where}: not a JSON row ({err}); repair or remove the line{torn}") from None
+        if not isinstance(r, dict):
+            raise SuccessMatrixError(f"{where}: not a JSON object; repair or remove the line")
+        need = ("step", "policy", "prompt_id", "skipped") + (() if r.get("skipped") is True else
+                                                              ("samples", "successes", "greedy_correct"))
+        missing = [f for f in need if f not in r]
+        if missing:
+            raise SuccessMatrixError(f"{where}: the row has no {', '.join(map(repr, missing))}; an evaluation row "
+                                     f"has {', '.join(need)} — repair or remove the line")
+        bad = _bad_eval_value(r)
+        if bad:
+            raise SuccessMatrixError(f"{where}: {bad}; repair or remove the line")
+        if r["policy"] not in policies:
+            raise SuccessMatrixError(f"{where}: policy {r['policy']!r} is not one of {config}'s policies "
+                                     f"({', '.join(policies)}); fix the row's policy or remove the line")
+        key = (r["step"], r["policy"], str(r["prompt_id"]))
+        if key in first:
+            raise SuccessMatrixError(f"{where}: a second row for step {key[0]}, policy {key[1]!r}, prompt "
+                                     f"{key[2]!r} (the first is line {first[key]}); a run writes one per evaluation "
+                                     "— remove the repeated line")
+        first[key] = k
+        rows.append(r)
+    return rows
+
+
+def _bad_eval_value(r: dict[str, Any]) -> str | None:
+    """What is wrong with a value of eval row ``r`` (its keys present), or None."""
+    if not _is_int(r["step"]) or r["step"] < 0:
+        return f"step is {r['step']!r}, not a step number"
+    if not isinstance(r["policy"], str):
+        return f"policy is {r['policy']!r}, not a policy name"
+    if not isinstance(r["prompt_id"], str) and not _is_int(r["prompt_id"]):
+        return f"prompt_id is {r['prompt_id']!r}, not a prompt id"
+    if not isinstance(r["skipped"], bool):
+        return f"skipped is {r['skipped']!r}, not true or false"
+    if r["skipped"]:
+        return None
+    if not all(_is_int(r[f]) and r[f] >= 0 for f in ("samples", "successes")) or r["successes"] > r["samples"]:
+        return f"samples {r['samples']!r} and successes {r['successes']!r} are not counts with successes <= samples"
+    if r["greedy_correct"] not in (0, 1):
+        return f"greedy_correct is {r['greedy_correct']!r}, not 0 or 1"
+    return None
+
+
 def _run_settings(cfg: dict[str, Any]) -> dict[str, Any]:
     pols = cfg.get("policies") or []
     return {"steps": int(cfg["steps"]), "prompts_per_step": int(cfg["prompts_per_step"]),
@@ -40,13 +136,13 @@ def matrix_from_run(run_dir: str | Path) -> SuccessMatrix:
     cfg_path, ev_path = d / "config.json", d / "eval.jsonl"
     if not cfg_path.is_file() or not ev_path.is_file():
         raise SuccessMatrixError(f"{d} is not a run directory with an evaluation (it needs config.json and eval.jsonl)")
-    cfg = json.loads(cfg_path.read_text())
-    rows = [r for r in read_eval_rows(ev_path) if not r["skipped"]]
+    cfg = _config(cfg_path)
+    pols = [p["name"] for p in cfg["policies"]]
+    rows = [r for r in read_run_eval(ev_path, pols, cfg_path) if not r["skipped"]]
     step0 = [r for r in rows if r["step"] == 0]
     if not step0:
         raise SuccessMatrixError(f"{ev_path} has no step-0 evaluation; the success matrix is the runs' start (keep "
                                  "eval enabled)")
-    pols = [p["name"] for p in cfg["policies"]]
     prompts = sorted({str(r["prompt_id"]) for r in step0})
     row, col = {p: i for i, p in enumerate(pols)}, {pid: c for c, pid in enumerate(prompts)}
     n = np.zeros((len(pols), len(prompts)), dtype=np.int64)
@@ -97,12 +193,14 @@ def _outcome(rows: list[dict], pols: list[str], steps: np.ndarray, acc: np.ndarr
 
 
 def write_run_matrix(run_dir: str | Path, out: str | Path | None = None) -> Path | None:
-    """Write ``run_dir``'s success matrix (to ``out``, default ``run_dir/success_matrix.json``). At a run's end
+    """Write ``run_dir``'s success matrix (to ``out``, a file or a directory to write ``success_matrix.json``
+    into, :func:`output_path`; default ``run_dir/success_matrix.json``). At a run's end
     (``out`` None) a run whose start cannot make one (eval disabled, or greedy-only with ``eval.k: 0``) writes
     none, says why in the log and returns ``None``: the run itself succeeded. With ``out`` the error is raised."""
     d = Path(run_dir)
     if out is not None:
-        return write_success_matrix(out, matrix_from_run(d))
+        matrix = matrix_from_run(d)
+        return write_success_matrix(output_path(out), matrix)
     rows = read_eval_rows(d / "eval.jsonl")
     if not any(r["step"] == 0 and not r["skipped"] for r in rows):
         return None
@@ -112,3 +210,19 @@ def write_run_matrix(run_dir: str | Path, out: str | Path | None = None) -> Path
         log.warning("no %s written for %s: %s", FILE_NAME, d, e)
         return None
     return write_success_matrix(d / FILE_NAME, matrix)
+
+
+def output_path(out: str | Path) -> Path:
+    """The file ``--out`` names: ``out`` itself, or ``out/success_matrix.json`` when ``out`` is a directory. A
+    path under an existing file, or a directory in the way of the file, is an error saying what to pass."""
+    p = Path(out)
+    if p.is_dir():
+        p = p / FILE_NAME
+        if p.is_dir():
+            raise SuccessMatrixError(f"{p} is a directory; remove it or pass --out FILE")
+    for up in p.parents:
+        if up.exists():
+            if not up.is_dir():
+                raise SuccessMatrixError(f"{up} is a file, not a directory; pass --out FILE under a directory")
+            break
+    return p

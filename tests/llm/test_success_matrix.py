@@ -10,7 +10,7 @@ import pytest
 from mrl_llm.cli import main
 from mrl_llm.success_matrix import matrix_from_run, write_run_matrix
 from shared_interfaces.success_matrix import SuccessMatrixError, read_success_matrix
-from tests.crosscheck.helpers import start_counts, two_family_prompts, write_run
+from tests.crosscheck.helpers import llm_config, start_counts, two_family_prompts, write_run
 
 
 def _run(tmp_path, regime="sgt"):
@@ -54,6 +54,7 @@ def test_run_without_evaluation(tmp_path, capsys):
     assert write_run_matrix(d) is None  # a run with eval disabled writes none, and does not fail
     assert main(["success-matrix", "--run", str(d)]) == 2
     assert "is not a run directory with an evaluation" in capsys.readouterr().err
+    (d / "config.json").write_text(json.dumps(llm_config("grpo")))  # ("{}" is a damaged config: its own error)
     (d / "eval.jsonl").write_text("")
     with pytest.raises(SuccessMatrixError, match="has no step-0 evaluation"):
         matrix_from_run(d)
