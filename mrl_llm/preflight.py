@@ -3,7 +3,8 @@ failure is one :class:`~shared_interfaces.config_io.ConfigError` (or :class:`~mr
 naming the policy and the key, prompt or file, instead of a traceback minutes into the run.
 
 * :func:`check_model_configs` — every policy's tokenizer loads, a ``model_dir`` holds a ``config.json``,
-  a ``model_config`` suits its model type and tokenizer (:func:`mrl_llm.models.fresh_config`).
+  a ``model_config`` suits its model type and tokenizer (:func:`mrl_llm.models.fresh_config`), a vLLM
+  policy on the CPU has a head size vLLM's CPU attention supports.
 * :func:`fit_prompts` — every prompt, rendered with each policy's template and counted with that
   policy's tokenizer exactly as the worker will (:meth:`mrl_llm.worker.LLMPolicyWorker.set_prompt`),
   has ``1 <= tokens <= max_prompt_len`` and leaves the model's context (:func:`context_lengths`) room for
@@ -23,10 +24,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mrl_llm.config import RunConfig
+from mrl_llm.config import PolicyConfig, RunConfig
 from mrl_llm.data import DataError, Problem
-from mrl_llm.models import ModelLoadError, fresh_config, load_tokenizer
+from mrl_llm.models import ModelLoadError, fresh_config, load_tokenizer, resolve_device
 from mrl_llm.templates import PromptTemplate
+from shared_interfaces.config_io import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +53,7 @@ def check_model_configs(config: RunConfig) -> dict[str, Any]:
         tok = load_tokenizer(pol)
         if pol.model_config is not None:
             fresh_config(pol, tok)
+        check_vllm_cpu_head_size(pol)
         tokenizers[pol.name] = tok
     return tokenizers
 
@@ -59,31 +62,58 @@ def check_model_configs(config: RunConfig) -> dict[str, Any]:
 _CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length")
 
 
-def context_lengths(config: RunConfig) -> dict[str, int | None]:
-    """Each policy's context length in tokens, from its ``model_config`` (over its model type's defaults) or its
-    ``model_dir``'s ``config.json`` (None where unknown: a hub id, or a config without one of
-    :data:`_CONTEXT_KEYS`)."""
+def hf_config_of(pol: PolicyConfig) -> dict[str, Any]:
+    """The transformers config a policy's model will have, as a plain dict, without building the model: its
+    ``model_config`` over its model type's defaults, or its ``model_dir``'s ``config.json`` (a multimodal
+    config's ``text_config``); ``{}`` where unknown (a hub id, an unreadable file: the model load names it)."""
     from transformers import AutoConfig
 
+    if pol.model_config is not None:
+        mc = dict(pol.model_config)
+        try:  # built with the keys given: derived ones (head_dim from hidden_size) follow them
+            hf = vars(AutoConfig.for_model(mc.pop("model_type"), **mc))
+        except Exception:  # noqa: BLE001 - an unknown model type or key: check_model_configs names it
+            hf = mc
+    elif pol.model_dir is not None and (Path(pol.model_dir) / "config.json").is_file():
+        try:
+            hf = json.loads((Path(pol.model_dir) / "config.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            hf = {}
+    else:
+        hf = {}
+    hf = hf if isinstance(hf, dict) else {}
+    return hf["text_config"] if isinstance(hf.get("text_config"), dict) else hf
+
+
+def context_lengths(config: RunConfig) -> dict[str, int | None]:
+    """Each policy's context length in tokens (:func:`hf_config_of`; None where unknown: a hub id, or a config
+    without one of :data:`_CONTEXT_KEYS`)."""
     out: dict[str, int | None] = {}
     for pol in config.policies:
-        if pol.model_config is not None:
-            mc = dict(pol.model_config)
-            try:
-                hf = {**vars(AutoConfig.for_model(mc.pop("model_type"))), **mc}
-            except Exception:  # noqa: BLE001 - an unknown model type: check_model_configs names it
-                hf = mc
-        elif pol.model_dir is not None and (Path(pol.model_dir) / "config.json").is_file():
-            try:
-                hf = json.loads((Path(pol.model_dir) / "config.json").read_text(encoding="utf-8"))
-            except (OSError, ValueError):  # the model load names a broken config.json
-                hf = {}
-        else:
-            hf = {}
-        hf = hf.get("text_config", hf) if isinstance(hf.get("text_config"), dict) else hf
-        n = next((hf[k] for k in _CONTEXT_KEYS if isinstance(hf.get(k), int) and hf[k] > 0), None)
-        out[pol.name] = n
+        hf = hf_config_of(pol)
+        out[pol.name] = next((hf[k] for k in _CONTEXT_KEYS if isinstance(hf.get(k), int) and hf[k] > 0), None)
     return out
+
+
+def check_vllm_cpu_head_size(pol: PolicyConfig) -> None:
+    """A vLLM policy on the CPU needs a head size vLLM's CPU attention has a kernel for (32, 64, 80, ...): any
+    other fails inside the engine's worker process, named only in its log. A :class:`ConfigError` naming the
+    policy and the sizes; nothing to check for the hf engine, on a GPU, or without vLLM installed."""
+    if pol.engine != "vllm" or resolve_device(pol.device).type != "cpu":
+        return
+    try:
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+    except ImportError:  # no vLLM (the engine says how to install it) or another layout of it
+        return
+    hf = hf_config_of(pol)
+    heads, hidden = hf.get("num_attention_heads"), hf.get("hidden_size")
+    head = hf.get("head_dim") or (hidden // heads if isinstance(hidden, int) and isinstance(heads, int) and heads
+                                  else None)
+    sizes = CPUAttentionBackend.get_supported_head_sizes()
+    if isinstance(head, int) and head not in sizes:
+        raise ConfigError(f"policy {pol.name!r}: vLLM's CPU attention supports head sizes {sizes}, this model's is "
+                          f"{head} (hidden_size / num_attention_heads); change model_config (e.g. hidden_size = "
+                          f"{heads} x 64) or set engine: hf")
 
 
 def prompt_lengths(template: PromptTemplate, tokenizer: Any, problems: Sequence[Problem]) -> list[int]:

@@ -46,7 +46,7 @@ def resolve_problems(config: RunConfig, problems: Sequence[Problem] | None,
     else loaded from the config's ``data`` / ``eval.data`` (evaluation defaults to the training data).
     Before any model loads, the policies' tokenizers and model configs are checked and every prompt must
     fit every policy's ``max_prompt_len`` (:mod:`mrl_llm.preflight`: an error, or skipped and counted
-    under the dataset's ``on_malformed: skip``)."""
+    under the dataset's ``on_malformed: skip``); ``prompts_per_step`` may not exceed the prompts that remain."""
     from mrl_llm.preflight import check_model_configs, fit_prompts
 
     if problems is None:
@@ -57,6 +57,9 @@ def resolve_problems(config: RunConfig, problems: Sequence[Problem] | None,
     train_mode = config.data.on_malformed if config.data is not None else "error"
     problems, _ = fit_prompts(config, problems, on_malformed=train_mode, tokenizers=tokenizers,
                               source=config.data.path if config.data is not None else "the training problems")
+    if config.prompts_per_step > len(problems):
+        raise ConfigError(f"prompts_per_step {config.prompts_per_step} exceeds the {len(problems)} training prompts "
+                          f"(a step would draw prompts twice); set prompts_per_step <= {len(problems)} or add data")
     if eval_problems is None and config.eval.data is not None:
         eval_problems = load_problems(config.eval.data)
     if eval_problems is None:

@@ -74,12 +74,18 @@ def test_a_prompt_that_encodes_to_nothing_is_refused_or_skipped():
 
 
 def test_resolve_problems_checks_training_and_eval_sets():
-    cfg = config(max_prompt_len=10, data={"path": "unused.jsonl", "on_malformed": "skip"})
+    cfg = config(max_prompt_len=10, data={"path": "unused.jsonl", "on_malformed": "skip"}, prompts_per_step=2)
     train, ev = resolve_problems(cfg, probs("a", "b" * 20, "c"), probs("d" * 20, "e"))
     assert [p.question for p in train] == ["a", "c"] and [p.question for p in ev] == ["e"]
-    strict = config(max_prompt_len=10)
+    strict = config(max_prompt_len=10, prompts_per_step=2)
     with pytest.raises(DataError, match="prompt 'p1'"):
         resolve_problems(strict, probs("a", "b" * 20), None)
+    # a step cannot take more prompts than remain (10**12 of 2 built a list until memory ran out)
+    for b in (3, 10**12):
+        with pytest.raises(ConfigError, match=rf"prompts_per_step {b} exceeds the 2 training prompts .* set "
+                                              r"prompts_per_step <= 2 or add data"):
+            resolve_problems(config(max_prompt_len=10, data={"path": "unused.jsonl", "on_malformed": "skip"},
+                                    prompts_per_step=b), probs("a", "b" * 20, "c"), None)
 
 
 def test_model_configs_checked_against_their_tokenizers():
@@ -137,3 +143,21 @@ def tiny_default_context() -> int:
     from transformers import LlamaConfig
 
     return tiny("llama").get("max_position_embeddings", LlamaConfig().max_position_embeddings)
+
+
+def test_a_vllm_policy_on_the_cpu_needs_a_head_size_its_attention_supports():
+    """Head size 16 (tiny()'s) failed inside vLLM's worker process, named only in its log."""
+    from mrl_llm.preflight import check_vllm_cpu_head_size
+    from tests.llm.helpers import require_vllm
+
+    require_vllm()
+    pols = config_from_mapping({"policies": [
+        {"name": "v", "model_config": tiny("llama"), "tokenizer_dir": "utf8-bytes", "engine": "vllm", "device": "cpu"},
+        {"name": "ok", "model_config": tiny("llama", hidden_size=256), "tokenizer_dir": "utf8-bytes",
+         "engine": "vllm", "device": "cpu"},
+        {"name": "h", "model_config": tiny("llama"), "tokenizer_dir": "utf8-bytes"}]}).policies
+    with pytest.raises(ConfigError, match=r"policy 'v': vLLM's CPU attention supports head sizes \[32, 64.*\], this "
+                                          r"model's is 16 .*hidden_size = 4 x 64\) or set engine: hf"):
+        check_vllm_cpu_head_size(pols[0])
+    check_vllm_cpu_head_size(pols[1])  # 256 / 4 = 64
+    check_vllm_cpu_head_size(pols[2])  # the hf engine: any head size
