@@ -25,7 +25,6 @@ from mrl_llm.distributed.memory import GiB, MemoryModel
 from shared_interfaces.config_io import ConfigError, from_mapping, load_yaml
 from shared_interfaces.mwra import Resources
 
-
 #: The largest cluster a plan is made for (the plan lists every device: 1024 8-GPU nodes take seconds) and the most
 #: GPUs a node may have.
 MAX_NODES, MAX_GPUS_PER_NODE = 1024, 64
