@@ -114,9 +114,10 @@ def config_from_mapping(data: Mapping[str, Any], base: SimConfig | None = None, 
     return from_mapping(SimConfig, merged, where=where)
 
 
-def with_overrides(cfg: SimConfig, **changes: Any) -> SimConfig:
-    """``cfg`` with top-level keys replaced; ``sgt_weight=`` sets ``sgt.weight``."""
+def with_overrides(cfg: SimConfig, *, where: str = "the command line", **changes: Any) -> SimConfig:
+    """``cfg`` with top-level keys replaced (errors name ``where`` they came from); ``sgt_weight=`` sets
+    ``sgt.weight``."""
     changes = {k: v for k, v in changes.items() if v is not None}
     if "sgt_weight" in changes:
         changes["sgt"] = replace(cfg.sgt, weight=float(changes.pop("sgt_weight")))
-    return config_from_mapping(to_mapping(changes), cfg)
+    return config_from_mapping(to_mapping(changes), cfg, where=where)

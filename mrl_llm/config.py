@@ -209,6 +209,12 @@ class TrainSection:
             raise ConfigError(f"train.grad_clip must be > 0 or null, got {self.grad_clip}")
         if len(self.betas) != 2:
             raise ConfigError(f"train.betas must be two numbers, got {list(self.betas)}")
+        if not all(0 <= b < 1 for b in self.betas):
+            raise ConfigError(f"train.betas must be in [0, 1) (Adam's moment decays), got {list(self.betas)}")
+        if not self.eps > 0:
+            raise ConfigError(f"train.eps must be > 0 (Adam's denominator term), got {self.eps}")
+        if not self.weight_decay >= 0:
+            raise ConfigError(f"train.weight_decay must be >= 0, got {self.weight_decay}")
 
 
 @dataclass(frozen=True)

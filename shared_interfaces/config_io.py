@@ -128,8 +128,8 @@ def from_mapping(cls: type[T], data: Mapping[str, Any], *, where: str = "config"
         raise ConfigError(f"{where}: missing required key(s) {missing} for {cls.__name__}")
     try:
         return cls(**kwargs)
-    except (TypeError, ValueError) as err:
-        if isinstance(err, ConfigError):
+    except (TypeError, ValueError) as err:  # the dataclass's own checks: said where in the config
+        if str(err).startswith(where):
             raise
         raise ConfigError(f"{where}: {err}") from err
 
