@@ -275,6 +275,9 @@ class PolicyConfig:
             )
         if self.model_config is not None:
             check_model_config(self.model_config, f"policy {self.name!r}: model_config")
+        if self.engine_args and self.engine != "vllm":
+            raise ConfigError(f"policy {self.name!r}: engine_args {sorted(self.engine_args)} are vllm.LLM's and the "
+                              f"policy's engine is {self.engine!r}; set engine: vllm or remove engine_args")
         object.__setattr__(self, "dtype", DTYPE_ALIASES[self.dtype])
         if self.drift.on_exceed is None:  # a noisy bf16 probe warns; an fp32 mismatch is a bug: stop
             object.__setattr__(self, "drift", replace(self.drift, on_exceed="warn" if self.dtype == "bf16" else "stop"))
@@ -409,8 +412,8 @@ class RunConfig:
         self.regime_spec  # noqa: B018 - validates the section
         moving = [p.name for p in self.policies if p.join_step or p.leave_step is not None]
         if moving and self.runtime.backend != "ray":
-            raise ConfigError(f"config: policies {moving} set join_step/leave_step, which only the Ray runtime "
-                              "honours; add runtime: {backend: ray}")
+            raise ConfigError(f"config: policies {moving} set join_step/leave_step (or --join / --leave), which only "
+                              "the Ray runtime honours; add runtime: {backend: ray} or pass --runtime ray")
 
     @property
     def regime_spec(self) -> RegimeSpec:

@@ -201,4 +201,6 @@ def load_yaml(path: str | Path) -> Any:
         return yaml.load(text, Loader=_no_alias_loader(p)) or {}  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as err:
         one_line = " ".join(str(err).split())
-        raise ConfigError(f"{p} is not valid YAML ({one_line}); quote values that start with '{{' or '$'") from err
+        hint = ("indent with spaces: YAML does not allow tabs" if "'\\t'" in one_line else
+                "quote values that start with '{' or '$'")
+        raise ConfigError(f"{p} is not valid YAML ({one_line}); {hint}") from err

@@ -83,6 +83,9 @@ def test_malformed_yaml_names_the_file(tmp_path):
     p.write_text("a: [1, 2\n")
     with pytest.raises(ConfigError, match=r"bad\.yaml.*not valid YAML"):
         load_yaml(p)
+    p.write_text("a:\n\tb: 1\n")
+    with pytest.raises(ConfigError, match=r"bad\.yaml is not valid YAML .*; indent with spaces: YAML does not allow tabs"):
+        load_yaml(p)
     p.write_bytes(b"a: \xff\xfe\n")
     with pytest.raises(ConfigError, match=r"bad\.yaml.*UTF-8"):
         load_yaml(p)
