@@ -24,6 +24,7 @@ from bandit_sim.config import SimConfig, config_from_mapping, with_overrides
 from bandit_sim.presets import RUN_PRESETS, get_preset
 from bandit_sim.scenario import ScenarioError, save_scenario
 from shared_interfaces.config_io import ConfigError, load_yaml
+from shared_interfaces.ray_address import check_ray_address
 
 
 def _at_least_one(text: str) -> int:
@@ -124,6 +125,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         raise ConfigError("give exactly one of --out DIR (a new sweep) and --resume DIR (continue one)")
     if args.ray_address and args.runtime != "ray":
         raise ConfigError("--ray-address needs --runtime ray")
+    check_ray_address(args.ray_address, flag="--ray-address")  # before the sweep directory is made
     out = Path(args.resume or args.out)
     if args.grid is not None:
         grid = load_grid(args.grid)

@@ -25,6 +25,7 @@ from typing import Any
 from bandit_sim.config import SimConfig
 from bandit_sim.sweep import PointFn, describe_error, run_point
 from shared_interfaces.config_io import ConfigError
+from shared_interfaces.ray_address import check_ray_address
 
 WORKER_NICENESS = 0  # of the workers of a local cluster this runtime starts (module docstring)
 
@@ -59,6 +60,7 @@ class RayRuntime:
         ray = _import_ray()
         owns = False
         if not ray.is_initialized():
+            check_ray_address(address, flag="--ray-address")
             try:
                 local = {"num_cpus": num_cpus, "_system_config": {"worker_niceness": WORKER_NICENESS}}
                 ray.init(address=address or "local", **(local if address is None else {}),

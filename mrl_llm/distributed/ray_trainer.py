@@ -44,6 +44,7 @@ from mrl_llm.distributed.planner import PlacementPlan, plan_placement
 from mrl_llm.run_setup import actor_specs
 from mrl_llm.runner import Runtime, run_training
 from shared_interfaces.config_io import ConfigError, to_mapping
+from shared_interfaces.ray_address import check_ray_address
 
 log = logging.getLogger("mrl_llm.ray_trainer")
 
@@ -125,6 +126,7 @@ def ray_runtime(config: RunConfig, out: Path, *,
     rt = config.runtime
     started = not ray.is_initialized()
     if started:
+        check_ray_address(rt.address, flag="runtime.address (--ray-address)")
         ray.init(address=rt.address, num_cpus=rt.num_cpus if rt.address is None else None,
                  include_dashboard=False, namespace="mrl")
     try:

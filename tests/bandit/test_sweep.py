@@ -8,6 +8,7 @@ import functools
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -131,6 +132,12 @@ def test_cli_sweep_errors(tmp_path, capsys):
     assert "no grid.json there" in capsys.readouterr().err
     assert main(["sweep", "--grid", "smoke", "--out", str(tmp_path / "b"), "--ray-address", "x:1"]) == 2
     assert "--ray-address needs --runtime ray" in capsys.readouterr().err
+    with socket.socket() as s:  # a port nothing listens on: named at once, before the sweep directory is made
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    assert main(["sweep", "--grid", "smoke", "--out", str(tmp_path / "b"), "--runtime", "ray", "--ray-address",
+                 f"127.0.0.1:{port}"]) == 2
+    assert "no Ray cluster answers there" in capsys.readouterr().err and not (tmp_path / "b").exists()
     (tmp_path / "bad.yaml").write_text("base: smoke\naxes: {temperature: [1]}\n")
     assert main(["sweep", "--grid", str(tmp_path / "bad.yaml"), "--out", str(tmp_path / "c")]) == 2
     assert "unknown axis 'temperature'" in capsys.readouterr().err

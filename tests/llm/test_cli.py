@@ -88,6 +88,26 @@ def test_bad_input_exits_2_with_a_message(tmp_path, capsys):
     assert main(["train", "--config", str(cfg), "--out", str(tmp_path / "x"), "--resume", str(tmp_path / "y")]) == 2
 
 
+@pytest.mark.ray
+def test_a_ray_address_with_no_cluster_is_named_at_once(tmp_path, capsys):
+    """ray.init waited about a minute, with warnings, for a GCS that is not there."""
+    import socket
+    import time
+
+    ray = pytest.importorskip("ray")
+    if ray.is_initialized():
+        ray.shutdown()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cfg = write_config(tmp_path / "cfg.yaml")
+    t0 = time.perf_counter()
+    assert main(["train", "--config", str(cfg), "--out", str(tmp_path / "o"), "--runtime", "ray", "--ray-address",
+                 f"127.0.0.1:{port}"]) == 2
+    assert f"127.0.0.1:{port}: no Ray cluster answers there" in capsys.readouterr().err
+    assert time.perf_counter() - t0 < 30 and not ray.is_initialized() and not (tmp_path / "o").exists()
+
+
 def test_module_entry_point_runs_plan(tmp_path):
     cfg = write_config(tmp_path / "cfg.yaml")
     r = subprocess.run([sys.executable, "-m", "mrl_llm", "plan", "--config", str(cfg), "--mode", "cpu"],
