@@ -74,6 +74,12 @@ class SimConfig:
             raise ConfigError(f"lr must be > 0, got {self.lr}")
         if not self.thl_sigma >= 0:
             raise ConfigError(f"thl_sigma must be >= 0, got {self.thl_sigma}")
+        if self.seed < 0:
+            raise ConfigError(f"seed must be >= 0, got {self.seed}")
+        if self.scenario is None and self.batch_prompts > self.generator.n_contexts:
+            raise ConfigError(f"batch_prompts {self.batch_prompts} exceeds the generated scenario's "
+                              f"{self.generator.n_contexts} contexts (generator.n_contexts); lower batch_prompts or "
+                              "raise n_contexts")
         for name in ("support_eps", "rescue_eps"):
             if not getattr(self, name) >= 0:
                 raise ConfigError(f"{name} must be >= 0 (a probability threshold), got {getattr(self, name)}")

@@ -219,7 +219,12 @@ class ScenarioSpec:
                 raise ConfigError(f"scenario.{name} must be in [0, 1], got {v}")
         if self.overlap + self.unsolved > 1.0:
             raise ConfigError(f"scenario.overlap + unsolved must be <= 1, got {self.overlap + self.unsolved}")
+        if self.seed < 0:
+            raise ConfigError(f"scenario.seed must be >= 0, got {self.seed}")
         for name in ("competent_mass", "soft_mass"):
+            if len(getattr(self, name)) != 2:
+                raise ConfigError(f"scenario.{name} must be a range [lo, hi] of two numbers, got "
+                                  f"{list(getattr(self, name))}")
             lo, hi = getattr(self, name)
             if not 0.0 < lo <= hi < 1.0:
                 raise ConfigError(f"scenario.{name} must be a range 0 < lo <= hi < 1, got {(lo, hi)}")

@@ -54,6 +54,8 @@ def test_overlap_caps_unsolved():
     ({"base": "smoke", "axes": {"lr": [1.0, float("inf")]}}, "axis lr: inf is not a finite number"),
     ({"base": "smoke", "axes": {"thl_sigma": [float("nan")]}}, "axis thl_sigma: nan is not a finite number"),
     ({"base": "smoke", "axes": {"group_size": [4, 4.2]}}, "axis group_size: 4.2 is not a whole number"),
+    ({"base": "smoke", "overrides": {"batch_prompts": 64}, "axes": {"lr": [1.0]}},
+     "batch_prompts 64 exceeds the generated scenario's 32 contexts"),
     ({"base": "smoke", "overrides": {"scenario": "s.npz"}, "axes": {"overlap": [0.2, 0.8]}},
      "axis overlap changes the generated scenario, but the config reads scenario s.npz"),
 ])
