@@ -18,7 +18,6 @@ report is an error saying so.
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from mrl_llm.metrics import read_metrics
+from mrl_llm.runstate import read_json_object
 
 PANELS = (("eval", "eval_accuracy", "greedy eval accuracy"),
           ("eval", "peer_exclusive_accuracy", "peer-exclusive accuracy"),
@@ -121,12 +121,7 @@ def table(runs: list[Path]) -> tuple[list[str], list[list[str]]]:
 def read_summary(path: Path) -> dict[str, Any]:
     """A run's ``summary.json``, checked for what the table reads; errors name the file and the key."""
     fix = "repair it, or remove it to leave the run out of the table"
-    try:
-        s = json.loads(path.read_text(encoding="utf-8"))
-    except ValueError as err:  # JSONDecodeError, UnicodeDecodeError
-        raise ValueError(f"{path}: not JSON ({err}); {fix}") from None
-    if not isinstance(s, dict):
-        raise ValueError(f"{path}: not a JSON object; {fix}")
+    s = read_json_object(path, fix)
     if not isinstance(s.get("regime"), str):
         raise ValueError(f"{path} has no 'regime' name; {fix}")
     if not isinstance(s.get("policies"), list):

@@ -62,6 +62,18 @@ def read_json(path: Path, what: str = "file") -> Any:
                               "directory") from None
 
 
+def read_json_object(path: Path, fix: str, error: type[Exception] = ValueError) -> dict[str, Any]:
+    """``path``'s JSON object, or ``error`` naming the file and ending with ``fix`` (what the user can do) when it
+    is not UTF-8 JSON or not an object."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except ValueError as err:  # JSONDecodeError, UnicodeDecodeError
+        raise error(f"{path}: not JSON ({err}); {fix}") from None
+    if not isinstance(data, dict):
+        raise error(f"{path}: not a JSON object; {fix}")
+    return data
+
+
 def file_sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as fh:

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from mrl_llm.evaluate import peer_exclusive_sets, read_eval_rows, solved
+from mrl_llm.runstate import read_json_object
 from shared_interfaces.success_matrix import SuccessMatrix, SuccessMatrixError, write_success_matrix
 
 log = logging.getLogger(__name__)
@@ -36,12 +37,7 @@ FILE_NAME = "success_matrix.json"
 def _config(path: Path) -> dict[str, Any]:
     """``config.json`` of a run, checked for what the matrix reads; errors name the file and the key."""
     fix = "train writes it at a run's start: restore it from the experiment's YAML config"
-    try:
-        cfg = json.loads(path.read_text(encoding="utf-8"))
-    except ValueError as err:  # JSONDecodeError, UnicodeDecodeError
-        raise SuccessMatrixError(f"{path}: not JSON ({err}); {fix}") from None
-    if not isinstance(cfg, dict):
-        raise SuccessMatrixError(f"{path}: not a JSON object; {fix}")
+    cfg = read_json_object(path, fix, SuccessMatrixError)
     for key in ("policies", "regime", "steps", "prompts_per_step"):
         if key not in cfg:
             raise SuccessMatrixError(f"{path} has no {key!r}; {fix}")

@@ -26,8 +26,9 @@ def _eval_lines(d):
     return (d / "eval.jsonl").read_text().splitlines(keepends=True)
 
 
-def _edit_row(d, i, **change):
-    lines = _eval_lines(d)
+def _edit_line(path, i, **change):
+    """Line ``i`` of JSONL file ``path`` with keys set (or dropped: ``_DROP``)."""
+    lines = path.read_text().splitlines(keepends=True)
     r = json.loads(lines[i])
     for k, v in change.items():
         if v is _DROP:
@@ -35,7 +36,11 @@ def _edit_row(d, i, **change):
         else:
             r[k] = v
     lines[i] = json.dumps(r) + "\n"
-    (d / "eval.jsonl").write_text("".join(lines))
+    path.write_text("".join(lines))
+
+
+def _edit_row(d, i, **change):
+    _edit_line(d / "eval.jsonl", i, **change)
 
 
 _DROP = object()
@@ -133,15 +138,7 @@ def _report_run(root, name="sgt", rows=None, summary=True):
 
 
 def _edit_metrics(d, i, **change):
-    lines = (d / "metrics.jsonl").read_text().splitlines(keepends=True)
-    r = json.loads(lines[i])
-    for k, v in change.items():
-        if v is _DROP:
-            del r[k]
-        else:
-            r[k] = v
-    lines[i] = json.dumps(r) + "\n"
-    (d / "metrics.jsonl").write_text("".join(lines))
+    _edit_line(d / "metrics.jsonl", i, **change)
 
 
 @pytest.mark.parametrize("damage, says", [
