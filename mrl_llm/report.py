@@ -141,6 +141,8 @@ def output_paths(root: str | Path, out: str | Path | None) -> tuple[Path, Path]:
     for a directory ``out``; else ``out`` and ``out`` with the suffix ``.md``. Errors say what to pass."""
     from matplotlib.backend_bases import FigureCanvasBase
 
+    from mrl_llm.rundir import check_out_file
+
     png = Path(out) if out else Path(root)
     if png.is_dir():
         png = png / "report.png"
@@ -151,11 +153,7 @@ def output_paths(root: str | Path, out: str | Path | None) -> tuple[Path, Path]:
     for f in (png, md):
         if f.is_dir():
             raise ValueError(f"{f} is a directory; remove it or pass --out FILE.png")
-    for up in png.parents:
-        if up.exists():
-            if not up.is_dir():
-                raise ValueError(f"{up} is a file, not a directory; pass --out FILE.png under a directory")
-            break
+    check_out_file(png, "--out", example="report.png")
     return png, md
 
 

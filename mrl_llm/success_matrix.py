@@ -211,14 +211,12 @@ def write_run_matrix(run_dir: str | Path, out: str | Path | None = None) -> Path
 def output_path(out: str | Path) -> Path:
     """The file ``--out`` names: ``out`` itself, or ``out/success_matrix.json`` when ``out`` is a directory. A
     path under an existing file, or a directory in the way of the file, is an error saying what to pass."""
+    from mrl_llm.rundir import check_out_file
+
     p = Path(out)
     if p.is_dir():
         p = p / FILE_NAME
         if p.is_dir():
             raise SuccessMatrixError(f"{p} is a directory; remove it or pass --out FILE")
-    for up in p.parents:
-        if up.exists():
-            if not up.is_dir():
-                raise SuccessMatrixError(f"{up} is a file, not a directory; pass --out FILE under a directory")
-            break
+    check_out_file(p, "--out", example=FILE_NAME)
     return p

@@ -217,12 +217,12 @@ def test_report_out_may_be_a_directory_and_the_printed_paths_are_true(tmp_path, 
 @pytest.mark.parametrize("out, says", [
     ("table.md", "neither a directory nor a figure file"),  # would overwrite the figure with the table
     ("fig", "neither a directory nor a figure file"),  # matplotlib would write fig.png, not fig
-    ("sgt/summary.json/report.png", "summary.json is a file, not a directory"),
+    ("sgt/summary.json/report.png", "summary.json is a file, not a directory; give a path under a directory"),
 ])
 def test_report_refuses_an_out_it_cannot_write_as_named(tmp_path, capsys, out, says):
     root = tmp_path / "runs"
     _report_run(root)
-    _refused(capsys, ["report", "--runs", str(root), "--out", str(root / out)], says, "pass")
+    _refused(capsys, ["report", "--runs", str(root), "--out", str(root / out)], says)
     assert not list(root.rglob("report.*")) and not (root / "table.md").exists() and not (root / "fig.png").exists()
 
 
