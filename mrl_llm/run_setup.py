@@ -57,6 +57,8 @@ def resolve_problems(config: RunConfig, problems: Sequence[Problem] | None,
     train_mode = config.data.on_malformed if config.data is not None else "error"
     problems, _ = fit_prompts(config, problems, on_malformed=train_mode, tokenizers=tokenizers,
                               source=config.data.path if config.data is not None else "the training problems")
+    if not problems:
+        raise ConfigError("the run has no training problems; give a dataset with at least prompts_per_step rows")
     if config.prompts_per_step > len(problems):
         raise ConfigError(f"prompts_per_step {config.prompts_per_step} exceeds the {len(problems)} training prompts "
                           f"(a step would draw prompts twice); set prompts_per_step <= {len(problems)} or add data")

@@ -170,6 +170,7 @@ def test_corrupt_point_file_names_itself(tmp_path, capsys, content, msg):
 
 
 @pytest.mark.parametrize(("content", "msg"), [("{not json", "grid.json is not valid JSON"),
+                                              ("", "grid.json is not valid JSON"),
                                               ('{"name": "g", "base": {}, "axes": {"lr": 5}}', "not a grid record"),
                                               ("[]", "not a grid record")])
 def test_corrupt_grid_record_names_itself(tmp_path, capsys, content, msg):

@@ -85,6 +85,7 @@ BAD_META = [
     (lambda m: m.update(name=["a"]), ["name must be a string"]),
     ("[1, 2]", ["must hold a JSON object, got a list"]),
     ('{"name": "a",', ["is not valid JSON"]),
+    ("", ["is not valid JSON"]),  # an empty file
     (b"\xff\xfe{}", ["is not valid JSON"]),
 ]
 

@@ -80,6 +80,8 @@ def test_resolve_problems_checks_training_and_eval_sets():
     strict = config(max_prompt_len=10, prompts_per_step=2)
     with pytest.raises(DataError, match="prompt 'p1'"):
         resolve_problems(strict, probs("a", "b" * 20), None)
+    with pytest.raises(ConfigError, match="the run has no training problems"):  # the empty case
+        resolve_problems(strict, [], None)
     # a step cannot take more prompts than remain (10**12 of 2 built a list until memory ran out)
     for b in (3, 10**12):
         with pytest.raises(ConfigError, match=rf"prompts_per_step {b} exceeds the 2 training prompts .* set "
@@ -132,9 +134,12 @@ def test_a_prompt_must_leave_the_model_room_to_generate(tmp_path):
     # a model directory's config.json (GPT-2's n_positions), a hub id (unknown: max_prompt_len alone)
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_positions": 64}))
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "config.json").write_text("")  # unreadable: unknown here, the model load names it
     dirs = config_from_mapping({"policies": [
-        {"name": "d", "model_dir": str(tmp_path / "m")}, {"name": "h", "model_dir": "org/some-model"}]})
-    assert context_lengths(dirs) == {"d": 64, "h": None}
+        {"name": "d", "model_dir": str(tmp_path / "m")}, {"name": "h", "model_dir": "org/some-model"},
+        {"name": "e", "model_dir": str(tmp_path / "bad")}]})
+    assert context_lengths(dirs) == {"d": 64, "h": None, "e": None}
     # the model type's default where model_config leaves it out
     assert context_lengths(config()) == {"a": tiny_default_context(), "b": tiny_default_context()}
 

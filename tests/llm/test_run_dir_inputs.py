@@ -240,3 +240,15 @@ def test_cli_turns_a_directory_error_into_one_line(monkeypatch, capsys):
     monkeypatch.setattr(report, "make_report", boom)
     assert IsADirectoryError in cli.USER_ERRORS and NotADirectoryError in cli.USER_ERRORS
     _refused(capsys, ["report", "--runs", "x"], "somewhere/report.png: Is a directory")
+
+
+def test_read_json_object_names_the_file_for_empty_and_malformed(tmp_path):
+    from mrl_llm.runstate import read_json_object
+
+    p = tmp_path / "x.json"
+    for content, says in ((b"", "not JSON"), (b"[1]", "not a JSON object"), (b"\xff{}", "not JSON")):
+        p.write_bytes(content)
+        with pytest.raises(ValueError, match=rf"x\.json: {says}.*; restore it"):
+            read_json_object(p, "restore it")
+    p.write_text('{"a": 1}')
+    assert read_json_object(p, "restore it") == {"a": 1}
