@@ -23,19 +23,8 @@ from pathlib import Path
 from bandit_sim.config import SimConfig, config_from_mapping, with_overrides
 from bandit_sim.presets import RUN_PRESETS, get_preset
 from bandit_sim.scenario import ScenarioError, save_scenario
-from shared_interfaces.config_io import ConfigError, load_yaml
+from shared_interfaces.config_io import ConfigError, int_at_least, load_yaml
 from shared_interfaces.ray_address import check_ray_address
-
-
-def _at_least_one(text: str) -> int:
-    """An argparse type: an integer >= 1."""
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {n}")
-    return n
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -52,7 +41,7 @@ def _parser() -> argparse.ArgumentParser:
                       ("--batch-prompts", int), ("--epochs", int), ("--sgt-weight", float),
                       ("--thl-sigma", float), ("--seed", int)):
         run.add_argument(flag, type=typ)
-    run.add_argument("--workers", type=_at_least_one, default=1, help="processes (regimes are sharded; exact)")
+    run.add_argument("--workers", type=int_at_least(1), default=1, help="processes (regimes are sharded; exact)")
     run.add_argument("--no-plots", action="store_true")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
     sw = sub.add_parser("sweep", help="run a grid of configs")
@@ -63,7 +52,7 @@ def _parser() -> argparse.ArgumentParser:
     sw.add_argument("--runtime", choices=("sequential", "ray"), default="sequential",
                     help="sequential: points one by one, each over --workers processes; ray: points as Ray tasks")
     sw.add_argument("--ray-address", help="an existing Ray cluster (default: start a local one)")
-    sw.add_argument("--workers", type=_at_least_one, default=1, help="processes per point (sequential runtime)")
+    sw.add_argument("--workers", type=int_at_least(1), default=1, help="processes per point (sequential runtime)")
     sw.add_argument("--quiet", action="store_true", help="no progress bar")
     pr = sub.add_parser("predict", help="predict the regimes' outcomes for LLM policies from their success matrix")
     pr.add_argument("--success-matrix", required=True, help="success_matrix.json of a run (mrl_llm success-matrix)")

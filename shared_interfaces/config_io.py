@@ -149,6 +149,22 @@ def to_mapping(obj: Any) -> Any:
 _EXPONENT_FLOAT = re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$")
 
 
+def int_at_least(low: int) -> typing.Callable[[str], int]:
+    """An ``argparse`` type: an integer >= ``low`` (argparse prints ``--flag: must be >= 1, got 0`` and exits 2)."""
+    import argparse
+
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if n < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {n}")
+        return n
+
+    return parse
+
+
 def _no_alias_loader(path: Path) -> type:
     """A ``yaml.SafeLoader`` that refuses anchors and aliases and reads ``1e-6`` as a float (module docstring),
     naming ``path`` in its errors."""

@@ -22,6 +22,7 @@ import numpy as np
 
 from mrl_llm.thl.align import align_traces
 from mrl_llm.thl.vocab import same_vocabulary, vocab_info
+from shared_interfaces.config_io import int_at_least
 
 TEXT_FIELDS = ("response", "text", "answer", "solution", "completion", "output")
 
@@ -164,19 +165,6 @@ def format_report(source_dir: str, target_dir: str, data: str, s: dict[str, Any]
     return "\n".join(lines)
 
 
-def _at_least(low: int):
-    """An argparse type: an integer >= ``low``."""
-    def parse(text: str) -> int:
-        try:
-            n = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if n < low:
-            raise argparse.ArgumentTypeError(f"must be >= {low}, got {n}")
-        return n
-    return parse
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m mrl_llm.thl", description="Tokenizer Heterogeneity Layer tools")
     sub = ap.add_subparsers(dest="command", required=True)
@@ -185,8 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     rp.add_argument("--target", required=True, help="learner tokenizer folder")
     rp.add_argument("--data", required=True, help="JSONL file; each row's text field is one peer response")
     rp.add_argument("--field", default=None, help=f"text field (default: the first of {', '.join(TEXT_FIELDS)})")
-    rp.add_argument("--limit", type=_at_least(1), default=None, help="use the first N rows")
-    rp.add_argument("--seed", type=_at_least(0), default=0, help="seed of the synthetic log-probs")
+    rp.add_argument("--limit", type=int_at_least(1), default=None, help="use the first N rows")
+    rp.add_argument("--seed", type=int_at_least(0), default=0, help="seed of the synthetic log-probs")
     rp.add_argument("--json", action="store_true", help="print the statistics as JSON")
     args = ap.parse_args(argv)
     try:
