@@ -19,13 +19,13 @@ from __future__ import annotations
 import csv
 import json
 import math
-import os
 from pathlib import Path
 
 import numpy as np
 
 from bandit_sim.engine import SimResult
 from bandit_sim.metrics import ALL_METRICS, seed_summary
+from shared_interfaces import out_paths
 from shared_interfaces.config_io import ConfigError
 
 SUMMARY_KEYS = (
@@ -116,7 +116,7 @@ def check_out_dir(out_dir: str | Path) -> Path:
     if out.is_dir() and any(out.iterdir()) and not (out / "summary.json").is_file():
         raise ConfigError(f"--out {out} is a non-empty directory that holds no bandit_sim run; give a new or "
                           "empty directory (a directory with an earlier run's summary.json is replaced)")
-    _check_creatable(out, out)
+    out_paths.check_creatable(out, flag="--out", dest=out)
     return out
 
 
@@ -128,19 +128,8 @@ def check_out_file(path: str | Path) -> Path:
     p = Path(path)
     if p.is_dir():
         raise ConfigError(f"--out {p} is a directory; give a file name (e.g. {p / 'out.json'})")
-    _check_creatable(p.parent, p)
+    out_paths.check_out_file(p, "--out", example="out.json")
     return p
-
-
-def _check_creatable(d: Path, out: Path) -> None:
-    """Directory ``d`` (of ``--out out``) exists or can be made under the nearest existing one, writable."""
-    nearest = d.absolute()
-    while not nearest.exists():
-        nearest = nearest.parent
-    if not nearest.is_dir():
-        raise ConfigError(f"--out {out}: {nearest} is a file, not a directory; give another --out")
-    if not os.access(nearest, os.W_OK | os.X_OK):
-        raise ConfigError(f"--out {out}: {nearest} is not writable; give a path you can write to")
 
 
 def write_run(result: SimResult, out_dir: str | Path, scenario_info: dict | None = None, plots: bool = True) -> dict:

@@ -119,7 +119,7 @@ def _with_runtime(cfg, args: argparse.Namespace):
 def _eval(args: argparse.Namespace) -> int:
     from mrl_llm.evaluate import evaluate_saved_policy
     from mrl_llm.metrics import clean
-    from mrl_llm.rundir import check_out_file
+    from shared_interfaces.out_paths import check_out_file
 
     out = Path(args.out) if args.out else None
     if out is not None:  # before the evaluation: a bad --out must not throw its results away

@@ -141,7 +141,7 @@ def output_paths(root: str | Path, out: str | Path | None) -> tuple[Path, Path]:
     for a directory ``out``; else ``out`` and ``out`` with the suffix ``.md``. Errors say what to pass."""
     from matplotlib.backend_bases import FigureCanvasBase
 
-    from mrl_llm.rundir import check_out_file
+    from shared_interfaces.out_paths import check_out_file
 
     png = Path(out) if out else Path(root)
     if png.is_dir():

@@ -27,6 +27,7 @@ from mrl_llm.config import RunConfig
 from mrl_llm.resume import RUN_STATE
 from mrl_llm.runstate import read_json
 from shared_interfaces.config_io import ConfigError, to_mapping
+from shared_interfaces.out_paths import nearest_existing
 
 log = logging.getLogger("mrl_llm.rundir")
 
@@ -70,29 +71,6 @@ def holds_run(out: Path) -> bool:
         (out / n).exists() for n in ("exchange.jsonl", "metrics.jsonl", "checkpoints"))
 
 
-def _nearest_existing(p: Path) -> Path:
-    p = p.absolute()
-    while not p.exists() and p != p.parent:
-        p = p.parent
-    return p
-
-
-def check_out_file(dest: Path, flag: str, *, example: str) -> None:
-    """``dest`` (given as ``flag``, e.g. ``--out``) as a file a command may write, checked before its work so that
-    the work is not thrown away: not a directory (``example``: a file name to suggest in it), under a directory
-    that exists or can be made, and writable."""
-    dest = Path(dest)
-    if dest.is_dir():
-        raise ConfigError(f"{flag} {dest} is a directory; give a file path (e.g. {dest / example})")
-    base = _nearest_existing(dest.parent)
-    if not base.is_dir():
-        raise ConfigError(f"{flag} {dest}: {base} is a file, not a directory; give a path under a directory")
-    target = dest if dest.exists() else base
-    if not os.access(target, os.W_OK | (0 if target is dest else os.X_OK)):
-        raise PermissionError(f"{flag} {dest}: {target} is not writable (a read-only directory?); choose a writable "
-                              "location")
-
-
 def check_run_dir(config: RunConfig, out: Path, resume: bool) -> None:
     """Refuse an ``out`` a run may not be written into (module docstring). Both runtimes check with this."""
     out = Path(out)
@@ -122,7 +100,7 @@ def check_run_dir(config: RunConfig, out: Path, resume: bool) -> None:
         some = sorted(p.name for p in out.iterdir())[:3]
         raise FileExistsError(f"--out {out} is not empty (it holds {', '.join(some)}, ...) and is not a run "
                               "directory; a new run needs a new or empty directory, so nothing there is overwritten")
-    base = _nearest_existing(out)
+    base = nearest_existing(out)
     if not os.access(base, os.W_OK | os.X_OK):
         raise PermissionError(f"--out {out}: {base} is not writable (a read-only directory?); choose a writable "
                               "--out directory")

@@ -211,7 +211,7 @@ def write_run_matrix(run_dir: str | Path, out: str | Path | None = None) -> Path
 def output_path(out: str | Path) -> Path:
     """The file ``--out`` names: ``out`` itself, or ``out/success_matrix.json`` when ``out`` is a directory. A
     path under an existing file, or a directory in the way of the file, is an error saying what to pass."""
-    from mrl_llm.rundir import check_out_file
+    from shared_interfaces.out_paths import check_out_file
 
     p = Path(out)
     if p.is_dir():

@@ -81,7 +81,7 @@ def prepare(data: DataConfig, source: str, *, out: str | Path | None = None, spl
     """Write ``source``'s rows, checked against ``data``, to ``out`` (default ``data.path``); returns
     ``(path, rows written)`` (module docstring)."""
     from mrl_llm import rewards
-    from mrl_llm.rundir import check_out_file
+    from shared_interfaces.out_paths import check_out_file
 
     dest = Path(out or data.path)
     check_out_file(dest, "--out" if out else "data.path", example="train.jsonl")
