@@ -25,6 +25,7 @@ from bandit_sim.presets import RUN_PRESETS, get_preset
 from bandit_sim.scenario import ScenarioError, save_scenario
 from shared_interfaces.config_io import ConfigError, int_at_least, load_yaml
 from shared_interfaces.ray_address import check_ray_address
+from shared_interfaces.regimes import idle_signal_warnings
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -96,6 +97,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     cfg = build_config(args)
     check_out_dir(args.out)
     scenario = scenario_of(cfg)
+    for spec in cfg.regime_specs():
+        for msg in idle_signal_warnings(spec, dict.fromkeys(scenario.policy_names, cfg.group_size)):
+            print(f"warning: {msg}", file=sys.stderr)
     res = run_config(cfg, scenario, workers=args.workers, progress=not args.quiet)
     info = {"source": cfg.scenario or "generator", "shape": list(scenario.init_logits.shape)}
     summary = write_run(res, args.out, info, plots=not args.no_plots)

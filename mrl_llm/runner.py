@@ -43,6 +43,7 @@ from mrl_llm.run_setup import Batches, log_eval, resolve_problems, run_summary
 from mrl_llm.rundir import check_run_dir, new_run_guard
 from mrl_llm.runstate import prune
 from shared_interfaces.config_io import to_mapping
+from shared_interfaces.regimes import idle_signal_warnings
 
 log = logging.getLogger("mrl_llm.runner")
 
@@ -77,6 +78,8 @@ def _run(config: RunConfig, out: Path, *, resume: bool, problems: Sequence[Probl
 
     source = config.data.path if problems is None and config.data is not None else "the problems given to train()"
     problems, eval_set = resolve_problems(config, problems, eval_problems)
+    for msg in idle_signal_warnings(config.regime_spec, {p.name: p.group_size for p in config.policies}):
+        log.warning("%s", msg)
     data_fp = fingerprint(problems)
     start = 0
     if resume:

@@ -11,6 +11,7 @@ from shared_interfaces.regimes.config import (
     PRPConfig,
     RegimeSpec,
     SGTConfig,
+    idle_signal_warnings,
     parse_regime,
     parse_regime_config,
 )
@@ -42,6 +43,7 @@ __all__ = [
     "behaviour_correction",
     "group_advantages",
     "group_arrays",
+    "idle_signal_warnings",
     "learner_rows",
     "parse_regime",
     "parse_regime_config",

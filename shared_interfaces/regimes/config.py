@@ -248,3 +248,32 @@ def parse_regime_config(data: Mapping[str, Any]) -> RegimeSpec:
 def with_overrides(spec: RegimeSpec, **changes: Any) -> RegimeSpec:
     """A copy of ``spec`` with some sub-configs replaced, e.g. ``sgt=replace(spec.sgt, weight=0.5)``."""
     return replace(spec, **changes)
+
+
+def idle_signal_warnings(spec: RegimeSpec, group_sizes: Mapping[str, int]) -> list[str]:
+    """What in a run's setup leaves part of ``spec`` with nothing to do, one message each (empty: nothing).
+
+    ``group_sizes`` maps each policy taking part to its group size ``G``.
+
+    * **One policy.** There is no peer: XGRPO's pooled statistics are the policy's own group's, PRP pools
+      no peer rollouts and SGT's gate never finds a peer success, so every regime trains as ``grpo``.
+    * **A group of one under own-group statistics** (the ``grpo`` base, or any base with one policy):
+      ``A_i = r_i - mean(r) = 0`` for the only sample, so the policy-gradient term is zero and only the KL
+      (and an SGT) term moves the policy.
+
+    These are warnings, not errors: a sweep may put them beside the regimes that do learn on purpose.
+    """
+    if not group_sizes:
+        return []
+    out: list[str] = []
+    alone = len(group_sizes) == 1
+    if alone and spec.name != "grpo":
+        out.append(f"regime {spec.name}: the run has one policy and no peers, so it trains as grpo "
+                   "(nothing to pool, no peer success for SGT); add a policy to share experience")
+    if spec.base == "grpo" or alone:
+        ones = sorted(name for name, g in group_sizes.items() if g == 1)
+        if ones:
+            out.append(f"regime {spec.name}: group_size 1 for {ones} under own-group statistics: every advantage "
+                       "is r - mean(r) = 0, so the policy-gradient term is zero; set group_size >= 2"
+                       + (" or use a pooled regime (xgrpo, prp_snapshot, prp_thl)" if not alone else ""))
+    return out

@@ -165,15 +165,31 @@ def test_unknown_grid(tmp_path, capsys):
     assert "unknown sweep grid" in capsys.readouterr().err
 
 
-def test_single_policy_run_reports_nulls(tmp_path):
-    """P = 1 is allowed: no rescue set and no peer samples, so those metrics are null, not 0."""
+def test_single_policy_run_reports_nulls(tmp_path, capsys):
+    """P = 1 is allowed: no rescue set and no peer samples, so those metrics are null, not 0; each peer regime
+    is named as training like grpo."""
     rng = np.random.default_rng(0)
     np.savez(tmp_path / "one.npz", init_logits=rng.normal(size=(1, 6, 4)), rewards=(rng.random((6, 4)) < 0.4) * 1.0)
     out = tmp_path / "o"
     assert main(["run", "--scenario", str(tmp_path / "one.npz"), "--regimes", "grpo,xgrpo,prp_thl,sgt", "--steps", "5",
                  "--seeds", "2", "--batch-prompts", "3", "--out", str(out), "--quiet"]) == 0
+    warned = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning: ")]
+    assert [w.split(":")[1].strip() for w in warned] == ["regime xgrpo", "regime prp_thl", "regime sgt"]
+    assert all("no peers, so it trains as grpo" in w for w in warned)
     summary = json.loads((out / "summary.json").read_text())
     for reg in summary["regimes"].values():
         (pol,) = reg["policies"]
         assert pol["rescue_accuracy"] is None and pol["ratio_variance"] is None and pol["sgt_activations"] == 0
     assert (out / "learning_curves.png").exists()
+
+
+def test_group_size_one_under_own_group_statistics_is_named(tmp_path, capsys):
+    """G = 1 under grpo / sgt: every advantage is 0; the run goes on (a sweep may want it) with a warning."""
+    assert main(["run", "--preset", "smoke", "--group-size", "1", "--steps", "2", "--seeds", "1", "--out",
+                 str(tmp_path / "o"), "--quiet", "--no-plots"]) == 0
+    warned = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning: ")]
+    assert [w.split(":")[1].strip() for w in warned] == ["regime grpo", "regime sgt"]
+    assert all("group_size 1 for ['policy0', 'policy1']" in w for w in warned)
+    assert main(["run", "--preset", "smoke", "--steps", "2", "--seeds", "1", "--out", str(tmp_path / "o2"),
+                 "--quiet", "--no-plots"]) == 0
+    assert "warning" not in capsys.readouterr().err

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from shared_interfaces.config_io import ConfigError
-from shared_interfaces.regimes import STANDARD_REGIMES, parse_regime, parse_regime_config
+from shared_interfaces.regimes import STANDARD_REGIMES, idle_signal_warnings, parse_regime, parse_regime_config
 
 
 @pytest.mark.parametrize("name", STANDARD_REGIMES)
@@ -68,3 +68,19 @@ def test_regime_config_section_with_name():
         parse_regime_config({"sgt": {}})
     # a section for a component the regime lacks is validated, then ignored (sweeps share configs)
     assert parse_regime("grpo", {"prp": {"peer_weight": 0.2}}).name == "grpo"
+
+
+def test_idle_signal_warnings():
+    """One policy: every regime but grpo trains as grpo. G = 1 under own-group statistics: zero advantages."""
+    two = {"a": 4, "b": 4}
+    assert idle_signal_warnings(parse_regime("grpo"), {}) == []
+    for name in STANDARD_REGIMES + ("sgt+xgrpo",):
+        assert idle_signal_warnings(parse_regime(name), two) == []
+    (alone,) = idle_signal_warnings(parse_regime("prp_thl"), {"a": 4})
+    assert "one policy and no peers, so it trains as grpo" in alone
+    assert idle_signal_warnings(parse_regime("grpo"), {"a": 4}) == []
+    (g1,) = idle_signal_warnings(parse_regime("sgt"), {"a": 1, "b": 4})
+    assert "group_size 1 for ['a']" in g1 and "or use a pooled regime" in g1
+    assert idle_signal_warnings(parse_regime("xgrpo"), {"a": 1, "b": 1}) == []  # pooled over two policies: G = 2
+    alone_one = idle_signal_warnings(parse_regime("xgrpo"), {"a": 1})
+    assert len(alone_one) == 2 and "pooled regime" not in alone_one[1]

@@ -154,3 +154,17 @@ def test_the_final_lines_round_and_say_what_was_not_measured():
     assert final_line(p) == "q: eval_accuracy=0.250 peer_exclusive_accuracy=n/a kl_to_ref=0.0001235 entropy=11.92"
     assert final_line({"name": "q"}) == ("q: eval_accuracy=n/a peer_exclusive_accuracy=n/a kl_to_ref=n/a "
                                          "entropy=n/a")  # nothing measured (no evaluation, no steps)
+
+
+def test_a_group_of_one_under_grpo_is_warned_about(tmp_path, caplog):
+    """G = 1 under own-group statistics trains on zero advantages: the run says so at its start and goes on."""
+    import logging
+
+    cfg = yaml.safe_load(write_config(tmp_path / "cfg.yaml").read_text())
+    cfg["policies"][0]["group_size"] = 1
+    cfg["steps"] = 0
+    (tmp_path / "g1.yaml").write_text(yaml.safe_dump(cfg))
+    with caplog.at_level(logging.WARNING, logger="mrl_llm.runner"):
+        assert main(["train", "--config", str(tmp_path / "g1.yaml"), "--out", str(tmp_path / "run")]) == 0
+    (msg,) = [r.getMessage() for r in caplog.records if "group_size 1" in r.getMessage()]
+    assert msg.startswith("regime grpo: group_size 1 for ['a'] under own-group statistics")
