@@ -1,6 +1,9 @@
 """What a run writes: ``summary.json``, per-step metrics (``metrics.csv`` with seed means and 95 %
 intervals, ``metrics.npz`` with every seed) and, via :mod:`bandit_sim.plots`, the PNG figures.
 
+``metrics.csv`` has a row per (step, regime, policy, metric) the metric applies to; its ``ci95`` cell is
+empty where fewer than two seeds give the metric (no interval), like the summary's null ``_ci95``.
+
 ``summary.json``::
 
     {"config": {...}, "scenario": {...},
@@ -97,7 +100,8 @@ def write_metrics(result: SimResult, out_dir: Path) -> None:
                         mean, ci, var = (s[q][t, r, p] for q in ("mean", "ci95", "var"))
                         if math.isnan(mean):
                             continue
-                        w.writerow([int(step), name, pol, key, f"{mean:.6g}", f"{ci:.6g}", f"{var:.6g}"])
+                        w.writerow([int(step), name, pol, key, f"{mean:.6g}", "" if math.isnan(ci) else f"{ci:.6g}",
+                                    f"{var:.6g}"])
 
 
 #: Every file a run writes (:func:`write_run`); a rerun into the same directory removes them first, so no

@@ -193,3 +193,15 @@ def test_group_size_one_under_own_group_statistics_is_named(tmp_path, capsys):
     assert main(["run", "--preset", "smoke", "--steps", "2", "--seeds", "1", "--out", str(tmp_path / "o2"),
                  "--quiet", "--no-plots"]) == 0
     assert "warning" not in capsys.readouterr().err
+
+
+def test_one_seed_leaves_the_ci95_cells_empty(tmp_path):
+    """One seed gives no interval: the ci95 cell is empty (it was "nan"), the seed variance 0."""
+    import csv
+
+    assert main(["run", "--preset", "smoke", "--steps", "2", "--seeds", "1", "--out", str(tmp_path / "o2"),
+                 "--quiet", "--no-plots"]) == 0
+    with open(tmp_path / "o2" / "metrics.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert rows and all(r["ci95"] == "" and float(r["seed_var"]) == 0 for r in rows)
+    assert "nan" not in (tmp_path / "o2" / "metrics.csv").read_text()
