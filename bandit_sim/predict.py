@@ -151,7 +151,7 @@ def predict(m: SuccessMatrix, probe: SuccessMatrix | None = None, opts: PredictO
     out = {
         "policies": list(m.policies), "prompts": len(m.prompts),
         "rescue_set_sizes": {p: int(cal.rescue[i].sum()) for i, p in enumerate(m.policies)},
-        "run": {k: run[k] for k in ("steps", "prompts_per_step", "group_size", "eval_k")},
+        "run": _run_used(run, cfg),
         "free_settings": {"optimizer": free.optimizer, "lr": free.lr, "epochs": free.epochs, **how},
         "seeds": opts.seeds, "regimes": per, "ordering": ordering, "objective": opts.objective,
         "use": best, "ties_with_use": ties,
@@ -159,6 +159,15 @@ def predict(m: SuccessMatrix, probe: SuccessMatrix | None = None, opts: PredictO
     if m.outcomes:
         out["observed"] = observed_agreement(per, m.outcomes)
     return out
+
+
+def _run_used(run: dict[str, Any], cfg) -> dict[str, Any]:
+    """The run settings the simulation used: a step draws at most every prompt of the matrix (a context each),
+    so a larger ``prompts_per_step`` is capped, and the value given is kept beside as ``prompts_per_step_given``."""
+    used = {k: run[k] for k in ("steps", "prompts_per_step", "group_size", "eval_k")}
+    if cfg.batch_prompts != int(run["prompts_per_step"]):
+        used["prompts_per_step"], used["prompts_per_step_given"] = cfg.batch_prompts, int(run["prompts_per_step"])
+    return used
 
 
 def observed_agreement(per: dict[str, dict], outcomes: dict[str, dict]) -> dict[str, Any]:
@@ -183,6 +192,9 @@ def format_prediction(res: dict[str, Any]) -> str:
     f = res["free_settings"]
     lines = [f"policies {res['policies']}, {res['prompts']} prompts; rescue-set sizes {res['rescue_set_sizes']}",
              f"run: {res['run']}; {res['seeds']} bandit seeds",
+             *([f"prompts_per_step {res['run']['prompts_per_step_given']} is capped at the matrix's "
+                f"{res['prompts']} prompts (a step draws each prompt at most once)"]
+               if "prompts_per_step_given" in res["run"] else []),
              f"learning rate: {f['optimizer']} lr {f['lr']:g}, {f['epochs']} epoch(s) — {f['source']}",
              f"{'regime':>14}  {'final accuracy':>18}  {'rescue rate':>18}"]
     for name, v in res["regimes"].items():

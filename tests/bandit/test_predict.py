@@ -137,3 +137,18 @@ def test_a_probe_without_evaluations_or_past_its_steps_is_refused():
     late = replace(m, curve_steps=m.curve_steps * (m.run["steps"] + 1))
     with pytest.raises(SuccessMatrixError, match="past its run's"):
         predict(m, late, PredictOptions(seeds=2))
+
+
+def test_prompts_per_step_above_the_matrix_prompts_is_reported_as_capped(capsys):
+    """A step draws each of the matrix's prompts at most once: a larger --prompts-per-step is capped, and the
+    output says what was used and what was given (it echoed the value given)."""
+    m = read_success_matrix(FIXTURE / "seed1.json")
+    n = len(m.prompts)
+    assert main(["predict", "--success-matrix", str(FIXTURE / "seed1.json"), "--seeds", "2", "--regimes", "grpo",
+                 "--steps", "2", "--prompts-per-step", str(n + 50)]) == 0
+    text = capsys.readouterr().out
+    assert f"prompts_per_step {n + 50} is capped at the matrix's {n} prompts" in text
+    res = predict(m, None, PredictOptions(seeds=2, regimes=("grpo",), steps=2, prompts_per_step=n + 50))
+    assert (res["run"]["prompts_per_step"], res["run"]["prompts_per_step_given"]) == (n, n + 50)
+    res = predict(m, None, PredictOptions(seeds=2, regimes=("grpo",), steps=2, prompts_per_step=n))
+    assert res["run"]["prompts_per_step"] == n and "prompts_per_step_given" not in res["run"]
