@@ -5,7 +5,12 @@ from __future__ import annotations
 import pytest
 
 from shared_interfaces.config_io import ConfigError
-from shared_interfaces.regimes import STANDARD_REGIMES, idle_signal_warnings, parse_regime, parse_regime_config
+from shared_interfaces.regimes import (
+    STANDARD_REGIMES,
+    idle_signal_warnings,
+    parse_regime,
+    parse_regime_config,
+)
 
 
 @pytest.mark.parametrize("name", STANDARD_REGIMES)
