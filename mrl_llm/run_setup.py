@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from mrl_llm.config import RunConfig
-from mrl_llm.data import DataConfig, DataCursor, Problem, load_jsonl
+from mrl_llm.data import DataConfig, DataCursor, LoadReport, Problem, load_jsonl
 from mrl_llm.distributed.actors import PolicyActorSpec
 from mrl_llm.evaluate import peer_exclusive_sets, summarize
 from mrl_llm.metrics import TIMES, MetricsLog, read_metrics
@@ -26,8 +27,32 @@ from shared_interfaces.config_io import ConfigError, to_mapping
 log = logging.getLogger("mrl_llm.trainer")
 
 
-def load_problems(data: DataConfig) -> list[Problem]:
-    """A dataset's problems; rows whose gold answer the verifier cannot use are skipped (counted, warned)."""
+@dataclass(frozen=True)
+class DataUse:
+    """How one problem set of a run was obtained, for ``summary.json``'s ``data``: ``rows`` read (the problems
+    given, when the caller passed them), ``skipped_rows`` the loader skipped (malformed under ``on_malformed:
+    skip``, or a gold answer the verifier cannot use), ``skipped_prompts`` too long for a policy (preflight,
+    under ``on_malformed: skip``) and ``problems`` used."""
+
+    source: str
+    rows: int
+    skipped_rows: int
+    skipped_prompts: int
+    problems: int
+
+
+@dataclass(frozen=True)
+class RunProblems:
+    """A run's training problems and evaluation set, with how each was obtained (:class:`DataUse`)."""
+
+    train: list[Problem]
+    eval: list[Problem]
+    use: dict[str, DataUse]
+
+
+def load_problems(data: DataConfig) -> LoadReport:
+    """A dataset as :class:`mrl_llm.data.LoadReport`; rows whose gold answer the verifier cannot use are
+    skipped (counted, warned)."""
     from mrl_llm import rewards
 
     v = rewards.get_verifier(data.verifier, **data.verifier_options())
@@ -37,11 +62,11 @@ def load_problems(data: DataConfig) -> list[Problem]:
         rewards.close_verifier(v)
     if report.skipped:
         log.warning("%s", report.summary())
-    return list(report.problems)
+    return report
 
 
 def resolve_problems(config: RunConfig, problems: Sequence[Problem] | None,
-                     eval_problems: Sequence[Problem] | None) -> tuple[list[Problem], list[Problem]]:
+                     eval_problems: Sequence[Problem] | None) -> RunProblems:
     """The run's training problems and its evaluation set (at most ``eval.max_prompts``): the given ones,
     else loaded from the config's ``data`` / ``eval.data`` (evaluation defaults to the training data).
     Before any model loads, the policies' tokenizers and model configs are checked and every prompt must
@@ -52,25 +77,34 @@ def resolve_problems(config: RunConfig, problems: Sequence[Problem] | None,
     if problems is None:
         if config.data is None:
             raise ConfigError("config has no data section; add data: {path: FILE.jsonl, verifier: math}")
-        problems = load_problems(config.data)
+        report = load_problems(config.data)
+        problems, source, rows, skipped_rows = list(report.problems), config.data.path, report.n_rows, len(report.skipped)
+    else:
+        problems, source, rows, skipped_rows = list(problems), "the problems given to train()", len(problems), 0
     tokenizers = check_model_configs(config)
     train_mode = config.data.on_malformed if config.data is not None else "error"
-    problems, _ = fit_prompts(config, problems, on_malformed=train_mode, tokenizers=tokenizers,
-                              source=config.data.path if config.data is not None else "the training problems")
+    problems, long = fit_prompts(config, problems, on_malformed=train_mode, tokenizers=tokenizers, source=source)
     if not problems:
         raise ConfigError("the run has no training problems; give a dataset with at least prompts_per_step rows")
     if config.prompts_per_step > len(problems):
         raise ConfigError(f"prompts_per_step {config.prompts_per_step} exceeds the {len(problems)} training prompts "
                           f"(a step would draw prompts twice); set prompts_per_step <= {len(problems)} or add data")
-    if eval_problems is None and config.eval.data is not None:
-        eval_problems = load_problems(config.eval.data)
-    if eval_problems is None:
-        return problems, problems[: config.eval.max_prompts]
+    use = {"train": DataUse(source, rows, skipped_rows, len(long), len(problems))}
     ev = config.eval.data
-    eval_set, _ = fit_prompts(config, list(eval_problems)[: config.eval.max_prompts], tokenizers=tokenizers,
-                              on_malformed=ev.on_malformed if ev is not None else train_mode,
-                              source=ev.path if ev is not None else "the evaluation problems")
-    return problems, eval_set
+    if eval_problems is None and ev is not None:
+        report = load_problems(ev)
+        eval_problems, ev_source, ev_rows, ev_skipped = list(report.problems), ev.path, report.n_rows, len(report.skipped)
+    elif eval_problems is not None:
+        eval_problems = list(eval_problems)
+        ev_source, ev_rows, ev_skipped = "the evaluation problems given to train()", len(eval_problems), 0
+    else:
+        eval_set = problems[: config.eval.max_prompts]
+        use["eval"] = DataUse("the training problems", len(eval_set), 0, 0, len(eval_set))
+        return RunProblems(problems, eval_set, use)
+    eval_set, ev_long = fit_prompts(config, eval_problems[: config.eval.max_prompts], tokenizers=tokenizers,
+                                    on_malformed=ev.on_malformed if ev is not None else train_mode, source=ev_source)
+    use["eval"] = DataUse(ev_source, ev_rows, ev_skipped, len(ev_long), len(eval_set))
+    return RunProblems(problems, eval_set, use)
 
 
 def log_eval(log: MetricsLog, rows: list[dict[str, Any]], names: Sequence[str], t: int, regime: str,
@@ -132,8 +166,10 @@ def actor_specs(config: RunConfig, ckpt_root: Path) -> list[PolicyActorSpec]:
             for p in config.policies]
 
 
-def run_summary(cfg: RunConfig, out: Path, counters: dict[str, dict[str, float]], wall_s: float) -> dict[str, Any]:
-    """``summary.json`` of a run from its ``metrics.jsonl`` and each policy's worker counters."""
+def run_summary(cfg: RunConfig, out: Path, counters: dict[str, dict[str, float]], wall_s: float,
+                data: dict[str, DataUse] | None = None) -> dict[str, Any]:
+    """``summary.json`` of a run from its ``metrics.jsonl``, each policy's worker counters and how its problem
+    sets were obtained (``data``: :class:`DataUse` per set, skips counted)."""
     rows = read_metrics(out / "metrics.jsonl")
     regime = cfg.regime_spec.name
     pols = []
@@ -157,7 +193,8 @@ def run_summary(cfg: RunConfig, out: Path, counters: dict[str, dict[str, float]]
             "policy_dir": str(out / "policies" / n),
         })
     return {"name": cfg.name, "regime": regime, "seed": cfg.seed, "steps": cfg.steps, "runtime": cfg.runtime.backend,
-            "policies": pols, "wall_s_this_session": wall_s, "out_dir": str(out)}
+            "policies": pols, "data": {k: to_mapping(v) for k, v in (data or {}).items()},
+            "wall_s_this_session": wall_s, "out_dir": str(out)}
 
 
 class Batches:

@@ -77,7 +77,8 @@ def _run(config: RunConfig, out: Path, *, resume: bool, problems: Sequence[Probl
     from tqdm.auto import tqdm
 
     source = config.data.path if problems is None and config.data is not None else "the problems given to train()"
-    problems, eval_set = resolve_problems(config, problems, eval_problems)
+    resolved = resolve_problems(config, problems, eval_problems)
+    problems, eval_set = resolved.train, resolved.eval
     for msg in idle_signal_warnings(config.regime_spec, {p.name: p.group_size for p in config.policies}):
         log.warning("%s", msg)
     data_fp = fingerprint(problems)
@@ -157,7 +158,8 @@ def _run(config: RunConfig, out: Path, *, resume: bool, problems: Sequence[Probl
                         resolve(drv.actors[n].export.remote(str(out / "policies" / n)))
                 if last >= start:
                     record_checkpoint(out, last, rt.backend.exchange_digest(last), data_fp)
-        summary = run_summary(config, out, {n: counters.get(n, {}) for n in order}, time.perf_counter() - t_start)
+        summary = run_summary(config, out, {n: counters.get(n, {}) for n in order}, time.perf_counter() - t_start,
+                              resolved.use)
         summary["events"] = [e for e in drv.result.events if e["event"] != "join" or e["step"]]
     finally:
         bar.close()

@@ -61,7 +61,7 @@ def rank_main(rank: int, k: int, addr: str, port: int, cfg_map: dict[str, Any], 
     spec = replace(spec, ranks=k, config={**dict(spec.config), "group": to_mapping(group)}, threads=cfg.threads or 1)
     ex = InMemoryExchange()
     actor = PolicyActor(spec, ex)  # joins the group while it builds its worker
-    problems, _ = resolve_problems(cfg, None, None)
+    problems = resolve_problems(cfg, None, None).train
     cursor = DataCursor(problems, cfg.prompts_per_step, seed=cfg.seed)
     steps = []
     for s in range(cfg.steps):

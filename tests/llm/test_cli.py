@@ -47,6 +47,10 @@ def test_train_resume_eval_report(tmp_path, capsys, caplog):
     assert re.search(r"step 0: a reward \d\.\d\d, b reward \d\.\d\d", caplog.text)  # progress off: one line a step
     s = json.loads((out / "summary.json").read_text())
     assert s["regime"] == "xgrpo" and s["steps"] == 1 and [p["name"] for p in s["policies"]] == ["a", "b"]
+    n_train = sum(1 for line in (DATA / "train.jsonl").read_text().splitlines() if line.strip())
+    assert s["data"]["train"] == {"source": str(DATA / "train.jsonl"), "rows": n_train, "skipped_rows": 0,
+                                  "skipped_prompts": 0, "problems": n_train}
+    assert s["data"]["eval"]["source"] == str(DATA / "eval.jsonl") and s["data"]["eval"]["problems"] == 2
     assert "a: eval_accuracy=" in capsys.readouterr().out
     from shared_interfaces.success_matrix import read_success_matrix
 

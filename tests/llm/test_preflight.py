@@ -75,8 +75,10 @@ def test_a_prompt_that_encodes_to_nothing_is_refused_or_skipped():
 
 def test_resolve_problems_checks_training_and_eval_sets():
     cfg = config(max_prompt_len=10, data={"path": "unused.jsonl", "on_malformed": "skip"}, prompts_per_step=2)
-    train, ev = resolve_problems(cfg, probs("a", "b" * 20, "c"), probs("d" * 20, "e"))
-    assert [p.question for p in train] == ["a", "c"] and [p.question for p in ev] == ["e"]
+    got = resolve_problems(cfg, probs("a", "b" * 20, "c"), probs("d" * 20, "e"))
+    assert [p.question for p in got.train] == ["a", "c"] and [p.question for p in got.eval] == ["e"]
+    assert (got.use["train"].rows, got.use["train"].skipped_prompts, got.use["train"].problems) == (3, 1, 2)
+    assert (got.use["eval"].rows, got.use["eval"].skipped_prompts, got.use["eval"].problems) == (2, 1, 1)
     strict = config(max_prompt_len=10, prompts_per_step=2)
     with pytest.raises(DataError, match="prompt 'p1'"):
         resolve_problems(strict, probs("a", "b" * 20), None)
@@ -88,6 +90,28 @@ def test_resolve_problems_checks_training_and_eval_sets():
                                               r"prompts_per_step <= 2 or add data"):
             resolve_problems(config(max_prompt_len=10, data={"path": "unused.jsonl", "on_malformed": "skip"},
                                     prompts_per_step=b), probs("a", "b" * 20, "c"), None)
+
+
+def test_the_data_use_counts_every_skip(tmp_path):
+    """What summary.json's ``data`` holds: rows read, rows the loader skipped (malformed, unusable gold),
+    prompts too long for a policy, problems used; for the training set and the evaluation set."""
+    import json
+
+    rows = [{"id": "p0", "question": "1+1", "answer": "2"}, {"id": "p1", "question": "x" * 40, "answer": "3"},
+            {"id": "p2", "question": "2+2"}, {"id": "p3", "question": "3+3", "answer": "not a number"},
+            {"id": "p4", "question": "4+4", "answer": "8"}]
+    path = tmp_path / "d.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows) + "not json\n")
+    data = {"path": str(path), "verifier": "arithmetic", "on_malformed": "skip"}
+    got = resolve_problems(config(max_prompt_len=20, data=data, prompts_per_step=1), None, None)
+    assert [p.prompt_id for p in got.train] == ["p0", "p4"] and got.eval == got.train
+    train = got.use["train"]
+    assert (train.source, train.rows, train.skipped_rows, train.skipped_prompts, train.problems) == (
+        str(path), 6, 3, 1, 2)
+    assert (got.use["eval"].source, got.use["eval"].problems) == ("the training problems", 2)
+    ev = resolve_problems(config(max_prompt_len=20, data=data, prompts_per_step=1,
+                                 eval={"data": {**data, "path": str(path)}, "max_prompts": 1}), None, None)
+    assert (ev.use["eval"].rows, ev.use["eval"].skipped_rows, ev.use["eval"].problems) == (6, 3, 1)
 
 
 def test_model_configs_checked_against_their_tokenizers():
