@@ -4,8 +4,9 @@ The same loss, the same numbers, fewer operations: each divisor is computed once
 by the loss, the clip fraction, the KL and ``approx_kl_old``; row counts only for the modes that divide by
 them), and the clipped surrogate's min is a select (``torch.where``) instead of ``torch.minimum``, whose
 backward is dearer. At a tie (e.g. the snapshot, rho = 1) the select sends the whole gradient through
-``surr1`` where ``torch.minimum`` sends half through each; the halves add up exactly. Pinned equal to the
-plain version bit for bit — values, diagnostics and gradients, ties included — by
+``surr1`` where ``torch.minimum`` sends half through each; the halves add up exactly. A NaN (an overflowed
+ratio times a zero advantage) goes through as ``torch.minimum`` lets it, so a non-finite loss is seen alike.
+Pinned equal to the plain version bit for bit — values, diagnostics and gradients, ties and NaN included — by
 ``tests/core/test_losses_fast_path.py``. Only the bandit engine calls it; the LLM backend calls the plain one.
 """
 
@@ -65,7 +66,7 @@ def regime_loss_fast(
     ratio = torch.exp(logp - old_logp)
     surr1 = ratio * adv
     surr2 = ratio.clamp(1.0 - cfg.clip_low, 1.0 + cfg.clip_high) * adv
-    per_token = -torch.where(surr1 <= surr2, surr1, surr2)
+    per_token = -torch.where(surr2 < surr1, surr2, surr1)  # a NaN surr1 stays NaN, as in torch.minimum
     if behaviour_coef is not None:
         per_token = per_token * behaviour_coef.detach().to(logp.dtype)
     if sample_weight is not None:

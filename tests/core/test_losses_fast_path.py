@@ -113,3 +113,15 @@ def test_fast_equals_plain_with_own_rows_and_prompt_scale(agg, with_norm):
     for f in ("loss", "pg_loss", "sgt_loss", "kl", "clip_fraction", "approx_kl_old"):
         assert torch.equal(getattr(outs[0], f).detach(), getattr(outs[1], f).detach()), f
     assert torch.equal(grads[0], grads[1])
+
+
+@pytest.mark.parametrize("old", [float("-inf"), -801.0])
+def test_fast_and_plain_agree_on_an_overflowed_ratio(old):
+    """rho = exp(logp - old) overflows to inf; times A = 0 that is NaN in surr1. torch.minimum passes the NaN
+    on, and the select must too (it chose surr2 = 0: a finite fast loss where the plain one is NaN, which the
+    LLM's non-finite-step guard keys on)."""
+    logp = torch.tensor([[-1.0]], dtype=torch.float64)
+    for fn in (regime_loss, regime_loss_fast):
+        out = fn(logp, torch.tensor([[old]], dtype=torch.float64), torch.zeros(1), torch.ones(1, 1, dtype=torch.bool),
+                 LossConfig())
+        assert out.loss.isnan(), fn.__name__
