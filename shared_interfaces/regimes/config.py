@@ -57,7 +57,8 @@ class PRPConfig:
     ``peer_weight`` scales every peer sample's policy-gradient term. ``ratio_cap`` truncates the
     behaviour correction ``c_t = pi_old(y_t) / mu(y_t)`` of a peer token (truncated importance sampling;
     see :func:`shared_interfaces.regimes.math.behaviour_correction`). ``max_peer_samples`` caps how
-    many peer samples per prompt join the learner's batch (None: all, in canonical order).
+    many peer samples per prompt join the learner's batch (None: all, in canonical order); the pooled
+    advantage statistics still use every policy's samples of the prompt (SPEC's pooled group, XGRPO's).
     """
 
     peer_weight: float = 1.0

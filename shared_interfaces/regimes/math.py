@@ -94,7 +94,8 @@ def sgt_gate(
     mask: np.ndarray | None = None,
 ) -> np.ndarray:
     """SGT gate per learner: ``open_i(x) = [no success in i's group] AND [some j != i has a verified
-    success]``. ``rewards, verified, mask: [..., P, G] -> gate [..., P]`` (bool)."""
+    success]``. ``rewards, verified, mask: [..., P, G] -> gate [..., P]`` (bool). A success is
+    ``r >= SUCCESS_THRESHOLD`` (0.5): on 0/1 rewards, SPEC's ``sum_g r_g = 0`` and ``r = 1``."""
     r = np.asarray(rewards, dtype=np.float64)
     m = _as_mask(r, mask)
     succ = successes(r, m)
