@@ -93,7 +93,9 @@ def forward_logprobs(
     try:
         logits = model(**kwargs, logits_to_keep=torch.arange(start, L - 1, device=device)).logits
     except TypeError:  # an architecture without logits_to_keep: compute every position
-        logits = model(**kwargs).logits[:, start:-1]
+        logits = model(**kwargs).logits
+    if logits.shape[1] == L:  # every position: without logits_to_keep, or a forward(**kwargs) that ignored it
+        logits = logits[:, start:-1]
     targets = batch.targets[:, start:].to(device)
     logp = token_logprobs(logits, targets, temperature)
     ent = entropy_from_logits(logits.detach() / temperature) if with_entropy else None

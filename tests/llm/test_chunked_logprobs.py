@@ -100,3 +100,37 @@ def test_response_logprob_rows_are_the_lists_as_tensors_and_pad_exactly():
     assert pad_tensors([], 3).shape == (0, 3) and response_logprob_rows(model, [], [], pad_id=0) == []
     with pytest.raises(ValueError, match="every row needs one group"):
         response_logprob_rows(model, prompts, responses, pad_id=0, groups=[[0], [2]])
+
+
+class _Ignores(torch.nn.Module):
+    """A CausalLM wrapper whose ``forward(**kwargs)`` drops ``logits_to_keep`` silently (every position back)."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, **kwargs):
+        kwargs.pop("logits_to_keep", None)
+        return self.inner(**kwargs)
+
+
+class _Refuses(_Ignores):
+    """A CausalLM without the argument: a TypeError, as an old architecture's signature gives."""
+
+    def forward(self, input_ids, attention_mask, use_cache):
+        return self.inner(input_ids=input_ids, attention_mask=attention_mask, use_cache=use_cache)
+
+
+def test_a_model_that_ignores_or_lacks_logits_to_keep_gives_the_same_logprobs():
+    """Every prompt longer than one token, so the window starts past 0: a forward that ignored logits_to_keep
+    returned every position, and they were read shifted by the window's start (no error)."""
+    model = _model().eval()
+    g = torch.Generator().manual_seed(3)
+    packed = pack([torch.randint(1, 97, (n,), generator=g).tolist() for n in (4, 6)],
+                  [torch.randint(1, 97, (n,), generator=g).tolist() for n in (5, 2)], pad_id=0)
+    with torch.no_grad():
+        want, _ = forward_logprobs(model, packed)
+        for wrapped in (_Ignores(model), _Refuses(model)):
+            got, _ = forward_logprobs(wrapped, packed)
+            torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
+    assert want[:, :3].eq(0).all() and want[packed.response_mask].lt(0).all()
