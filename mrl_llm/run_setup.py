@@ -23,6 +23,7 @@ from mrl_llm.metrics import TIMES, MetricsLog, read_metrics
 from mrl_llm.rollout.base import generation_eos_ids
 from mrl_llm.worker import WorkerConfig
 from shared_interfaces.config_io import ConfigError, to_mapping
+from shared_interfaces.regimes import idle_signal_warnings
 
 log = logging.getLogger("mrl_llm.trainer")
 
@@ -105,6 +106,22 @@ def resolve_problems(config: RunConfig, problems: Sequence[Problem] | None,
                                     on_malformed=ev.on_malformed if ev is not None else train_mode, source=ev_source)
     use["eval"] = DataUse(ev_source, ev_rows, ev_skipped, len(ev_long), len(eval_set))
     return RunProblems(problems, eval_set, use)
+
+
+def setup_warnings(config: RunConfig) -> list[str]:
+    """What in ``config`` trains less than it looks like, one message each (the run logs them at its start):
+    the core's :func:`shared_interfaces.regimes.idle_signal_warnings` (one policy, a group of one), and a
+    ``top_p < 1`` peer under ``prp_thl``, whose recorded behaviour log-probs are over the full vocabulary
+    (:mod:`mrl_llm.rollout.base`) while it sampled from the renormalised nucleus, so the correction
+    ``pi_old / mu`` is overstated by ``1 / Z`` per token (``Z``: the nucleus mass; capped at ``ratio_cap``)."""
+    spec = config.regime_spec
+    out = idle_signal_warnings(spec, {p.name: p.group_size for p in config.policies})
+    nucleus = [p.name for p in config.policies if p.sampling.top_p < 1]
+    if spec.denominator == "thl" and nucleus and len(config.policies) > 1:
+        out.append(f"regime {spec.name}: policies {nucleus} sample with top_p < 1 but record full-vocabulary "
+                   "behaviour log-probs, so a learner's correction pi_old / mu on their rollouts is overstated by "
+                   "1 / (nucleus mass) per token; set sampling.top_p: 1.0 or use prp_snapshot")
+    return out
 
 
 def log_eval(log: MetricsLog, rows: list[dict[str, Any]], names: Sequence[str], t: int, regime: str,

@@ -39,11 +39,10 @@ from mrl_llm.distributed.handles import resolve
 from mrl_llm.evaluate import peer_exclusive_sets, read_eval_rows
 from mrl_llm.metrics import MetricsLog, clean, train_row
 from mrl_llm.resume import record_checkpoint, restore_run_dir, resume_step, verify_run_dir
-from mrl_llm.run_setup import Batches, log_eval, resolve_problems, run_summary
+from mrl_llm.run_setup import Batches, log_eval, resolve_problems, run_summary, setup_warnings
 from mrl_llm.rundir import check_run_dir, new_run_guard
 from mrl_llm.runstate import prune
 from shared_interfaces.config_io import to_mapping
-from shared_interfaces.regimes import idle_signal_warnings
 
 log = logging.getLogger("mrl_llm.runner")
 
@@ -79,7 +78,7 @@ def _run(config: RunConfig, out: Path, *, resume: bool, problems: Sequence[Probl
     source = config.data.path if problems is None and config.data is not None else "the problems given to train()"
     resolved = resolve_problems(config, problems, eval_problems)
     problems, eval_set = resolved.train, resolved.eval
-    for msg in idle_signal_warnings(config.regime_spec, {p.name: p.group_size for p in config.policies}):
+    for msg in setup_warnings(config):
         log.warning("%s", msg)
     data_fp = fingerprint(problems)
     start = 0

@@ -92,7 +92,10 @@ class SGTConfig:
     * ``prompt``: ``L_SGT = -lambda * sum over rescued prompts of (mean over that prompt's SGT tokens of
       log pi)`` — lambda per rescued prompt, a total of K * lambda: each rescue pulls as hard however
       many others happen in the step, and the term grows linearly with K (lower lambda, or expect larger
-      steps, when many prompts open the gate).
+      steps, when many prompts open the gate). A prompt's mean is over its SGT tokens in the whole step (so it
+      holds however the rows are split over micro-batches and ranks); when the LLM trainer cuts a step into
+      several optimizer updates (``train.grad_accum``), a prompt whose SGT rows fall into two updates gives
+      each the part of its mean that lies there.
     """
 
     weight: float = 1.0

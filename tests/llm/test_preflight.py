@@ -11,6 +11,7 @@ import pytest
 from mrl_llm.config import config_from_mapping
 from mrl_llm.data import DataError, Problem
 from mrl_llm.preflight import check_model_configs, fit_prompts
+from mrl_llm.run_setup import setup_warnings
 from mrl_llm.trainer import resolve_problems
 from mrl_llm.worker import LLMPolicyWorker, WorkerConfig
 from shared_interfaces.config_io import ConfigError
@@ -190,3 +191,18 @@ def test_a_vllm_policy_on_the_cpu_needs_a_head_size_its_attention_supports():
         check_vllm_cpu_head_size(pols[0])
     check_vllm_cpu_head_size(pols[1])  # 256 / 4 = 64
     check_vllm_cpu_head_size(pols[2])  # the hf engine: any head size
+
+
+def test_setup_warnings():
+    """A nucleus-sampling peer under prp_thl (full-vocabulary mu), and the core's idle-signal cases."""
+    assert setup_warnings(config()) == []
+    top = {"policies": [{"name": n, "model_config": tiny("llama"), "tokenizer_dir": "utf8-bytes",
+                         "sampling": {"top_p": tp}} for n, tp in (("a", 0.9), ("b", 1.0))]}
+    (msg,) = setup_warnings(config_from_mapping({**top, "regime": {"name": "prp_thl+sgt"}}))
+    assert msg.startswith("regime prp_thl+sgt: policies ['a'] sample with top_p < 1") and "prp_snapshot" in msg
+    for name in ("prp_snapshot", "xgrpo", "grpo"):  # no mu in their updates
+        assert setup_warnings(config_from_mapping({**top, "regime": {"name": name}})) == []
+    one = config_from_mapping({"policies": [{"name": "a", "model_config": tiny("llama"), "tokenizer_dir": "utf8-bytes",
+                                             "group_size": 1, "sampling": {"top_p": 0.5}}], "regime": {"name": "prp_thl"}})
+    assert [m.split(":")[1].split(",")[0].strip() for m in setup_warnings(one)] == [
+        "the run has one policy and no peers", "group_size 1 for ['a'] under own-group statistics"]
