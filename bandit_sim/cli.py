@@ -1,4 +1,4 @@
-"""Command line: ``python -m bandit_sim run | sweep | scenario`` (also the ``bandit-sim`` script).
+"""Command line: ``python -m bandit_sim run | sweep | predict | scenario`` (also the ``bandit-sim`` script).
 
 ``run``: ``--scenario FILE.npz`` or ``--preset NAME`` (``paper``, ``smoke``), ``--regimes grpo,xgrpo,...``,
 ``--steps``, ``--seeds``, ``--out DIR``; ``--lr``, ``--group-size``, ``--batch-prompts``, ``--epochs``,

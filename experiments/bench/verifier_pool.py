@@ -18,6 +18,7 @@ import json
 import time
 from pathlib import Path
 
+from mrl_llm.config import find_shared_dir
 from mrl_llm.rewards import ScoreRequest
 from mrl_llm.rewards.math_verifier import MathVerifier
 
@@ -39,7 +40,8 @@ def timed(v: MathVerifier, reqs: list[ScoreRequest]) -> tuple[float, list]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--data", default=str(Path(__file__).resolve().parents[3] / "shared" / "data" / "math500.jsonl"))
+    shared = find_shared_dir() or Path(__file__).resolve().parents[3] / "shared"  # $MRL_SHARED_DIR first
+    ap.add_argument("--data", default=str(shared / "data" / "math500.jsonl"))
     ap.add_argument("--responses", type=int, default=64)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--timeout", type=float, default=5.0)

@@ -1,5 +1,7 @@
-"""``python -m experiments.crosscheck --llm-runs DIR --out DIR``: calibrate the bandit on LLM runs, fit it on
-GRPO, predict the other regimes and write ``DIR/report.md``, PNGs, ``crosscheck.json`` and the scenarios.
+"""Calibrate the bandit on LLM runs, fit it on their GRPO run and predict the other regimes.
+
+``python -m experiments.crosscheck --llm-runs DIR --out DIR`` writes ``DIR/report.md``, PNGs,
+``crosscheck.json`` and the scenarios.
 
 ``--llm-runs`` holds one trainer run directory per regime (``DIR/<regime>/``), or is a demo directory
 (``DIR/seed<S>/<regime>/``, every seed used). Bad input exits with status 2 and a one-line message.

@@ -1,4 +1,4 @@
-"""``python -m bandit_sim run | sweep | scenario``: outputs, overrides and errors."""
+"""``python -m bandit_sim run | sweep | predict | scenario``: outputs, overrides and errors (predict: test_predict.py)."""
 
 from __future__ import annotations
 
