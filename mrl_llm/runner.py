@@ -75,7 +75,6 @@ def _run(config: RunConfig, out: Path, *, resume: bool, problems: Sequence[Probl
          eval_problems: Sequence[Problem] | None, start_runtime: StartRuntime) -> dict[str, Any]:
     from tqdm.auto import tqdm
 
-    source = config.data.path if problems is None and config.data is not None else "the problems given to train()"
     resolved = resolve_problems(config, problems, eval_problems)
     problems, eval_set = resolved.train, resolved.eval
     for msg in setup_warnings(config):
@@ -84,7 +83,8 @@ def _run(config: RunConfig, out: Path, *, resume: bool, problems: Sequence[Probl
     start = 0
     if resume:
         start = resume_step(config, out) + 1
-        verify_run_dir(config, out, start - 1, data_fp, source)  # before anything in the directory changes
+        # before anything in the directory changes
+        verify_run_dir(config, out, start - 1, data_fp, resolved.use["train"].source)
         restore_run_dir(config, out, start - 1)
         log.info("resuming %s at step %d", out, start)
     else:
