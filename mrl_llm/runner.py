@@ -12,8 +12,11 @@ schedule's mode and staleness), everything else is the same code:
 3. :class:`~mrl_llm.distributed.driver.Driver` runs the steps over the backend's actors. Evaluation runs
    on the actors before training, every ``eval.every`` steps and at the end (the driver drains its
    pipeline there). Each actor checkpoints its policy every ``checkpoint_every`` steps; once every policy
-   has, the step is recorded with its exchange digest in ``checkpoints/run_state.json``. The last step is
-   always checkpointed; policies are exported to ``policies/<name>/`` (one that leaves, as it leaves).
+   has, the step is recorded with its exchange digest in ``checkpoints/run_state.json``, and only then are
+   older checkpoints pruned (``keep_checkpoints``). The last step is always checkpointed; policies are
+   exported to ``policies/<name>/`` (one that leaves, as it leaves), each whole or not at all
+   (:func:`export`). A resume with no step left (killed after the last checkpoint) does the end again: the
+   final evaluation unless it was logged, the export, the summary with the checkpoints' compute counters.
 4. Outputs: ``metrics.jsonl`` (train rows in the config's policy order), ``eval.jsonl``, ``events.jsonl``,
    ``runtime.json`` (the driver's outline), ``summary.json``, ``success_matrix.json``, TensorBoard
    events when installed; a tqdm bar (``progress``), else one log line per step.
@@ -23,6 +26,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import shutil
 import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
@@ -71,6 +76,18 @@ def run_training(config: RunConfig, out_dir: str | Path, *, start_runtime: Start
                     start_runtime=start_runtime)
 
 
+def export(actor: Any, dest: Path) -> Path:
+    """``actor``'s policy exported to ``dest`` whole or not at all: written beside it, then moved in (a run
+    killed while exporting leaves the earlier export or none, never a half-written one)."""
+    tmp = dest.with_name(f".{dest.name}.partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    resolve(actor.export.remote(str(tmp)))
+    if dest.exists():
+        shutil.rmtree(dest)
+    os.replace(tmp, dest)
+    return dest
+
+
 def _run(config: RunConfig, out: Path, *, resume: bool, problems: Sequence[Problem] | None,
          eval_problems: Sequence[Problem] | None, start_runtime: StartRuntime) -> dict[str, Any]:
     from tqdm.auto import tqdm
@@ -108,10 +125,11 @@ def _run(config: RunConfig, out: Path, *, resume: bool, problems: Sequence[Probl
                 metrics.metrics(rows)
                 for n in trains:
                     counters[n] = dict(trains[n].get("counters") or {})
-                    if every_ck:
-                        prune(out / "checkpoints" / n, config.keep_checkpoints)
                 if trains and every_ck and (step + 1) % every_ck == 0:  # the actors saved
                     record_checkpoint(out, step, rt.backend.exchange_digest(step), data_fp)
+                if every_ck:  # after the record: pruning first could leave only an unrecorded checkpoint
+                    for n in trains:
+                        prune(out / "checkpoints" / n, config.keep_checkpoints)
                 rewards = ", ".join(f"{r['policy']} reward {r['reward_mean']:.2f}" for r in rows)
                 bar.update(1)
                 bar.set_postfix_str(rewards)
@@ -133,6 +151,7 @@ def _run(config: RunConfig, out: Path, *, resume: bool, problems: Sequence[Probl
                         for n in names}
                 rows = [{"step": t, "policy": n, **r} for n in names for r in resolve(refs[n])]
                 exclusive = log_eval(metrics, rows, names, t, regime, exclusive)
+                done_evals.add(t)
 
             membership = {p.name: Membership(p.join_step, p.leave_step) for p in config.policies}
             cursor = DataCursor(list(problems), config.prompts_per_step, seed=config.seed)
@@ -140,7 +159,10 @@ def _run(config: RunConfig, out: Path, *, resume: bool, problems: Sequence[Probl
             with Driver(rt.specs, Batches(cursor), out, backend=rt.backend, mode=rt.mode,  # type: ignore[arg-type]
                         max_staleness=rt.max_staleness, membership=membership, on_step=on_step,
                         summary_file="runtime.json", start_step=start,
-                        on_leave=lambda n, actor: resolve(actor.export.remote(str(out / "policies" / n)))) as drv:
+                        on_leave=lambda n, actor: export(actor, out / "policies" / n)) as drv:
+                last = config.steps - 1
+                if resume and start > last:  # killed after the last step's checkpoint: the end is done again
+                    drv.ensure_members(last)
                 if start == 0 or (every and start % every == 0):
                     evaluate(drv, start)
                 t = start
@@ -148,15 +170,20 @@ def _run(config: RunConfig, out: Path, *, resume: bool, problems: Sequence[Probl
                     t = min(config.steps, (t // every + 1) * every) if every else config.steps
                     drv.run(t)
                     evaluate(drv, t)
-                last = config.steps - 1
+                evaluate(drv, config.steps)  # done in the loop, unless the end is done again
+                saved = last >= start and not (every_ck and config.steps % every_ck == 0)
                 for n in order:
-                    if n in drv.actors:
-                        if last >= start and not (every_ck and config.steps % every_ck == 0):
-                            resolve(drv.actors[n].save.remote(last))  # the end is a checkpoint (resume goes on)
-                            prune(out / "checkpoints" / n, config.keep_checkpoints)
-                        resolve(drv.actors[n].export.remote(str(out / "policies" / n)))
+                    if n in drv.actors and saved:
+                        resolve(drv.actors[n].save.remote(last))  # the end is a checkpoint (resume goes on)
                 if last >= start:
                     record_checkpoint(out, last, rt.backend.exchange_digest(last), data_fp)
+                for n in order:
+                    if n in drv.actors:
+                        if saved:
+                            prune(out / "checkpoints" / n, config.keep_checkpoints)
+                        if n not in counters:  # no step of this session: the checkpoint's counts
+                            counters[n] = dict(wait_status(drv.actors[n]).get("counters") or {})
+                        export(drv.actors[n], out / "policies" / n)
         summary = run_summary(config, out, {n: counters.get(n, {}) for n in order}, time.perf_counter() - t_start,
                               resolved.use)
         summary["events"] = [e for e in drv.result.events if e["event"] != "join" or e["step"]]

@@ -480,8 +480,11 @@ class PolicyActor:
         return probe(run_dir, token, self.spec.name, who)
 
     def status(self) -> dict[str, Any]:
+        """Who the actor is and where it stands: its policy's version, the checkpoint step it restored (None:
+        none) and the worker's compute counters (restored with its checkpoint)."""
+        counters = getattr(self.worker, "counters", None)
         return {"policy": self.spec.name, "version": int(self.worker.version), "pid": os.getpid(),
-                "restored_step": self.restored_step}
+                "restored_step": self.restored_step, "counters": dict(counters) if counters is not None else {}}
 
     # -- pass-throughs for the trainer (workers that have them) ----------------------------------
     def evaluate(self, problems: Sequence[Any], **kwargs: Any) -> list[dict[str, Any]]:
