@@ -126,7 +126,8 @@ def thl_metrics(residuals: Sequence[Any]) -> dict[str, float]:
     """The step's THL residual over the peer records aligned into this policy's tokens
     (:class:`mrl_llm.thl.Residual`): ``thl_residual`` = mean mass moved between words per record,
     ``thl_unaligned_mass`` = mean ``|unaligned mass|``, ``thl_word_mass_error`` = the largest word's
-    error, ``thl_boundary_conflicts`` = their count (0 / absent when no peer record was aligned)."""
+    error, ``thl_boundary_conflicts`` = their count, ``thl_oov_tokens`` = peer ids beyond the peer's tokenizer
+    (a padded model's extra rows) dropped with their mass unaligned (0 / absent when no peer record was aligned)."""
     if not residuals:
         return {"thl_residual": 0.0, "thl_records": 0.0}
     return {
@@ -135,4 +136,5 @@ def thl_metrics(residuals: Sequence[Any]) -> dict[str, float]:
         "thl_unaligned_mass": float(np.mean([abs(r.unaligned_mass) for r in residuals])),
         "thl_word_mass_error": float(max(r.word_mass_error for r in residuals)),
         "thl_boundary_conflicts": float(sum(r.n_boundary_conflicts for r in residuals)),
+        "thl_oov_tokens": float(sum(r.n_oov_tokens for r in residuals)),
     }

@@ -1,7 +1,8 @@
 """Text adaptation, peer side: peer token ids -> the response text, with each peer token's character span.
 
 **Peer side** (:func:`adapt_source`). The response ids are checked (:func:`as_arrays`), the peer's
-special tokens (EOS, template markers, BOS, padding) are taken out, and the rest is decoded by the
+special tokens (EOS, template markers, BOS, padding) and the out-of-vocabulary ids (``>= len(tokenizer)``:
+a padded model's extra rows, which have no text) are taken out, and the rest is decoded by the
 peer tokenizer as *one* sequence with special tokens skipped and no clean-up — so byte-fallback
 tokens and byte-level pieces that are not valid UTF-8 on their own decode together, and a
 SentencePiece decode drops its dummy-prefix leading space exactly as the peer's own ``decode`` does.
@@ -55,9 +56,11 @@ class Batch:
 def as_arrays(info: VocabInfo, batch_ids: Sequence[Any], batch_logprobs: Sequence[Any]) -> Batch:
     """Check a batch and return it as int64 id arrays and float64 log-prob arrays.
 
-    Errors (:class:`THLInputError`) name the sequence and position: ids that are not integers or lie
-    outside ``[0, len(source_tokenizer))``, a length mismatch, log-probs that are NaN, infinite, > 0
-    or below :data:`LOGPROB_FLOOR`.
+    Errors (:class:`THLInputError`) name the sequence and position: ids that are not integers or are
+    negative, a length mismatch, log-probs that are NaN, infinite, > 0 or below :data:`LOGPROB_FLOOR`.
+    An id ``>= len(source_tokenizer)`` is accepted: a model may have more vocabulary rows than its
+    tokenizer has tokens (Qwen2.5: 151,936 vs 151,665) and its engine samples over all of them. Such an
+    id has no text; the alignment drops it like a special token (:func:`oov_mask`).
     """
     if len(batch_ids) != len(batch_logprobs):
         raise THLInputError(f"got {len(batch_ids)} id sequences but {len(batch_logprobs)} log-prob sequences; pass one log-prob list per id list")
@@ -113,8 +116,9 @@ def _from_python_sequences(batch_ids: Sequence[Any], batch_logprobs: Sequence[An
 
 def _checked(info: VocabInfo, ids_out: list[np.ndarray], lp_out: list[np.ndarray], flat_ids: np.ndarray,
              flat_lp: np.ndarray, lengths: np.ndarray) -> Batch:
-    """The batch after the range checks of :func:`as_arrays` (errors name the sequence and position)."""
-    bad_id = (flat_ids < 0) | (flat_ids >= info.size)
+    """The batch after the range checks of :func:`as_arrays` (errors name the sequence and position).
+    Ids ``>= info.size`` pass (see :func:`as_arrays`)."""
+    bad_id = flat_ids < 0
     bad_lp = ~np.isfinite(flat_lp) | (flat_lp > 0) | (flat_lp < LOGPROB_FLOOR)
     if bad_id.any() or bad_lp.any():
         k = int(np.argmax(bad_id | bad_lp))
@@ -151,8 +155,9 @@ class SourceSide:
     logprobs: np.ndarray
     starts: np.ndarray
     ends: np.ndarray
-    special_mass: np.ndarray  # per sequence: mass of stripped special tokens (not the EOS counterpart)
+    special_mass: np.ndarray  # per sequence: mass of stripped special and OOV tokens (not the EOS counterpart)
     eos_logprob: np.ndarray  # per sequence: the final EOS's log-prob when it has a counterpart, else NaN
+    n_oov: np.ndarray  # per sequence: out-of-vocabulary tokens dropped (ids >= the tokenizer's size)
 
 
 def ends_with_eos(batch: Batch, eos_ids: np.ndarray) -> np.ndarray:
@@ -163,13 +168,29 @@ def ends_with_eos(batch: Batch, eos_ids: np.ndarray) -> np.ndarray:
     return out
 
 
+def oov_mask(info: VocabInfo, batch: Batch, eos_ids: np.ndarray) -> np.ndarray:
+    """Per token of ``batch.flat_ids``: an out-of-vocabulary id (``>= info.size``, a padded model's extra
+    row: no text), other than a final EOS (an id the engine stopped on keeps the EOS contract)."""
+    oov = batch.flat_ids >= info.size
+    if oov.any() and eos_ids.size:
+        last = np.cumsum(batch.lengths) - 1
+        oov[last[ends_with_eos(batch, eos_ids)]] = False
+    return oov
+
+
 def adapt_source(tokenizer: Any, info: VocabInfo, batch: Batch, *, append_eos: bool, eos_ids: np.ndarray) -> SourceSide:
-    """Strip specials, decode each response as one sequence, and place its tokens on the text.
-    ``eos_ids``: the ids the peer's engine stops on (a final one is the EOS counterpart)."""
+    """Strip specials and out-of-vocabulary ids, decode each response as one sequence, and place its
+    tokens on the text. ``eos_ids``: the ids the peer's engine stops on (a final one is the EOS counterpart)."""
     lengths, all_ids, all_lp = batch.lengths, batch.flat_ids, batch.flat_logprobs
     n = lengths.size
     seq = np.repeat(np.arange(n, dtype=np.int64), lengths)
-    special = info.special[all_ids]
+    oov = oov_mask(info, batch, eos_ids)
+    beyond = all_ids >= info.size  # an out-of-vocabulary id has no text: dropped as a special token is
+    if beyond.any():
+        special = beyond.copy()
+        special[~beyond] = info.special[all_ids[~beyond]]
+    else:
+        special = info.special[all_ids]
     eos_logprob = np.full(n, np.nan)
     if append_eos and eos_ids.size:
         last = np.cumsum(lengths) - 1
@@ -193,7 +214,7 @@ def adapt_source(tokenizer: Any, info: VocabInfo, batch: Batch, *, append_eos: b
     for i in fallback:
         s, e = computed_char_spans(lambda b: decode_batch(tokenizer, b), id_lists[i], texts[i])
         starts[bounds[i] : bounds[i + 1]], ends[bounds[i] : bounds[i + 1]] = s, e
-    return SourceSide(texts, k_seq, k_lp, starts, ends, special_mass, eos_logprob)
+    return SourceSide(texts, k_seq, k_lp, starts, ends, special_mass, eos_logprob, np.bincount(seq[oov], minlength=n))
 
 
 def _byte_view_spans(

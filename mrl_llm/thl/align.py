@@ -36,19 +36,32 @@ special token (BOS, template markers, padding, an EOS not at the end) is dropped
 mass goes to ``unaligned_mass``. Trailing whitespace of the text is its own last word: its mass goes
 to the learner tokens that spell it, before the EOS.
 
+**Out-of-vocabulary ids.** A peer model may have more vocabulary rows than its tokenizer has tokens
+(real models pad: Qwen2.5's 151,936 rows vs its tokenizer's ~151,665) and its engine samples over all
+of them, so a response can hold an id ``>= len(source_tokenizer)``. Such an id has no text: it is
+treated exactly like a stripped special token — dropped from the text, its mass goes to
+``unaligned_mass`` — wherever it stands (start, middle, just before the EOS; a response of only such
+ids is an empty one), and :attr:`~mrl_llm.thl.trace.Residual.n_oov_tokens` counts them. The one
+exception is a final id the engine stopped on (one of ``source_eos_ids``), which keeps the EOS
+contract above. Negative ids, non-integer ids and bad log-probs are still refused
+(:class:`~mrl_llm.thl.adapt.THLInputError`).
+
 **Same vocabulary** (:func:`mrl_llm.thl.vocab.same_vocabulary`): ids and log-probs pass through
 unchanged, no decode/re-encode (the text is decoded for information only). The EOS contract still
 holds: a final peer EOS becomes the learner's EOS id when the two tokenizers name different EOS
 tokens (e.g. a base and a chat tokenizer of one family), and with ``append_eos=False`` or a learner
-without an EOS it is dropped and its mass is unaligned.
+without an EOS it is dropped and its mass is unaligned. Out-of-vocabulary ids (``>= len(source_tokenizer)``)
+do not pass through either (the learner's model may have fewer rows): they are dropped, their mass
+unaligned and counted, as above.
 
 **Prompt.** With ``prompt_texts`` the learner encodes ``prompt + response`` as one string, with its
 special tokens added (BOS for Llama-style tokenizers) unless ``prompt_special_tokens=False`` (a chat
 prompt, whose template holds them); ``prompt_ids + target_ids`` is that encoding, so a row built from
 them never repeats a character a straddling token covers.
 
-**Empty responses** (no token, or only special tokens) give an empty trace: no learner tokens (the EOS
-counterpart alone when the peer stopped on EOS), zero residual, and the special tokens' mass unaligned.
+**Empty responses** (no token, or only special or out-of-vocabulary tokens) give an empty trace: no
+learner tokens (the EOS counterpart alone when the peer stopped on EOS), zero residual, and the dropped
+tokens' mass unaligned.
 
 **Invariant**: ``Σ target_logprobs + unaligned_mass = Σ source_logprobs`` (float64 rounding only).
 Log-probs below :data:`shared_interfaces.records.LOGPROB_FLOOR` are refused (:class:`THLInputError`).
@@ -62,7 +75,15 @@ from typing import Any
 
 import numpy as np
 
-from mrl_llm.thl.adapt import Batch, SourceSide, adapt_source, as_arrays, decode_batch, ends_with_eos
+from mrl_llm.thl.adapt import (
+    Batch,
+    SourceSide,
+    adapt_source,
+    as_arrays,
+    decode_batch,
+    ends_with_eos,
+    oov_mask,
+)
 from mrl_llm.thl.encode import TargetSide, encode_target
 from mrl_llm.thl.trace import AlignedTrace, Residual
 from mrl_llm.thl.vocab import VocabInfo, same_vocabulary, vocab_info
@@ -147,34 +168,49 @@ def _take(batch: Batch, rows: list[int]) -> Batch:
 def _align_batch(source_tokenizer: Any, target_tokenizer: Any, src: VocabInfo, tgt: VocabInfo, batch: Batch,
                  prompt_texts: list[str] | None, opts: _Options) -> list[AlignedTrace]:
     if same_vocabulary(source_tokenizer, target_tokenizer):
-        return _passthrough(source_tokenizer, target_tokenizer, tgt, batch, prompt_texts, opts)
+        return _passthrough(source_tokenizer, target_tokenizer, src, tgt, batch, prompt_texts, opts)
     source = adapt_source(source_tokenizer, src, batch, append_eos=opts.append_eos, eos_ids=opts.eos_ids)
     target = encode_target(target_tokenizer, tgt, source.texts, prompt_texts, add_special=opts.prompt_special_tokens)
     return _pool(source, target, tgt.eos_id)
 
 
 def _passthrough(
-    source_tokenizer: Any, target_tokenizer: Any, tgt: VocabInfo, batch: Batch, prompts: list[str] | None, opts: _Options,
+    source_tokenizer: Any, target_tokenizer: Any, src: VocabInfo, tgt: VocabInfo, batch: Batch, prompts: list[str] | None,
+    opts: _Options,
 ) -> list[AlignedTrace]:
-    texts = decode_batch(source_tokenizer, [a.tolist() for a in batch.ids])
+    n = len(batch.ids)
+    oov = oov_mask(src, batch, opts.eos_ids)  # ids beyond the peer's tokenizer: dropped, mass unaligned
+    if oov.any():
+        seq = np.repeat(np.arange(n, dtype=np.int64), batch.lengths)
+        n_oov = np.bincount(seq[oov], minlength=n).tolist()
+        oov_mass = np.bincount(seq[oov], batch.flat_logprobs[oov], minlength=n).tolist()
+        keep = ~oov
+        bounds = np.concatenate([[0], np.cumsum(batch.lengths)]).tolist()
+        masks = [keep[bounds[i] : bounds[i + 1]] for i in range(n)]
+        seq_ids = [a[m] for a, m in zip(batch.ids, masks, strict=True)]
+        seq_lps = [b[m] for b, m in zip(batch.logprobs, masks, strict=True)]
+    else:
+        n_oov, oov_mass = [0] * n, [0.0] * n
+        seq_ids, seq_lps = batch.ids, batch.logprobs
+    texts = decode_batch(source_tokenizer, [a.tolist() for a in seq_ids])
     if prompts is None:
         prompt_ids = [np.zeros(0, np.int64)] * len(texts)
     else:
         prompt_ids = [np.asarray(target_tokenizer(p, add_special_tokens=opts.prompt_special_tokens)["input_ids"], np.int64)
                       for p in prompts]
-    ends = ends_with_eos(batch, opts.eos_ids).tolist()
+    ends = ends_with_eos(batch, opts.eos_ids).tolist()  # a final EOS is never out of vocabulary (oov_mask)
     out = []
-    for a, b, text, prm, ends_eos in zip(batch.ids, batch.logprobs, texts, prompt_ids, ends, strict=True):
+    rows = zip(seq_ids, seq_lps, texts, prompt_ids, ends, n_oov, oov_mass, strict=True)
+    for a, b, text, prm, ends_eos, n_oov_i, unaligned in rows:
         a, b = a.copy(), b.copy()
         eos_kept = ends_eos and opts.append_eos and tgt.eos_id is not None
-        unaligned = 0.0
         if eos_kept:
             a[-1] = tgt.eos_id
         elif ends_eos:
-            a, unaligned, b = a[:-1], float(b[-1]), b[:-1]
+            a, unaligned, b = a[:-1], unaligned + float(b[-1]), b[:-1]
         spans = np.array(word_spans(text), dtype=np.int64).reshape(-1, 2)
         res = Residual(word_mass_error=0.0, moved_mass=0.0, unaligned_mass=unaligned, crossing_mass=0.0,
-                       n_words=len(spans), n_boundary_conflicts=0, n_split_chars=0)
+                       n_words=len(spans), n_boundary_conflicts=0, n_split_chars=0, n_oov_tokens=n_oov_i)
         out.append(AlignedTrace(text, a, b, prm, spans, res, eos_kept, True))
     return out
 
@@ -249,11 +285,11 @@ def _pool(source: SourceSide, target: TargetSide, target_eos: int | None) -> lis
     spans_all = np.stack([ws - char0[word_seq], word_end - char0[word_seq]], axis=1) if W else np.zeros((0, 2), np.int64)
     w0 = word0.tolist()
     columns = zip(max_err.tolist(), moved.tolist(), unaligned.tolist(), crossing_mass.tolist(), n_words.tolist(),
-                  conflicts.tolist(), split.tolist(), strict=True)
+                  conflicts.tolist(), split.tolist(), source.n_oov.tolist(), strict=True)
     out = []
-    for i, (err_i, moved_i, unal_i, cross_i, words_i, conf_i, split_i) in enumerate(columns):
+    for i, (err_i, moved_i, unal_i, cross_i, words_i, conf_i, split_i, oov_i) in enumerate(columns):
         a, b = bounds[i], bounds[i + 1]
-        res = Residual(err_i, moved_i, unal_i, cross_i, words_i, conf_i, split_i)
+        res = Residual(err_i, moved_i, unal_i, cross_i, words_i, conf_i, split_i, oov_i)
         out.append(AlignedTrace(  # copies: a cached trace must not keep the whole batch alive
             texts[i], all_ids[a:b].copy(), all_lp[a:b].copy(), target.prompt_ids[i].copy(), spans_all[w0[i] : w0[i + 1]].copy(),
             res, bool(eos_ok[i]), False,

@@ -5,7 +5,8 @@ response: it is encoded by the peer tokenizer (special-token spellings kept as t
 peer's EOS, and given synthetic behaviour log-probs ``ℓ ~ −Exponential(1)`` (seeded; the token and
 boundary counts do not depend on them, the mass figures scale with them). THL aligns the batch and the
 report prints what came back: text round-trips, token counts, boundary conflicts, and the residual
-(``word_mass_error``, ``moved_mass``, ``crossing_mass`` relative to the total mass, ``unaligned_mass``).
+(``word_mass_error``, ``moved_mass``, ``crossing_mass`` relative to the total mass, ``unaligned_mass``,
+and ``oov_tokens``: peer ids beyond the peer tokenizer, always 0 here since the peer tokenizer encoded the texts).
 """
 
 from __future__ import annotations
@@ -127,6 +128,7 @@ def pair_report(source: Any, target: Any, texts: list[str], *, seed: int = 0, ba
         "conflicts_per_1000_words": 1000.0 * sum(r.n_boundary_conflicts for r in res) / max(n_words, 1),
         "sequences_with_conflicts": sum(r.n_boundary_conflicts > 0 for r in res),
         "split_chars": sum(r.n_split_chars for r in res),
+        "oov_tokens": sum(r.n_oov_tokens for r in res),
         "word_mass_error_max": max((r.word_mass_error for r in res), default=0.0),
         "word_mass_error_mean": float(np.mean([r.word_mass_error for r in res])) if res else 0.0,
         "moved_mass_fraction": sum(r.moved_mass for r in res) / total_mass,
@@ -158,7 +160,8 @@ def format_report(source_dir: str, target_dir: str, data: str, s: dict[str, Any]
         f"  word_mass_error: max {s['word_mass_error_max']:.4f}, mean over sequences {s['word_mass_error_mean']:.4f} (nats)",
         f"  moved mass: {100 * s['moved_mass_fraction']:.3f}% of |peer mass|; split by characters (crossing peer tokens): "
         f"{100 * s['crossing_mass_fraction']:.3f}%",
-        f"  unaligned mass: {s['unaligned_mass']:.6g}; mass identity max error {s['mass_identity_max_error']:.2e}",
+        f"  unaligned mass: {s['unaligned_mass']:.6g} (out-of-vocabulary peer tokens: {s['oov_tokens']}); "
+        f"mass identity max error {s['mass_identity_max_error']:.2e}",
         f"  time: {s['seconds']:.2f} s ({s['source_tokens_per_second']:,.0f} peer tokens/s)",
         "  (synthetic log-probs ~ -Exponential(1); counts do not depend on them)",
     ]

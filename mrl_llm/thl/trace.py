@@ -16,9 +16,9 @@ class Residual:
       fraction of its characters for a token crossing words). 0 up to float error where no learner
       token crosses a word boundary and every word has learner tokens.
     * ``moved_mass`` — ``½ Σ_w |Σ_n a_nw ℓ'_n − Σ_k a_kw ℓ_k|``: the mass moved between words.
-    * ``unaligned_mass`` — ``Σ source − Σ target``: the mass of the peer's special tokens, of an EOS
-      without a learner counterpart, and of text no learner token covers. Exactly 0 when everything
-      was placed.
+    * ``unaligned_mass`` — ``Σ source − Σ target``: the mass of the peer's special tokens, of its
+      out-of-vocabulary ids, of an EOS without a learner counterpart, and of text no learner token
+      covers. Exactly 0 when everything was placed.
     * ``crossing_mass`` — ``Σ |ℓ_k|`` over peer tokens that cross a word boundary (their mass is split
       between words by characters: a convention, not a measurement).
     * ``n_words`` — words of the text.
@@ -26,6 +26,9 @@ class Residual:
       first learner token straddles the prompt/response boundary.
     * ``n_split_chars`` — characters shared by two neighbouring tokens of one side (a multi-byte
       character split across byte tokens); they stay inside one word, so they move no mass.
+    * ``n_oov_tokens`` — peer ids ``>= len(source_tokenizer)`` (a padded model's extra vocabulary rows,
+      which have no text) dropped like special tokens, their mass in ``unaligned_mass``
+      (:mod:`mrl_llm.thl.align`, "Out-of-vocabulary ids").
     """
 
     word_mass_error: float
@@ -35,6 +38,7 @@ class Residual:
     n_words: int
     n_boundary_conflicts: int
     n_split_chars: int
+    n_oov_tokens: int = 0
 
 
 @dataclass(frozen=True, eq=False)

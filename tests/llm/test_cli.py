@@ -172,3 +172,14 @@ def test_a_group_of_one_under_grpo_is_warned_about(tmp_path, caplog):
         assert main(["train", "--config", str(tmp_path / "g1.yaml"), "--out", str(tmp_path / "run")]) == 0
     (msg,) = [r.getMessage() for r in caplog.records if "group_size 1" in r.getMessage()]
     assert msg.startswith("regime grpo: group_size 1 for ['a'] under own-group statistics")
+
+
+def test_a_peer_sampling_beyond_its_tokenizer_does_not_end_a_prp_thl_run(tmp_path):
+    """Policy b's model has 400 vocabulary rows, its tokenizer 320 (real models pad too): its random start
+    samples ids >= 320, which THL refused ("outside the source vocabulary"), ending the run. They have no text:
+    dropped, their mass unaligned, counted in thl_oov_tokens."""
+    cfg = write_config(tmp_path / "cfg.yaml")
+    assert main(["train", "--config", str(cfg), "--out", str(tmp_path / "run"), "--regime", "prp_thl"]) == 0
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    (a,) = [r for r in rows if r["kind"] == "train" and r["policy"] == "a"]
+    assert a["thl_records"] > 0 and a["thl_oov_tokens"] > 0

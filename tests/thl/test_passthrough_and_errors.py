@@ -72,7 +72,7 @@ def test_same_vocabulary_is_directional(tiny_tokenizers):
 @pytest.mark.parametrize(
     ("ids", "lps", "match"),
     [
-        ([5, 32000], [-1.0, -1.0], r"token id 32000 at position 1 is outside the source vocabulary \[0, 32000\)"),
+        ([5, -32000], [-1.0, -1.0], r"token id -32000 at position 1 is outside the source vocabulary \[0, 32000\)"),
         ([-1], [-1.0], r"token id -1 at position 0 is outside"),
         ([5, 6], [-1.0], r"2 token ids but 1 log-probs"),
         ([5, 6], [-1.0, 0.5], r"log-prob 0.5 at position 1 is positive"),
@@ -98,7 +98,7 @@ def test_bad_batch_names_the_sequence(real_tokenizers):
     with pytest.raises(THLInputError, match=r"2 id sequences but 1 log-prob"):
         align_traces(llama, gpt2, [[5], [6]], [[-1.0]])
     with pytest.raises(THLInputError, match="outside"):  # pass-through validates too
-        align_trace(llama, llama, [40000], [-1.0])
+        align_trace(llama, llama, [40000, -1], [-1.0, -1.0])
 
 
 def test_a_batch_with_repeated_responses_equals_one_at_a_time(real_tokenizers):
