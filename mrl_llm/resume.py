@@ -14,7 +14,9 @@ derived from the checkpoints themselves:
   own); exchange records of steps after ``S`` are dropped (they are generated again, identically in
   synchronous mode); train rows after ``S``, evaluation rows after ``S + 1`` (evaluation ``S + 1``
   measures the weights of checkpoint ``S``) and events after ``S`` are dropped; a ``resume`` event is
-  appended.
+  appended. A log's torn last line (a kill while writing it) is dropped — and with it evaluation ``S + 1``
+  when the torn row may be one of its rows (it is done again) — unless it is a row of a step ``<= S``,
+  which only an edit can tear: the resume refuses, naming the file and line.
 
 The data cursor needs no state: the driver draws step ``s``'s batch by replaying the seeded cursor.
 
@@ -37,6 +39,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -142,13 +145,20 @@ def resume_step(config: RunConfig, out: Path) -> int:
     )
 
 
-def _kept_lines(path: Path, keep: Callable[[dict[str, Any]], bool]) -> list[bytes] | None:
-    """The lines of ``path`` whose row ``keep`` accepts (a torn last line is dropped); None without a file.
-    A line that is not JSON is a :class:`CheckpointError` naming the file and line."""
+_TORN_FIELDS = re.compile(rb'"(step|kind)": ?(\d+|"[a-z]+")')
+
+
+def _kept_lines(path: Path, keep: Callable[[dict[str, Any]], bool], step: int) -> tuple[list[bytes] | None, int | None]:
+    """The lines of ``path`` whose row ``keep`` accepts (None without a file), and the step of a torn last line
+    it dropped (None: there is none; ``step + 1`` when its step cannot be read). A line that is not JSON is a
+    :class:`CheckpointError` naming the file and line. A torn last line (no newline: the run was killed while
+    writing it) is dropped, unless it is a row of a step ``<= step``: those are written before the step is
+    recorded, so only an edit tears one, and the resume refuses."""
     if not path.is_file():
-        return None
+        return None, None
     kept = []
-    for k, line in enumerate(path.read_bytes().split(b"\n")[:-1], start=1):  # after the last newline: torn or empty
+    *lines, tail = path.read_bytes().split(b"\n")
+    for k, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
@@ -158,7 +168,13 @@ def _kept_lines(path: Path, keep: Callable[[dict[str, Any]], bool]) -> list[byte
                 from None
         if keep(row):
             kept.append(line)
-    return kept
+    fields = {m[0].decode(): json.loads(m[1]) for m in _TORN_FIELDS.findall(tail)} if tail.strip() else {}
+    torn = None if not tail.strip() else fields["step"] if isinstance(fields.get("step"), int) else step + 1
+    if torn is not None and torn <= step:
+        raise CheckpointError(f"{path}, line {len(lines) + 1}: a row of step {torn} cut off mid-write (no newline), "
+                              f"which the resume to step {step} keeps — restore the file, or remove the line to "
+                              "resume without it")
+    return kept, torn
 
 
 def restore_run_dir(config: RunConfig, out: Path, step: int) -> dict[str, Any]:
@@ -170,7 +186,17 @@ def restore_run_dir(config: RunConfig, out: Path, step: int) -> dict[str, Any]:
         "eval_rows": (out / "eval.jsonl", lambda r: r["step"] <= step + 1),
         "events": (out / "events.jsonl", lambda r: r.get("step", 0) <= step),
     }
-    lines = {k: (path, _kept_lines(path, keep)) for k, (path, keep) in logs.items()}
+    lines, torn = {}, set()
+    for k, (path, keep) in logs.items():
+        rows, cut = _kept_lines(path, keep, step)
+        lines[k] = (path, rows)
+        if k in ("metrics_rows", "eval_rows"):
+            torn.add(cut)
+    if step + 1 in torn:  # killed while logging evaluation S + 1: it is dropped from both logs and done again
+        for k, is_it in (("metrics_rows", lambda r: r.get("kind") == "eval"), ("eval_rows", lambda r: True)):
+            path, rows = lines[k]
+            if rows is not None:
+                lines[k] = (path, [x for x in rows if not (is_it(r := json.loads(x)) and r["step"] == step + 1)])
     ckpt = out / "checkpoints"
     for p in config.policies:
         d = ckpt / p.name

@@ -47,7 +47,7 @@ from mrl_llm.resume import record_checkpoint, restore_run_dir, resume_step, veri
 from mrl_llm.run_setup import Batches, log_eval, resolve_problems, run_summary, setup_warnings
 from mrl_llm.rundir import check_run_dir, new_run_guard
 from mrl_llm.runstate import prune
-from shared_interfaces.config_io import to_mapping
+from shared_interfaces.config_io import ConfigError, to_mapping
 
 log = logging.getLogger("mrl_llm.runner")
 
@@ -100,6 +100,9 @@ def _run(config: RunConfig, out: Path, *, resume: bool, problems: Sequence[Probl
     start = 0
     if resume:
         start = resume_step(config, out) + 1
+        if start > config.steps:
+            raise ConfigError(f"--resume {out}: the run has trained {start} steps (its checkpoint of step {start - 1}), "
+                              f"more than steps {config.steps}; give --steps {start} or more (a run is not cut back)")
         # before anything in the directory changes
         verify_run_dir(config, out, start - 1, data_fp, resolved.use["train"].source)
         restore_run_dir(config, out, start - 1)

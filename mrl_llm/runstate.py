@@ -120,10 +120,12 @@ def verify_manifest(step_dir: str | Path) -> None:
     for rel, want in sorted(files.items()):
         p = d / rel
         if not p.is_file():
-            raise CheckpointError(f"checkpoint file {p} is missing (listed in {m})")
+            raise CheckpointError(f"checkpoint file {p} is missing (listed in {m}) — restore it, or remove {d} "
+                                  "to resume from the checkpoint before it (if one is kept)")
         if p.stat().st_size != want["bytes"] or file_sha256(p) != want["sha256"]:
             raise CheckpointError(f"checkpoint file {p} does not match its digest in {m}: it is corrupt or was "
-                                  "edited — restore it, or resume from another checkpoint")
+                                  f"edited — restore it, or remove {d} to resume from the checkpoint before it "
+                                  "(if one is kept)")
 
 
 def verify_checkpoint(step_dir: str | Path) -> dict[str, Any]:

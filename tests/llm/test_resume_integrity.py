@@ -13,6 +13,7 @@ import pytest
 from mrl_llm import cli
 from mrl_llm.runstate import CheckpointError
 from mrl_llm.trainer import train
+from shared_interfaces.config_io import ConfigError
 from tests.llm.helpers import ShortAnswerVerifier, install_verifier, problems
 from tests.llm.test_resume import small_config
 
@@ -148,3 +149,71 @@ def test_cli_out_into_a_model_directory_is_refused_and_keeps_its_files(tmp_path,
     assert len(err) == 1 and "is not empty" in err[0] and "not a run directory" in err[0]
     assert (model / "config.json").read_text() == '{"model_type": "qwen2"}'
     assert sorted(p.name for p in model.iterdir()) == ["config.json", "model.safetensors"]
+
+
+@pytest.fixture(scope="module")
+def two_step_run(tmp_path_factory):
+    """A finished 2-step run (checkpoints of steps 0 and 1, evaluations at 0 and 2); copied per test."""
+    mp = pytest.MonkeyPatch()
+    install_verifier(mp, ShortAnswerVerifier(max_chars=8))
+    root = tmp_path_factory.mktemp("two")
+    probs, evp = problems(5), problems(3, prefix="e")
+    train(small_config(2), root / "run", problems=probs, eval_problems=evp)
+    mp.undo()
+    return root / "run", probs, evp
+
+
+def _lines(path):
+    return path.read_text().splitlines(keepends=True)
+
+
+def test_a_torn_row_of_a_checkpointed_step_is_refused(two_step_run, tmp_path, verifier):
+    """Rows of steps <= S are written before S is recorded: only an edit tears one. It was dropped silently."""
+    src, probs, evp = two_step_run
+    run = _copy(src, tmp_path)
+    m = run / "metrics.jsonl"
+    rows = _lines(m)
+    train_rows = [x for x in rows if json.loads(x)["kind"] == "train"]
+    m.write_text("".join(rows[: rows.index(train_rows[-1])]) + train_rows[-1][: len(train_rows[-1]) // 2])
+    before = _snapshot(run)
+    with pytest.raises(CheckpointError, match=r"metrics\.jsonl, line \d+: a row of step 1 cut off mid-write"):
+        train(small_config(3), run, resume=True, problems=probs, eval_problems=evp)
+    assert _snapshot(run) == before
+
+
+def test_a_torn_evaluation_row_after_the_checkpoint_is_done_again(two_step_run, tmp_path, verifier):
+    """Killed while logging the evaluation after the last checkpoint (step 2): that evaluation is dropped from
+    both logs and done again, so no policy's row of it is missing."""
+    src, probs, evp = two_step_run
+    run = _copy(src, tmp_path)
+    e = run / "eval.jsonl"
+    rows = _lines(e)
+    assert json.loads(rows[-1])["step"] == 2
+    e.write_text("".join(rows[:-1]) + rows[-1][:40])
+    shutil.rmtree(run / "policies")
+    train(small_config(2), run, resume=True, problems=probs, eval_problems=evp)
+    assert _lines(e) == rows
+    evals = lambda d: [{k: v for k, v in json.loads(x).items() if not k.endswith("_s")}  # noqa: E731
+                       for x in _lines(d / "metrics.jsonl") if json.loads(x)["kind"] == "eval"]
+    assert evals(run) == evals(src)
+
+
+def test_resume_with_fewer_steps_than_trained_is_refused(two_step_run, tmp_path, verifier):
+    src, probs, evp = two_step_run
+    run = _copy(src, tmp_path)
+    before = _snapshot(run)
+    with pytest.raises(ConfigError, match=r"the run has trained 2 steps .* more than steps 1; give --steps 2 or more"):
+        train(small_config(1), run, resume=True, problems=probs, eval_problems=evp)
+    assert _snapshot(run) == before
+
+
+def test_a_damaged_checkpoint_says_how_to_resume_from_the_one_before(two_step_run, tmp_path, verifier):
+    src, probs, evp = two_step_run
+    run = _copy(src, tmp_path)
+    (run / "checkpoints" / "bpe" / "step_1" / "optimizer.pt").unlink()
+    with pytest.raises(CheckpointError, match=r"optimizer\.pt is missing .* remove \S+bpe/step_1 to resume from the "
+                                              r"checkpoint before it"):
+        train(small_config(3), run, resume=True, problems=probs, eval_problems=evp)
+    shutil.rmtree(run / "checkpoints" / "bpe" / "step_1")  # as it says
+    res = train(small_config(3), run, resume=True, problems=probs, eval_problems=evp)
+    assert res["steps"] == 3 and (run / "policies" / "bpe" / "model.safetensors").is_file()
