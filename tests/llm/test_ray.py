@@ -144,6 +144,30 @@ def test_a_stopped_ray_run_resumed_equals_an_uninterrupted_one(ray_llm, tmp_path
     assert [(e["event"], e["step"], e["checkpoint_step"]) for e in events if e["event"] == "resume"] == [("resume", 2, 1)]
 
 
+def test_a_ray_run_killed_after_its_last_checkpoint_resumes_into_its_end(ray_llm, tmp_path):
+    """As a kill after the last step's record leaves it (no final evaluation, no export): the resume on Ray runs no
+    step and does the end again — the same evaluation rows, weights and compute as the whole run."""
+    import shutil
+
+    pols = [policy("a", "llama", "utf8-bytes", 4), policy("b", "qwen2", learner_tokenizer_dir(), 12)]
+    cfg = config(pols, steps=2, eval={"k": 2, "max_prompts": 3})
+    whole = train(cfg, tmp_path / "whole", problems=PROBLEMS)
+    run = tmp_path / "cut"
+    shutil.copytree(tmp_path / "whole", run)
+    shutil.rmtree(run / "policies")
+    (run / "summary.json").unlink()
+    for name, drop in (("eval.jsonl", lambda r: r["step"] == 2),
+                       ("metrics.jsonl", lambda r: r["kind"] == "eval" and r["step"] == 2)):
+        rows = [x for x in (run / name).read_text().splitlines(keepends=True) if not drop(json.loads(x))]
+        (run / name).write_text("".join(rows))
+    summary = train(cfg, run, resume=True, problems=PROBLEMS)
+    got, want = run_files(run, "ab"), run_files(tmp_path / "whole", "ab")
+    assert got[0] == want[0] and got[1] == want[1] and got[3] == want[3]
+    for n in "ab":
+        assert all(got[2][n][k].equal(want[2][n][k]) for k in want[2][n]), n
+    assert [p["compute"] for p in summary["policies"]] == [p["compute"] for p in whole["policies"]]
+
+
 def test_rolled_back_rows_are_marked_and_an_edited_ray_run_is_not_resumed(ray_llm, tmp_path):
     """Issue 13, item 6: b dies in step 2 before its first checkpoint (step 2, ``checkpoint_every: 3``) and
     restarts from its initial weights, so its updates of steps 0 and 1 are gone: their rows are marked
