@@ -3,7 +3,9 @@
 A peer record carries its producer's token ids and behaviour log-probs. :meth:`PeerAlignment.align` gives
 ``(prompt ids, response ids, aligned log-probs, residual)`` in the learner's tokenizer: THL's own split of
 the learner's joint encoding of its prompt text + the response (special tokens as the learner's template
-tokenizes its prompts), so a token spanning the boundary appears once; the producer's extra EOS ids
+tokenizes its prompts), so a token spanning the boundary appears once (THL gives it to the response; when
+it is the prompt's only token, it stays the prompt, untrained: a row needs a prompt token, and its mass is
+already a boundary conflict in the residual); the producer's extra EOS ids
 (``peer_eos_ids``, its ``generation_config.json``'s) map to the learner's EOS. Traces are cached by
 ``(record_id, learner tokenizer)``; :meth:`PeerAlignment.prefetch` fills that cache for a step's records in
 one :func:`~mrl_llm.thl.align_traces` batch per (source tokenizer, producer), the same traces as one by one.
@@ -61,7 +63,10 @@ class PeerAlignment:
                                list(rec.token_logprobs), **self.thl_options(rec))
 
         tr = self.trace_cache.get_or_compute(rec.record_id, self.tok_id, compute)
-        return tr.prompt_ids.tolist(), tr.target_ids.tolist(), tr.target_logprobs.tolist(), tr.residual
+        prompt, ids, lps = tr.prompt_ids.tolist(), tr.target_ids.tolist(), tr.target_logprobs.tolist()
+        if not prompt and ids:  # a token straddling a one-token prompt took it all: it stays the prompt, untrained
+            prompt, ids, lps = ids[:1], ids[1:], lps[1:]
+        return prompt, ids, lps, tr.residual
 
     def thl_options(self, rec: ExperienceRecord) -> dict[str, Any]:
         """THL's keyword arguments for ``rec``: the learner's prompt, how it tokenizes it, the peer's EOS ids."""

@@ -120,3 +120,22 @@ def test_prefetch_of_nothing_or_only_own_records(learner_dir):
     a.prefetch([])
     a.prefetch([record("L", 0, "own")])
     assert len(a.trace_cache) == 0
+
+
+def test_a_token_straddling_a_one_token_prompt_stays_the_prompt(shared_dir):
+    """GPT-2 encodes prompt "a" + response "nd then" as ["and", " then"]: THL gives the straddling "and" to the
+    response, leaving no prompt token, and the batch's pack refused the row ("the prompt is empty"), ending the
+    run. It stays the prompt; the rest is the response."""
+    d = str(shared_dir / "tokenizers" / "gpt2")
+    tok = load_tokenizer_dir(d)
+    prompts = PromptCache("L", tok, PromptTemplate(TemplateConfig(text="{question}"), tok), max_prompt_len=8)
+    prompts.set_prompt("p0", "a")
+    a = PeerAlignment("L", tok, prompts, tokenizers=run_tokenizers("L", tok, d, [BYTE_TOKENIZER_ID]), peer_eos_ids={})
+    rec = record("P", 0, "nd then")
+    want = align_trace(byte_tokenizer(), tok, list(rec.token_ids), list(rec.token_logprobs), prompt_text="a")
+    assert want.prompt_ids.tolist() == [] and want.residual.n_boundary_conflicts == 1
+    prompt, response, lps, _ = a.align(rec)
+    assert prompt == tok("and")["input_ids"] and response == want.target_ids.tolist()[1:]
+    assert lps == want.target_logprobs.tolist()[1:] and tok.decode(prompt + response).startswith("and then")
+    empty = a.align(record("P", 1, ""))  # the empty case: nothing straddles, the prompt is the prompt's
+    assert empty[0] == tok("a")["input_ids"] and empty[1] == [tok.eos_token_id]
