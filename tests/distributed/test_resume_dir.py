@@ -91,3 +91,28 @@ def test_a_corrupt_log_line_is_named_and_nothing_is_changed(tmp_path):
     with pytest.raises(CheckpointError, match=r"metrics\.jsonl, line 2: not a JSON row"):
         restore_run_dir(cfg, tmp_path, 0)
     assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before  # step_1 dirs kept too
+
+
+def test_torn_and_empty_logs_when_restoring(tmp_path):
+    """Empty logs restore to empty; a torn tail whose step cannot be read is dropped, and evaluation S + 1 with it
+    (it may be one of its rows: it is done again); a torn row of a later train step is dropped alone."""
+    cfg = _config()
+    for p in "ab":
+        _checkpoint(tmp_path, p, 1)
+    for name in ("exchange.jsonl", "metrics.jsonl", "eval.jsonl", "events.jsonl"):
+        (tmp_path / name).write_text("")
+    kept = restore_run_dir(cfg, tmp_path, 1)
+    assert (kept["metrics_rows"], kept["eval_rows"], kept["exchange_records"]) == (0, 0, 0)
+    rows = [{"kind": "train", "step": 1, "policy": "a"}, {"kind": "eval", "step": 2, "policy": "a"}]
+    _jsonl(tmp_path / "metrics.jsonl", rows)
+    _jsonl(tmp_path / "eval.jsonl", [{"step": 2, "policy": "a"}])
+    with open(tmp_path / "metrics.jsonl", "a") as fh:
+        fh.write('{"ki')  # torn before its step
+    kept = restore_run_dir(cfg, tmp_path, 1)
+    assert (kept["metrics_rows"], kept["eval_rows"]) == (1, 0)  # evaluation 2 is dropped to be done again
+    _jsonl(tmp_path / "metrics.jsonl", rows)
+    _jsonl(tmp_path / "eval.jsonl", [{"step": 2, "policy": "a"}])
+    with open(tmp_path / "metrics.jsonl", "a") as fh:
+        fh.write('{"kind": "train", "step": 3, "pol')  # a later step's row: dropped, evaluation 2 kept
+    kept = restore_run_dir(cfg, tmp_path, 1)
+    assert (kept["metrics_rows"], kept["eval_rows"]) == (2, 1)
