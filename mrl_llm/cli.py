@@ -34,7 +34,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from shared_interfaces.config_io import ConfigError
+from shared_interfaces.config_io import ConfigError, int_at_least
 
 USER_ERRORS = (ConfigError, FileNotFoundError, FileExistsError, KeyError, ValueError, PermissionError,
                IsADirectoryError, NotADirectoryError)
@@ -63,7 +63,7 @@ def _train(args: argparse.Namespace) -> int:
     if not out:
         raise ValueError("give --out DIR (a new run directory) or --resume DIR")
     cfg = load_config(args.config)
-    if args.regime:
+    if args.regime is not None:  # --regime "" (an unset shell variable) is an error, not the config's regime
         cfg = cfg.with_regime(args.regime)
     if args.seed is not None:
         cfg = cfg.with_seed(args.seed)
@@ -155,9 +155,24 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
+def check_run_configs(cfg: Any, mapping_of: Any) -> None:
+    """Build every run config of a demo or study (``mapping_of``: its ``run_config`` function) before any SFT, so
+    that a flag the trainer refuses (``--lr nan``, ``--group-size 0``, ``--first-seed -1``) is an error now, not
+    after minutes of SFT. No model directory is read."""
+    from mrl_llm.config import config_from_mapping
+
+    dirs = {p.name: "sft" for p in cfg.policies}
+    for regime in cfg.regimes:
+        for seed in dict.fromkeys((cfg.seed_list[0], cfg.seed_list[-1])):
+            try:
+                config_from_mapping(mapping_of(cfg, regime, seed, dirs), where="run config")
+            except ConfigError as err:
+                raise ConfigError(f"{err} (the {regime} run of seed {seed}); change the flag that sets it") from err
+
+
 def _demo(args: argparse.Namespace) -> int:
     from mrl_llm.demo.run import run_demo
-    from mrl_llm.demo.setup import DemoConfig
+    from mrl_llm.demo.setup import DemoConfig, run_config
 
     over = {k: getattr(args, k) for k in ("seeds", "first_seed", "steps", "prompts_per_step", "group_size", "lr",
                                           "sgt_weight", "kl_coef", "pool_per_family", "eval_every", "eval_k",
@@ -166,7 +181,9 @@ def _demo(args: argparse.Namespace) -> int:
         from shared_interfaces.regimes.config import parse_regime
 
         over["regimes"] = tuple(parse_regime(r.strip()).name for r in args.regimes.split(",") if r.strip())
-    run_demo(DemoConfig(**over), args.out, jobs=args.jobs)
+    cfg = DemoConfig(**over)
+    check_run_configs(cfg, run_config)
+    run_demo(cfg, args.out, jobs=args.jobs)
     return 0
 
 
@@ -195,7 +212,7 @@ def _name_lr(text: str) -> tuple[str, float]:
 
 
 def _study(args: argparse.Namespace) -> int:
-    from mrl_llm.demo.study import StudyConfig, run_study
+    from mrl_llm.demo.study import StudyConfig, run_study, study_run_config
 
     over = {k: getattr(args, k) for k in ("seeds", "first_seed", "steps", "prompts_per_step", "group_size", "lr",
                                           "optimizer", "sgt_weight", "sgt_successes", "kl_coef", "pool_per_family",
@@ -218,7 +235,9 @@ def _study(args: argparse.Namespace) -> int:
         over["regimes"] = tuple(parse_regime(r.strip()).name for r in args.regimes.split(",") if r.strip())
     if args.sft_steps is not None:  # one number for every policy
         over["sft_steps_per_policy"] = ()
-    run_study(StudyConfig(**over), args.out, jobs=args.jobs)
+    cfg = StudyConfig(**over)
+    check_run_configs(cfg, study_run_config)
+    run_study(cfg, args.out, jobs=args.jobs)
     return 0
 
 
@@ -276,12 +295,12 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--lr", type=float, help="RL learning rate (AdamW)")
     d.add_argument("--sgt-weight", type=float, help="SGT lambda")
     d.add_argument("--kl-coef", type=float)
-    d.add_argument("--pool-per-family", type=int, help="RL prompt pool size per family")
+    d.add_argument("--pool-per-family", type=int_at_least(1), help="RL prompt pool size per family")
     d.add_argument("--eval-every", type=int)
     d.add_argument("--eval-k", type=int)
     d.add_argument("--sft-steps", type=int)
     d.add_argument("--regimes", help="comma-separated regimes (default: grpo,xgrpo,prp_snapshot,prp_thl,sgt)")
-    d.add_argument("--jobs", type=int, default=5, help="worker processes (0: all in this process)")
+    d.add_argument("--jobs", type=int_at_least(0), default=5, help="worker processes (0: all in this process)")
     st = sub.add_parser("study", help="the CPU study: three heterogeneous tiny policies, five regimes, every checkpoint")
     st.add_argument("--out", default="runs/study", help="study directory (default runs/study); rerun to resume")
     st.add_argument("--seeds", type=int, help="seeds (default 1); means with paired 95%% t-intervals")
@@ -295,7 +314,7 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--sgt-successes", type=int, help="SGT targets per rescued prompt: the shortest N peer successes "
                     "(default 1)")
     st.add_argument("--kl-coef", type=float)
-    st.add_argument("--pool-per-family", type=int, help="RL prompt pool size per family")
+    st.add_argument("--pool-per-family", type=int_at_least(1), help="RL prompt pool size per family")
     st.add_argument("--eval-every", type=int)
     st.add_argument("--eval-k", type=int)
     st.add_argument("--sft-steps", type=int, help="SFT steps of every policy (default: per policy)")
@@ -314,7 +333,7 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--pool-seed", type=int, help="seed of the RL prompt pool shared by every seed (default 0)")
     st.add_argument("--per-seed-pool", action="store_true", help="each seed draws its own RL pool (its seed)")
     st.add_argument("--regimes", help="comma-separated regimes (default: grpo,xgrpo,prp_snapshot,prp_thl,sgt)")
-    st.add_argument("--jobs", type=int, default=5, help="worker processes (0: all in this process)")
+    st.add_argument("--jobs", type=int_at_least(0), default=5, help="worker processes (0: all in this process)")
     return ap
 
 

@@ -101,6 +101,8 @@ def check_run_dir(config: RunConfig, out: Path, resume: bool) -> None:
         raise FileExistsError(f"--out {out} is not empty (it holds {', '.join(some)}, ...) and is not a run "
                               "directory; a new run needs a new or empty directory, so nothing there is overwritten")
     base = nearest_existing(out)
+    if not base.is_dir():
+        raise FileExistsError(f"--out {out}: {base} is a file, not a directory; choose an --out path under a directory")
     if not os.access(base, os.W_OK | os.X_OK):
         raise PermissionError(f"--out {out}: {base} is not writable (a read-only directory?); choose a writable "
                               "--out directory")

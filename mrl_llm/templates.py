@@ -9,6 +9,9 @@ A template is plain text with placeholders, replaced in one pass (so literal bra
 * ``{choices}`` — the options, one per line (empty for other problems);
 * ``{instruction}`` — the answer-format instruction (default :data:`BOXED_INSTRUCTION`).
 
+Any other ``{name}`` in the text is refused unless it is a LaTeX argument (``\\boxed{answer}``, ``x^{n}``): nothing
+fills it, so it would reach the model as it is (a misspelt ``{instrution}``, or ``{answer}``).
+
 ``chat`` says whether to wrap that text as the user turn of the tokenizer's chat template
 (``apply_chat_template(..., add_generation_prompt=True)``; the text stripped; ``system`` as a system
 turn):
@@ -38,6 +41,8 @@ TINY_TEXT = "{question}\n"
 
 ChatMode = Literal["never", "auto", "require"]
 _PLACEHOLDER = re.compile(r"\{(question|choices|instruction)\}")
+#: ``{name}`` that reads as a placeholder: not a LaTeX argument (``\boxed{answer}``, ``x^{n}``, ``\frac{a}{b}``).
+_LOOKS_LIKE_PLACEHOLDER = re.compile(r"(?<![A-Za-z0-9\\^_}\]])\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
 class TemplateError(ValueError):
@@ -57,6 +62,12 @@ class TemplateConfig:
     def __post_init__(self) -> None:
         if "{question}" not in self.text:
             raise TemplateError(f"template text {self.text!r} has no {{question}} placeholder; add one")
+        unknown = [m.group(0) for m in _LOOKS_LIKE_PLACEHOLDER.finditer(self.text)
+                   if not _PLACEHOLDER.fullmatch(m.group(0))]
+        if unknown:
+            raise TemplateError(f"template text {self.text!r} has {', '.join(unknown)}, which no problem fills (the "
+                                "placeholders are {question}, {choices} and {instruction}); correct the name, or "
+                                "remove the braces")
         if self.chat not in ("never", "auto", "require"):
             raise TemplateError(f"template chat must be 'never', 'auto' or 'require', got {self.chat!r}")
 

@@ -11,7 +11,9 @@ aliases (``&a`` / ``*a`` / ``<<: *a``), which are refused with an error naming t
 alias is shared when loaded but expanded when a config is written out, so a 2 KB "billion laughs" file
 would otherwise grow to gigabytes. A key given twice in one mapping is refused too (YAML keeps the last one
 silently). Numbers in exponent form without a dot (``lr: 1e-6``, ``1E3``) are floats,
-as in YAML 1.2 and JSON (PyYAML's YAML 1.1 reads them as strings).
+as in YAML 1.2 and JSON (PyYAML's YAML 1.1 reads them as strings). The number forms YAML 1.1 reads as other
+numbers than they look like are refused, naming the file and line: a leading zero (``010`` is octal 8) and
+base 60 (``1:30`` is 90); so are integers of more digits than Python reads (4300) and nesting too deep to parse.
 """
 
 from __future__ import annotations
@@ -91,8 +93,9 @@ def _convert(tp: Any, value: Any, where: str) -> Any:
             raise ConfigError(f"{where}: expected an integer, got {value!r}; write it as {int(value)}")
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(f"{where}: expected an integer, got {value!r}")
-        if not INT_MIN <= value <= INT_MAX:
-            raise ConfigError(f"{where}: {value} does not fit a signed 64-bit integer (|value| < 2**63)")
+        if not INT_MIN <= value <= INT_MAX:  # (str() of an int over 4300 digits raises: name its size instead)
+            shown = value if value.bit_length() <= 256 else f"an integer of {value.bit_length()} bits"
+            raise ConfigError(f"{where}: {shown} does not fit a signed 64-bit integer (|value| < 2**63)")
         return value
     if tp is bool:
         if not isinstance(value, bool):
@@ -165,6 +168,18 @@ def int_at_least(low: int) -> typing.Callable[[str], int]:
     return parse
 
 
+def _check_yaml11_number(text: str, path: Path, line: int) -> None:
+    """Refuse the number forms YAML 1.1 (PyYAML) reads differently from YAML 1.2 and from what they look like: a
+    leading zero (``010`` is octal 8) and base 60 (``1:30`` is 90); :class:`ConfigError` naming the file and line."""
+    body = text.replace("_", "").lstrip("+-")
+    if ":" in body:
+        raise ConfigError(f"{path}:{line}: {text!r} is a base-60 number in YAML 1.1 (1:30 is 90); write the number "
+                          "it means, or quote it if it is text")
+    if len(body) > 1 and body[0] == "0" and body[1].isdigit() and "." not in body and "e" not in body.lower():
+        raise ConfigError(f"{path}:{line}: {text!r} has a leading zero, which YAML 1.1 reads as an octal number; "
+                          "write it without the leading zero (or quote it if it is text)")
+
+
 def _no_alias_loader(path: Path) -> type:
     """A ``yaml.SafeLoader`` that refuses anchors and aliases and reads ``1e-6`` as a float (module docstring),
     naming ``path`` in its errors."""
@@ -194,6 +209,21 @@ def _no_alias_loader(path: Path) -> type:
                     seen[key] = line
             return super().construct_mapping(node, deep=deep)
 
+        def construct_yaml_int(self, node: Any) -> Any:
+            text = str(self.construct_scalar(node))
+            _check_yaml11_number(text, path, node.start_mark.line + 1)
+            try:
+                return super().construct_yaml_int(node)
+            except ValueError as err:  # more digits than int() reads (sys.get_int_max_str_digits())
+                raise ConfigError(f"{path}:{node.start_mark.line + 1}: the integer {text[:20]}... has {len(text)} "
+                                  "digits, too many to read; give a number that fits 64 bits") from err
+
+        def construct_yaml_float(self, node: Any) -> Any:
+            _check_yaml11_number(str(self.construct_scalar(node)), path, node.start_mark.line + 1)
+            return super().construct_yaml_float(node)
+
+    NoAliasLoader.add_constructor("tag:yaml.org,2002:int", NoAliasLoader.construct_yaml_int)
+    NoAliasLoader.add_constructor("tag:yaml.org,2002:float", NoAliasLoader.construct_yaml_float)
     NoAliasLoader.add_implicit_resolver("tag:yaml.org,2002:float", _EXPONENT_FLOAT, list("-+0123456789"))
     return NoAliasLoader
 
@@ -220,3 +250,5 @@ def load_yaml(path: str | Path) -> Any:
         hint = ("indent with spaces: YAML does not allow tabs" if "'\\t'" in one_line else
                 "quote values that start with '{' or '$'")
         raise ConfigError(f"{p} is not valid YAML ({one_line}); {hint}") from err
+    except RecursionError as err:
+        raise ConfigError(f"{p}: YAML nested too deeply to read; a config needs a few levels: flatten it") from err

@@ -5,8 +5,8 @@ Schema (one JSON object per line, UTF-8; blank lines are allowed and counted)::
     {"id": "p17",                        # optional; default id = "<file stem>:<line number>"
      "question": "What is 2+3?",         # required, non-empty string
      "answer": "5",                       # required: a bare answer, or a full solution whose final
-                                          #   answer is the last \\boxed{} (MATH style); a number is
-                                          #   read as its decimal text; for multiple choice a letter
+                                          #   answer is the last \\boxed{} (MATH style); a finite
+                                          #   number is read as its decimal text; for multiple choice a letter
                                           #   ("B") or the text of the right option
      "choices": ["3", "5", "6"],          # optional: multiple-choice options, labelled A, B, C, ...
                                           #   (a list, or an object with keys "A", "B", ... in order)
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -131,7 +132,9 @@ class LoadReport:
 
 
 def _as_text(value: Any) -> str | None:
-    if isinstance(value, bool):
+    """A string, or a number as its decimal text; None for anything else, NaN and infinities among it (JSON has
+    neither; Python's reader takes ``NaN`` / ``Infinity`` / ``1e400``, which a gold answer "nan" would score)."""
+    if isinstance(value, bool) or (isinstance(value, float) and not math.isfinite(value)):
         return None
     if isinstance(value, str):
         return value
@@ -178,7 +181,7 @@ def row_to_problem(row: Any, *, fields: FieldMap, verifier: str, default_id: str
     gold = _as_text(row[fields.answer])
     if gold is None or not gold.strip():
         raise DataError(
-            f"{where}: the answer ({fields.answer!r}) is empty or not a string/number: {row[fields.answer]!r}"
+            f"{where}: the answer ({fields.answer!r}) is empty or not a string or finite number: {row[fields.answer]!r}"
         )
     prompt_id = default_id
     if fields.id is not None and row.get(fields.id) is not None:
@@ -222,21 +225,59 @@ def decode_line(raw: bytes, where: str, *, first: bool = False) -> str:
                         "save the file as UTF-8") from err
 
 
+class _RepeatedKey(Exception):
+    """An object of the JSON being read gives a key twice (``json.loads`` keeps the last value silently)."""
+
+
+def _object_once(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _RepeatedKey(key)
+        out[key] = value
+    return out
+
+
+def parse_json(text: str, where: str) -> Any:
+    """``text`` (one JSONL line, or a whole ``.json`` file) decoded; :class:`DataError` naming ``where`` when it
+    is not JSON, gives a key twice in one object (JSON readers keep the last value silently), or is JSON that
+    Python cannot read: an integer of more than ``sys.get_int_max_str_digits()`` digits (4300) or nesting
+    deeper than the interpreter's recursion limit."""
+    try:
+        return json.loads(text, object_pairs_hook=_object_once)
+    except _RepeatedKey as err:
+        raise DataError(f"{where}: key {err.args[0]!r} is given twice in one object; keep one") from None
+    except json.JSONDecodeError as err:
+        raise DataError(f"{where}: not valid JSON ({err.msg} at column {err.colno})") from err
+    except ValueError as err:  # an integer beyond Python's digit limit
+        raise DataError(f"{where}: holds a number too long to read ({str(err).split(';')[0]}); "
+                        "write such a value as a string") from err
+    except RecursionError as err:
+        raise DataError(f"{where}: JSON nested too deeply to read; flatten the row") from err
+
+
 def load_jsonl(
     config: DataConfig, *, check_gold: Callable[[Problem], str | None] | None = None
 ) -> LoadReport:
     """Read ``config.path`` into problems (file order). ``check_gold(problem)`` returns ``None`` for a
     usable gold answer or the reason it is not (the verifier's ``check_gold``); such rows are skipped
-    with a counted warning. Raises :class:`DataError` for a missing file, an empty dataset, or (under
-    ``on_malformed: error``) the first malformed row."""
+    with a counted warning. Raises :class:`DataError` for a missing or unreadable file, a directory, an empty
+    dataset, or (under ``on_malformed: error``) the first malformed row."""
     path = Path(config.path)
+    if path.is_dir():
+        raise DataError(f"dataset path {path} is a directory; set data.path to a .jsonl file")
     if not path.is_file():
         raise DataError(f"dataset file {path} not found; check data.path in the config")
     problems: list[Problem] = []
     skipped: list[Skipped] = []
     seen: dict[str, int] = {}
     n_rows = n_blank = 0
-    with open(path, "rb") as fh:
+    try:
+        fh = open(path, "rb")  # noqa: SIM115 - closed by the with below
+    except OSError as err:  # unreadable (permissions): not the CLI's "choose a writable location"
+        raise DataError(f"cannot read dataset file {path} ({err.strerror}); check data.path and the file's "
+                        "permissions") from err
+    with fh:
         for lineno, raw in enumerate(fh, start=1):
             if config.limit is not None and len(problems) >= config.limit:
                 break
@@ -246,11 +287,7 @@ def load_jsonl(
             n_rows += 1
             where = f"{path}:{lineno}"
             try:
-                line = decode_line(raw, where, first=lineno == 1)
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as err:
-                    raise DataError(f"{where}: not valid JSON ({err.msg} at column {err.colno})") from err
+                row = parse_json(decode_line(raw, where, first=lineno == 1), where)
                 problem = row_to_problem(
                     row,
                     fields=config.fields,

@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from mrl_llm.data.jsonl import DataConfig, DataError, decode_line, row_to_problem
+from mrl_llm.data.jsonl import DataConfig, DataError, decode_line, parse_json, row_to_problem
 from mrl_llm.hub import hub_hint, is_hub_id
 
 log = logging.getLogger(__name__)
@@ -42,10 +42,7 @@ def read_local(path: Path) -> list[tuple[str, Any]]:
             for lineno, line in enumerate(raw.split(b"\n"), 1):
                 decode_line(line, f"{path}:{lineno}", first=lineno == 1)  # raises, naming the line
             raise
-        try:
-            rows = json.loads(text)
-        except ValueError as err:
-            raise DataError(f"{path}: not valid JSON ({err})") from err
+        rows = parse_json(text, str(path))
         if not isinstance(rows, list):
             raise DataError(f"{path}: a .json source must hold a list of row objects")
         return [(f"{path} row {i}", row) for i, row in enumerate(rows)]
@@ -55,9 +52,7 @@ def read_local(path: Path) -> list[tuple[str, Any]]:
             continue
         where = f"{path}:{lineno}"
         try:
-            out.append((where, json.loads(decode_line(line, where, first=lineno == 1))))
-        except json.JSONDecodeError as err:
-            out.append((where, DataError(f"{where}: not valid JSON ({err.msg} at column {err.colno})")))
+            out.append((where, parse_json(decode_line(line, where, first=lineno == 1), where)))
         except DataError as err:
             out.append((where, err))
     return out

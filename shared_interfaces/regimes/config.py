@@ -232,12 +232,16 @@ def parse_regime(name: str, settings: Mapping[str, Any] | None = None) -> Regime
     unknown = sorted(set(settings) - known)
     if unknown:
         raise ConfigError(f"regime: unknown key(s) {unknown}; known: {sorted(known | {'name'})}")
+
+    def section(key: str) -> Any:  # an empty section (``sgt:``) is the defaults; ``sgt: false`` is an error
+        return {} if settings.get(key) is None else settings[key]
+
     return RegimeSpec(
         base=base,
         sgt_enabled=sgt_enabled,
-        advantage=from_mapping(AdvantageConfig, settings.get("advantage") or {}, where="regime.advantage"),
-        prp=from_mapping(PRPConfig, settings.get("prp") or {}, where="regime.prp"),
-        sgt=from_mapping(SGTConfig, settings.get("sgt") or {}, where="regime.sgt"),
+        advantage=from_mapping(AdvantageConfig, section("advantage"), where="regime.advantage"),
+        prp=from_mapping(PRPConfig, section("prp"), where="regime.prp"),
+        sgt=from_mapping(SGTConfig, section("sgt"), where="regime.sgt"),
     )
 
 

@@ -111,3 +111,40 @@ def test_integers_beyond_64_bits_are_refused():
     with pytest.raises(ConfigError, match=r"cfg\.n: 1180591620717411303424 .*64-bit"):
         from_mapping(_Cfg, {"n": 1180591620717411303424}, where="cfg")
     assert from_mapping(_Cfg, {"n": 2**63 - 1, "x": 1e308}, where="cfg").n == 2**63 - 1
+
+
+@pytest.mark.parametrize("text, says", [
+    ("steps: 010\n", r"c\.yaml:1: '010' has a leading zero, which YAML 1.1 reads as an octal number"),  # was 8
+    ("a: 1\nsteps: 1:30\n", r"c\.yaml:2: '1:30' is a base-60 number in YAML 1\.1"),  # was 90
+    ("lr: -1:30.5\n", r"c\.yaml:1: '-1:30\.5' is a base-60 number"),  # was -90.5
+])
+def test_numbers_yaml_1_1_reads_as_other_numbers_are_refused(tmp_path, text, says):
+    p = tmp_path / "c.yaml"
+    p.write_text(text)
+    with pytest.raises(ConfigError, match=says):
+        load_yaml(p)
+
+
+def test_numbers_that_read_the_same_in_yaml_1_1_and_1_2_still_load(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("a: 0\nb: -0\nc: 0.5\nd: 00.5\ne: 0x1F\nf: 1_000\ng: '010'\nh: '1:30'\ni: 10:30 am\n")
+    assert load_yaml(p) == {"a": 0, "b": 0, "c": 0.5, "d": 0.5, "e": 31, "f": 1000, "g": "010", "h": "1:30",
+                            "i": "10:30 am"}
+
+
+def test_integers_too_long_to_read_or_print_are_named(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("a: 1\nsteps: " + "9" * 5000 + "\n")  # int() refuses more than 4300 digits
+    with pytest.raises(ConfigError, match=r"c\.yaml:2: the integer 9+\.\.\. has 5000 digits, too many to read"):
+        load_yaml(p)
+    p.write_text("n: 0x" + "f" * 5000 + "\n")  # reads (base 16 has no limit) but str() of it would raise
+    with pytest.raises(ConfigError, match=r"cfg\.n: an integer of 20000 bits does not fit a signed 64-bit integer"):
+        from_mapping(_Cfg, load_yaml(p), where="cfg")
+
+
+def test_yaml_nested_too_deeply_is_named(tmp_path):
+    p = tmp_path / "c.yaml"
+    for text in ("a: " + "[" * 50_000 + "]" * 50_000 + "\n", "a: " + "{b: " * 5_000 + "1" + "}" * 5_000 + "\n"):
+        p.write_text(text)
+        with pytest.raises(ConfigError, match=r"c\.yaml: YAML nested too deeply to read"):
+            load_yaml(p)

@@ -65,6 +65,16 @@ def test_settings_typed_and_unknown_keys_named():
         parse_regime("prp_thl", {"prp": {"ratio_cap": "big"}})
 
 
+@pytest.mark.parametrize("value", [False, 0, "", []])
+def test_a_section_that_is_not_a_mapping_is_refused(value):
+    """``sgt: false`` read as "no settings": SGT ran with its defaults (every falsy value did)."""
+    with pytest.raises(ConfigError, match=r"regime\.sgt: expected a mapping"):
+        parse_regime("sgt", {"sgt": value})
+    with pytest.raises(ConfigError, match=r"regime\.prp: expected a mapping"):
+        parse_regime_config({"name": "prp_thl", "prp": value})
+    assert parse_regime("sgt", {"sgt": None, "advantage": None}) == parse_regime("sgt")  # an empty section: defaults
+
+
 def test_regime_config_section_with_name():
     spec = parse_regime_config({"name": "sgt+xgrpo", "sgt": {"weight": 0.3}})
     assert spec.name == "sgt+xgrpo" and spec.sgt.weight == 0.3

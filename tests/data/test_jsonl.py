@@ -75,6 +75,12 @@ def test_field_mapping_and_multiple_choice_rows(tmp_path):
         ('{"question": "q", "answer": "A", "choices": ["x", ""]}', r"choices\[1\]"),
         ('{"question": "q", "answer": "A", "choices": {"B": "x"}}', "must be the letters"),
         ('{"question": "q", "answer": "1", "family": 3}', "family"),
+        ('{"question": "q", "answer": NaN}', r"the answer \('answer'\) is empty or not a string or finite number: nan"),
+        ('{"question": "q", "answer": -Infinity}', "not a string or finite number: -inf"),  # was the gold "-inf"
+        ('{"question": "q", "answer": 1e400}', "not a string or finite number: inf"),
+        ('{"id": NaN, "question": "q", "answer": "1"}', r"id \('id'\) = nan must be"),
+        ('{"question": "q", "answer": "1", "answer": "2"}', "key 'answer' is given twice in one object; keep one"),
+        ('{"question": "q", "answer": "1", "meta": {"a": 1, "a": 2}}', "key 'a' is given twice"),  # was a: 2
     ],
 )
 def test_malformed_rows_name_file_and_line(tmp_path, line, message):
@@ -82,6 +88,23 @@ def test_malformed_rows_name_file_and_line(tmp_path, line, message):
     with pytest.raises(DataError, match=message) as err:
         load_jsonl(DataConfig(path=str(path)))
     assert f"{path}:2:" in str(err.value)
+
+
+UNREADABLE_JSON = [  # JSON that json.loads fails on with other errors than JSONDecodeError
+    ('{"question": "q", "answer": ' + "9" * 5000 + "}", "a number too long to read"),  # ValueError: digit limit
+    ("[" * 100_000 + "]" * 100_000, "nested too deeply"),  # RecursionError
+]
+
+
+@pytest.mark.parametrize(("line", "message"), UNREADABLE_JSON)
+def test_json_python_cannot_read_is_a_malformed_row(tmp_path, caplog, line, message):
+    path = write(tmp_path, ['{"question": "ok", "answer": "1"}', line])
+    with pytest.raises(DataError, match=message) as err:
+        load_jsonl(DataConfig(path=str(path)))
+    assert f"{path}:2:" in str(err.value)
+    with caplog.at_level(logging.WARNING):
+        rep = load_jsonl(DataConfig(path=str(path), on_malformed="skip"))
+    assert [p.question for p in rep.problems] == ["ok"] and [s.line for s in rep.skipped] == [2]
 
 
 def test_duplicate_ids_are_errors(tmp_path):
@@ -125,9 +148,26 @@ def test_unusable_golds_are_skipped_and_reported(tmp_path):
 def test_missing_and_empty_files(tmp_path):
     with pytest.raises(DataError, match="not found; check data.path"):
         load_jsonl(DataConfig(path=str(tmp_path / "nope.jsonl")))
+    with pytest.raises(DataError, match=f"dataset path {tmp_path} is a directory; set data.path to a .jsonl file"):
+        load_jsonl(DataConfig(path=str(tmp_path)))  # said "not found"
     empty = write(tmp_path, ["", "  "])
     with pytest.raises(DataError, match="no usable problems"):
         load_jsonl(DataConfig(path=str(empty)))
+
+
+def test_an_unreadable_file_is_named_as_unreadable(tmp_path, monkeypatch):
+    """The CLI turned the bare PermissionError into "choose a writable location" (tests run as root, so the
+    refusal is simulated)."""
+    from mrl_llm.data import jsonl
+
+    path = write(tmp_path, [{"question": "q", "answer": "1"}])
+
+    def refuse(*args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(jsonl, "open", refuse, raising=False)
+    with pytest.raises(DataError, match=rf"cannot read dataset file {path} \(Permission denied\); check data.path"):
+        load_jsonl(DataConfig(path=str(path)))
 
 
 def test_config_validation():

@@ -136,6 +136,22 @@ def test_skip_leaves_out_undecodable_lines_as_train_does(tmp_path, caplog):
     assert "skipped 2 of 3 rows" in caplog.text and f"{src}:1: not valid UTF-8" in caplog.text
 
 
+@pytest.mark.parametrize("name,content,where", [
+    ("src.jsonl", '{"question": "1+1?", "answer": "2"}\n{"question": "q", "answer": ' + "9" * 5000 + "}\n",
+     "src.jsonl:2: holds a number too long to read"),
+    ("src.json", '[{"question": "1+1?", "answer": ' + "9" * 5000 + "}]", "src.json: holds a number too long to read"),
+    ("src.jsonl", '{"question": "1+1?", "answer": "2"}\n' + "[" * 100_000 + "]" * 100_000 + "\n",
+     "src.jsonl:2: JSON nested too deeply"),
+    ("src.json", "[" * 100_000 + "]" * 100_000, "src.json: JSON nested too deeply"),
+])
+def test_json_python_cannot_read_is_named_by_file(tmp_path, capsys, name, content, where):
+    src = tmp_path / name
+    src.write_text(content)
+    assert _prepare(tmp_path, src) == 2
+    assert where in _one_line_error(capsys)
+    assert not (tmp_path / "data").exists()
+
+
 # duplicate ids ---------------------------------------------------------------------------------------------
 
 

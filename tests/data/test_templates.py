@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from mrl_llm.data import Problem
@@ -54,6 +56,25 @@ def test_config_errors():
         TemplateConfig(text="Answer:")
     with pytest.raises(TemplateError, match="chat"):
         TemplateConfig(chat="sometimes")
+
+
+@pytest.mark.parametrize("text, unknown", [
+    ("{question}\n{instrution}\n", "{instrution}"),  # misspelt: reached the model as "{instrution}"
+    ("{question}\n{Instruction}", "{Instruction}"),
+    ("Q: {question} (id {id})\nA: {answer}", "{id}, {answer}"),
+])
+def test_a_placeholder_no_problem_fills_is_refused(text, unknown):
+    with pytest.raises(TemplateError, match=rf"has {re.escape(unknown)}, which no problem fills .* correct the name"):
+        TemplateConfig(text=text)
+
+
+@pytest.mark.parametrize("text", [
+    "Q: {question}\nWrite \\boxed{answer}.", "{question} with x^{n} and \\frac{a}{b}{c}", "{question}\n{}\n{ x }",
+    "{question}{choices}{instruction}",
+])
+def test_latex_arguments_and_other_braces_stay_literal(text):
+    expect = text.replace("{question}", "q").replace("{choices}", "").replace("{instruction}", "I")
+    assert render_prompt(TemplateConfig(text=text, instruction="I"), "q") == expect
 
 
 def test_chat_modes_with_real_tokenizers(shared_dir):

@@ -92,6 +92,47 @@ def test_bad_input_exits_2_with_a_message(tmp_path, capsys):
     assert main(["train", "--config", str(cfg), "--out", str(tmp_path / "x"), "--resume", str(tmp_path / "y")]) == 2
 
 
+def test_an_out_under_a_file_and_an_empty_regime_are_refused(tmp_path, capsys):
+    cfg = write_config(tmp_path / "cfg.yaml")
+    assert main(["train", "--config", str(cfg), "--out", str(cfg / "run")]) == 2
+    err = capsys.readouterr().err  # said "is not writable (a read-only directory?)"
+    assert f"--out {cfg / 'run'}: {cfg} is a file, not a directory; choose an --out path under a directory" in err
+    assert main(["train", "--config", str(cfg), "--out", str(tmp_path / "o"), "--regime", ""]) == 2
+    assert "regime name must be a non-empty string" in capsys.readouterr().err  # was ignored: the config's regime ran
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("cmd, flags, says", [
+    ("demo", ["--lr", "nan"], "run config.policies[0].train.lr: nan is not a finite number"),
+    ("demo", ["--group-size", "0"], "group_size must be >= 1, got 0"),
+    ("study", ["--first-seed", "-1"], "seed -1 is out of range"),
+    ("study", ["--kl-coef", "-1", "--regimes", "sgt"], "loss.kl_coef must be >= 0, got -1.0 (the sgt run of seed 0)"),
+])
+def test_a_demo_or_study_flag_the_trainer_refuses_is_an_error_before_any_sft(tmp_path, capsys, cmd, flags, says):
+    """Each was refused only when the first run started, after minutes of SFT."""
+    assert main([cmd, "--out", str(tmp_path / "d"), *flags]) == 2
+    err = capsys.readouterr().err
+    assert says in err and "change the flag that sets it" in err and "Traceback" not in err
+    assert not (tmp_path / "d").exists()
+
+
+def test_the_default_demo_and_study_run_configs_pass_the_check():
+    from mrl_llm.cli import check_run_configs
+    from mrl_llm.demo.setup import DemoConfig, run_config
+    from mrl_llm.demo.study import StudyConfig, study_run_config
+
+    check_run_configs(DemoConfig(), run_config)
+    check_run_configs(StudyConfig(seeds=3), study_run_config)
+
+
+@pytest.mark.parametrize("cmd", ["demo", "study"])
+def test_jobs_and_pool_size_are_checked_by_the_parser(cmd, capsys):
+    for flags in (["--jobs", "-1"], ["--pool-per-family", "0"]):
+        with pytest.raises(SystemExit) as exc:
+            main([cmd, *flags])
+        assert exc.value.code == 2 and f"argument {flags[0]}: must be >= " in capsys.readouterr().err
+
+
 @pytest.mark.ray
 def test_a_ray_address_with_no_cluster_is_named_at_once(tmp_path, capsys):
     """ray.init waited about a minute, with warnings, for a GCS that is not there."""
