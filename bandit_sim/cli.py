@@ -119,7 +119,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.ray_address and args.runtime != "ray":
         raise ConfigError("--ray-address needs --runtime ray")
     check_ray_address(args.ray_address, flag="--ray-address")  # before the sweep directory is made
-    out = Path(args.resume or args.out)
+    flag, out_arg = ("--out", args.out) if args.resume is None else ("--resume", args.resume)
+    if not out_arg.strip():
+        raise ConfigError(f"{flag} is empty; give the sweep's directory")
+    out = Path(out_arg)
     if args.grid is not None:
         grid = load_grid(args.grid)
     elif args.resume:

@@ -17,9 +17,12 @@ core, :mod:`bandit_sim.plan_table`; the same numbers) instead of calling it on e
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
+
+import numpy as np
 
 from bandit_sim.scenario import ScenarioSpec
 from shared_interfaces.config_io import ConfigError, from_mapping, to_mapping
@@ -70,10 +73,17 @@ class SimConfig:
         for name in ints:
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if not self.lr > 0:
-            raise ConfigError(f"lr must be > 0, got {self.lr}")
-        if not self.thl_sigma >= 0:
-            raise ConfigError(f"thl_sigma must be >= 0, got {self.thl_sigma}")
+        if self.scenario is not None and not str(self.scenario).strip():
+            raise ConfigError("scenario is empty; give a scenario .npz file, or null to use the generator")
+        # a config file's floats are checked finite on load; these checks also hold for configs built in code
+        # (predict's --thl-sigma, a sweep point), where inf / nan would run and give nonsense silently
+        lr_max = float(np.finfo(np.float32 if self.dtype == "float32" else np.float64).max)
+        if not 0 < self.lr <= lr_max:
+            raise ConfigError(f"lr must be > 0 and finite (at most {lr_max:.3g} in {self.dtype}), got {self.lr}")
+        if not 0 <= self.thl_sigma < math.inf:
+            raise ConfigError(f"thl_sigma must be >= 0 and finite, got {self.thl_sigma}")
+        if not math.isfinite(self.thl_bias):
+            raise ConfigError(f"thl_bias must be a finite number, got {self.thl_bias}")
         if self.seed < 0:
             raise ConfigError(f"seed must be >= 0, got {self.seed}")
         if self.scenario is None and self.batch_prompts > self.generator.n_contexts:
@@ -81,8 +91,8 @@ class SimConfig:
                               f"{self.generator.n_contexts} contexts (generator.n_contexts); lower batch_prompts or "
                               "raise n_contexts")
         for name in ("support_eps", "rescue_eps"):
-            if not getattr(self, name) >= 0:
-                raise ConfigError(f"{name} must be >= 0 (a probability threshold), got {getattr(self, name)}")
+            if not 0 <= getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 0 and < 1 (a probability threshold), got {getattr(self, name)}")
         if not 0 <= self.rescue_peer_min <= 1:
             raise ConfigError(f"rescue_peer_min must be in [0, 1] (a peer's success probability), got "
                               f"{self.rescue_peer_min}")

@@ -98,14 +98,19 @@ _TABLE_COPIES, _SAMPLE_COPIES = 8, 8
 
 def memory_estimate(cfg: SimConfig, scenario: Scenario, seeds: int | None = None) -> int:
     """A rough upper estimate of the bytes a run holds (:data:`_TABLE_COPIES`, the per-step samples and the
-    recorded metrics) with ``seeds`` of the run's seeds (default all): a guard against sizes that cannot fit, not
-    a measurement."""
+    recorded metrics; for the log-linear model also its features ``[C, K, D]`` in float64 and in the run's dtype,
+    a step's gathered features ``[S, B, K, D]`` and the weights ``[R, S, P, D]`` with Adam's moments) with ``seeds``
+    of the run's seeds (default all): a guard against sizes that cannot fit, not a measurement."""
     R, S = len(cfg.regimes), cfg.seeds if seeds is None else seeds
     P, C, K = scenario.init_logits.shape
     itemsize = 4 if cfg.dtype == "float32" else 8
     n_records = cfg.steps // cfg.record_every + 2
-    return (itemsize * R * S * P * (_TABLE_COPIES * C * K + _SAMPLE_COPIES * cfg.batch_prompts * cfg.group_size)
+    need = (itemsize * R * S * P * (_TABLE_COPIES * C * K + _SAMPLE_COPIES * cfg.batch_prompts * cfg.group_size)
             + 8 * n_records * R * S * P * len(ALL_METRICS))
+    if cfg.model == "loglinear":
+        D = scenario.features.shape[-1] if scenario.features is not None else cfg.feature_dim
+        need += (8 + itemsize) * C * K * D + itemsize * (2 * S * cfg.batch_prompts * K * D + 3 * R * S * P * D)
+    return need
 
 
 def check_fits_in_memory(cfg: SimConfig, scenario: Scenario, seeds: int | None = None) -> None:
@@ -122,7 +127,7 @@ def check_fits_in_memory(cfg: SimConfig, scenario: Scenario, seeds: int | None =
             f"this run would need about {need / 2**30:,.1f} GiB ({len(cfg.regimes)} regimes x {seeds or cfg.seeds} seeds x "
             f"{P} policies x [{C} contexts x {K} arms], {cfg.steps} steps recorded every {cfg.record_every}), this "
             f"machine has {have / 2**30:,.1f} GiB; lower --seeds, the scenario's size, --batch-prompts x "
-            "--group-size or steps / record_every")
+            "--group-size or steps / record_every" + (" or feature_dim" if cfg.model == "loglinear" else ""))
 
 
 

@@ -228,6 +228,9 @@ class ScenarioSpec:
             lo, hi = getattr(self, name)
             if not 0.0 < lo <= hi < 1.0:
                 raise ConfigError(f"scenario.{name} must be a range 0 < lo <= hi < 1, got {(lo, hi)}")
+        if not self.logit_scale >= 0:
+            raise ConfigError(f"scenario.logit_scale must be >= 0 (the spread of the random logits), got "
+                              f"{self.logit_scale}")
         if not self.hard_log_mass < 0:
             raise ConfigError(f"scenario.hard_log_mass must be < 0 (a log-probability), got {self.hard_log_mass}")
         if not (self.correct_reward >= SUCCESS_THRESHOLD > self.wrong_reward >= 0.0 and self.correct_reward <= 1):

@@ -41,6 +41,7 @@ from bandit_sim.config import SimConfig  # noqa: E402
 from bandit_sim.results import SUMMARY_KEYS, final_policy_stats  # noqa: E402
 from bandit_sim.runner import run_config, scenario_of  # noqa: E402
 from bandit_sim.sweep_config import SweepGrid, apply_point  # noqa: E402
+from shared_interfaces import out_paths  # noqa: E402
 from shared_interfaces.config_io import ConfigError  # noqa: E402
 
 ROW_CI_KEYS = ("accuracy_ci95", "rescue_accuracy_ci95", "kl_to_init_ci95")
@@ -151,14 +152,21 @@ def prepare_dir(grid: SweepGrid, out: Path, *, resume: bool) -> dict[str, dict]:
                               f"{list(ident['axes'])} (the same in another order names every point anew); list "
                               "them in the recorded order")
     else:
+        if out.exists() and not out.is_dir():
+            raise ConfigError(f"--out {out} is a file; give a directory for the sweep's outputs")
         if (out / "points").is_dir() and any((out / "points").glob("*.json")):
             raise ConfigError(f"--out {out} already holds a sweep's points; continue it with --resume {out} or pick "
                               "a new directory")
+        if out.is_dir() and any(out.iterdir()) and not ident_path.is_file():
+            raise ConfigError(f"--out {out} is a non-empty directory that holds no sweep (no grid.json); give a new "
+                              "or empty directory")
+        out_paths.check_creatable(out, flag="--out", dest=out)
         out.mkdir(parents=True, exist_ok=True)
         write_atomic(ident_path, ident)
     (out / "points").mkdir(exist_ok=True)
     (out / "failed").mkdir(exist_ok=True)
     done = {}
+    fields = {*grid.axes, "regime", "policy", *SUMMARY_KEYS, *ROW_CI_KEYS}  # a row of run_point
     for f in (out / "points").glob("*.json"):
         try:
             data = json.loads(f.read_text())
@@ -168,6 +176,10 @@ def prepare_dir(grid: SweepGrid, out: Path, *, resume: bool) -> dict[str, dict]:
         if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
             raise ConfigError(f"{f} is not a sweep point's result (no list of rows); delete it and --resume to rerun "
                               "that point")
+        bad = next((r for r in rows if set(r) != fields), None) if rows else {}
+        if bad is not None:
+            raise ConfigError(f"{f} is not a sweep point's result of this grid (a row needs the fields "
+                              f"{sorted(fields)}, got {sorted(bad)}); delete it and --resume to rerun that point")
         done[f.stem] = data
     return done
 

@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import json
+import math
+import re
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from bandit_sim.cli import main
+from bandit_sim.presets import get_preset
 from bandit_sim.results import SUMMARY_KEYS
 from bandit_sim.scenario import load_scenario
+from shared_interfaces.config_io import ConfigError
 
 
 def test_run_smoke_preset_writes_everything(tmp_path):
@@ -113,6 +118,10 @@ def test_scenario_and_predict_out_files_are_checked_before_the_work(tmp_path, ca
     ("steps: 1e3\n", "steps: expected an integer, got 1000.0; write it as 1000"),
     ("support_eps: -1\n", "support_eps must be >= 0"),
     ("rescue_peer_min: 7\n", "rescue_peer_min must be in [0, 1]"),
+    ("support_eps: 2.0\n", "support_eps must be >= 0 and < 1"),  # was accepted: support 0 everywhere
+    ("rescue_eps: 1.5\n", "rescue_eps must be >= 0 and < 1"),
+    ("scenario: ''\n", "scenario is empty"),  # was "scenario . is a directory"
+    ("lr: 1.0e+39\n", "lr must be > 0 and finite (at most 3.4e+38 in float32)"),  # was a torch overflow traceback
 ])
 def test_bad_config_file(tmp_path, capsys, text, msg):
     (tmp_path / "c.yaml").write_text(text)
@@ -205,3 +214,22 @@ def test_one_seed_leaves_the_ci95_cells_empty(tmp_path):
         rows = list(csv.DictReader(fh))
     assert rows and all(r["ci95"] == "" and float(r["seed_var"]) == 0 for r in rows)
     assert "nan" not in (tmp_path / "o2" / "metrics.csv").read_text()
+
+
+@pytest.mark.parametrize("field, value, msg", [
+    ("thl_sigma", math.inf, "thl_sigma must be >= 0 and finite"),
+    ("thl_bias", math.nan, "thl_bias must be a finite number"),
+    ("lr", math.inf, "lr must be > 0 and finite"),
+])
+def test_configs_built_in_code_refuse_non_finite_values(field, value, msg):
+    """Configs built in code (predict, fit, a sweep point) skip the file loader's finite check; the config's own
+    check refuses them (``predict --thl-sigma inf`` ran and printed a prediction)."""
+    with pytest.raises(ConfigError, match=re.escape(msg)):
+        replace(get_preset("smoke"), **{field: value})
+
+
+def test_predict_refuses_an_infinite_thl_sigma(capsys):
+    fixture = str(Path(__file__).resolve().parents[1] / "fixtures" / "demo" / "seed0.json")
+    assert main(["predict", "--success-matrix", fixture, "--seeds", "2", "--steps", "1", "--thl-sigma", "inf"]) == 2
+    err = capsys.readouterr().err
+    assert "thl_sigma must be >= 0 and finite, got inf" in err and "Traceback" not in err

@@ -114,6 +114,8 @@ def test_diagnostics_apply_where_they_should():
 
 @pytest.mark.parametrize("bad, msg", [
     (dict(batch_prompts=99), "exceeds the scenario's"),
+    # the log-linear features [C, K, D] were not in the estimate: numpy's MemoryError traceback instead
+    (dict(model="loglinear", feature_dim=10**11), "this run would need about .* or feature_dim"),
 ])
 def test_engine_rejects_bad_settings(bad, msg):
     with pytest.raises(ValueError, match=msg):

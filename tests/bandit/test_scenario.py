@@ -113,7 +113,7 @@ def test_missing_and_pickled_files(tmp_path):
 
 @pytest.mark.parametrize("bad", [dict(overlap=1.5), dict(overlap=0.8, unsolved=0.5), dict(n_correct=0),
                                  dict(competent_mass=(0.5, 0.2)), dict(correct_reward=0.4),
-                                 dict(competent_mass=(0.5,)), dict(seed=-1)])
+                                 dict(competent_mass=(0.5,)), dict(seed=-1), dict(logit_scale=-1.0)])
 def test_bad_generator_settings(bad):
     with pytest.raises(ConfigError):
         replace(ScenarioSpec(), **bad)

@@ -202,3 +202,35 @@ def test_close_axis_values_get_their_own_point_files(tmp_path):
     res = run_sweep(load_grid(gf), tmp_path / "s", progress=False)
     assert len(list((tmp_path / "s" / "points").glob("*.json"))) == 2
     assert sorted({r["lr"] for r in res.rows}) == [0.1234561, 0.1234562]
+
+
+def test_sweep_out_and_resume_paths_are_checked(tmp_path, capsys):
+    """A file or a foreign non-empty directory as --out, and an empty --out / --resume, are refused before anything
+    runs (a file gave a FileExistsError traceback, ``--out ""`` wrote the sweep into the working directory,
+    ``--resume ""`` a TypeError traceback)."""
+    gf = grid_file(tmp_path, steps=2)
+    (tmp_path / "afile").write_text("x")
+    (tmp_path / "home").mkdir()
+    (tmp_path / "home" / "notes.txt").write_text("mine")
+    for flag, out, msg in (("--out", tmp_path / "afile", "is a file; give a directory"),
+                           ("--out", tmp_path / "afile" / "sub", "is a file, not a directory"),
+                           ("--out", tmp_path / "home", "is a non-empty directory that holds no sweep"),
+                           ("--out", "", "--out is empty"), ("--resume", "", "--resume is empty")):
+        assert main(["sweep", "--grid", str(gf), flag, str(out), "--quiet"]) == 2
+        err = capsys.readouterr().err
+        assert msg in err and "Traceback" not in err, (flag, out, err)
+    assert sorted(p.name for p in (tmp_path / "home").iterdir()) == ["notes.txt"]
+    assert (tmp_path / "afile").read_text() == "x"
+
+
+@pytest.mark.parametrize("content", ['{"rows": [{"x": 1}]}', '{"rows": []}'])
+def test_point_file_with_foreign_rows_names_itself(tmp_path, capsys, content):
+    """Rows that are not this grid's (other fields, none at all) were taken as finished: a resume then failed in the
+    CSV writer ("dict contains fields not in fieldnames") or counted a point with no rows as done."""
+    gf = grid_file(tmp_path, steps=2)
+    assert main(["sweep", "--grid", str(gf), "--out", str(tmp_path / "a"), "--quiet"]) == 0
+    (tmp_path / "a" / "points" / "overlap=0.2,thl_sigma=0.json").write_text(content)
+    capsys.readouterr()
+    assert main(["sweep", "--resume", str(tmp_path / "a"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "overlap=0.2,thl_sigma=0.json is not a sweep point's result of this grid" in err and "delete it" in err
