@@ -84,41 +84,47 @@ class PeerCheck:
         """``{record_id: outcome}`` of the ``records`` not to use (module docstring); each record id is
         decided once, new ones in one scoring batch."""
         todo: dict[str, ExperienceRecord] = {}
+        known: dict[str, str | None] = {}  # read here: deciding new ids may evict these from the bounded cache
         for r in records:
-            if r.record_id not in self._outcomes and r.record_id not in todo:
+            if r.record_id in self._outcomes:
+                known[r.record_id] = self._outcomes[r.record_id]
+            elif r.record_id not in todo:
                 todo[r.record_id] = r
         if todo:
-            self._decide(list(todo.values()))
-        return {r.record_id: out for r in records if (out := self._outcomes[r.record_id]) is not None}
+            known.update(self._decide(list(todo.values())))
+        return {r.record_id: out for r in records if (out := known[r.record_id]) is not None}
 
-    def _decide(self, records: list[ExperienceRecord]) -> None:
+    def _decide(self, records: list[ExperienceRecord]) -> dict[str, str | None]:
+        """Decide ``records`` (new ids), cache the outcomes and return them (None: kept)."""
+        decided: dict[str, str | None] = {}
         lo, hi = REWARD_RANGE
         batch: list[tuple[ExperienceRecord, Any]] = []
         for r in records:
             problem = self._problems.get(r.prompt_id)
             if not (math.isfinite(r.reward) and lo <= r.reward <= hi):
-                self._set(r, REFUSED, f"its reward {r.reward!r} is outside the verifiers' range [{lo:g}, {hi:g}]")
+                self._set(decided, r, REFUSED, f"its reward {r.reward!r} is outside the verifiers' range [{lo:g}, {hi:g}]")
             elif problem is None:
-                self._set(r, REJECTED, f"prompt {r.prompt_id!r} is not one this learner was given")
+                self._set(decided, r, REJECTED, f"prompt {r.prompt_id!r} is not one this learner was given")
             elif r.verifier != problem.verifier:
-                self._set(r, REJECTED, f"it names verifier {r.verifier!r}; the problem's is {problem.verifier!r}")
+                self._set(decided, r, REJECTED, f"it names verifier {r.verifier!r}; the problem's is {problem.verifier!r}")
             else:
                 batch.append((r, problem))
         if not batch:
-            return
+            return decided
         verdicts = self.score_many([(p, r.response_text, r.finish_reason) for r, p in batch])
         self.rescored += len(batch)
         for (r, _), v in zip(batch, verdicts, strict=True):
             if v.skip:
-                self._set(r, REJECTED, f"the verifier cannot use the problem's gold ({v.detail or v.reason})")
+                self._set(decided, r, REJECTED, f"the verifier cannot use the problem's gold ({v.detail or v.reason})")
             elif v.reward != r.reward or v.verified != r.verified:
-                self._set(r, REJECTED, f"it claims reward {r.reward:g} (verified {r.verified}); this learner's "
-                                       f"verifier gives {v.reward:g} ({v.reason})")
+                self._set(decided, r, REJECTED, f"it claims reward {r.reward:g} (verified {r.verified}); this learner's "
+                                                f"verifier gives {v.reward:g} ({v.reason})")
             else:
-                self._set(r, None, "")
+                self._set(decided, r, None, "")
+        return decided
 
-    def _set(self, r: ExperienceRecord, outcome: str | None, why: str) -> None:
-        self._outcomes[r.record_id] = outcome
+    def _set(self, decided: dict[str, str | None], r: ExperienceRecord, outcome: str | None, why: str) -> None:
+        decided[r.record_id] = self._outcomes[r.record_id] = outcome
         while len(self._outcomes) > self.max_verdicts:
             self._outcomes.popitem(last=False)
         if outcome is None:

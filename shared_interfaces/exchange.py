@@ -87,25 +87,42 @@ class InMemoryExchange(ExperienceExchange):
         self._index: dict[tuple[str, int], list[str]] = defaultdict(list)
         self._lock = threading.RLock()
 
-    def _add(self, record: ExperienceRecord) -> bool:
-        if not isinstance(record, ExperienceRecord):
-            raise TypeError(f"publish() takes ExperienceRecord objects, got {type(record).__name__}")
-        existing = self._by_id.get(record.record_id)
-        if existing is not None:
-            if existing != record:
+    def _new(self, records: Iterable[ExperienceRecord]) -> list[ExperienceRecord]:
+        """The records of a batch that are not published yet (first occurrence of each id), after checking
+        the whole batch: a non-record or an id already held (here or earlier in the batch) with different
+        contents raises before anything is added, so a refused publish leaves the exchange as it was."""
+        batch: dict[str, ExperienceRecord] = {}
+        for record in records:
+            if not isinstance(record, ExperienceRecord):
+                raise TypeError(f"publish() takes ExperienceRecord objects, got {type(record).__name__}")
+            existing = self._by_id.get(record.record_id) or batch.get(record.record_id)
+            if existing is None:
+                batch[record.record_id] = record
+            elif existing != record:
                 raise ExchangeConflictError(
                     f"record id {record.record_id!r} (policy {record.policy_id!r}) was already published "
                     "with different contents; record ids must be unique per rollout"
                 )
-            return False
+        return list(batch.values())
+
+    def _insert(self, record: ExperienceRecord) -> None:
         self._by_id[record.record_id] = record
         self._order.append(record.record_id)
         self._index[(record.prompt_id, record.step)].append(record.record_id)
-        return True
+
+    def _add(self, record: ExperienceRecord) -> bool:
+        new = self._new([record])
+        if new:
+            self._insert(record)
+        return bool(new)
 
     def publish(self, records: Iterable[ExperienceRecord]) -> int:
+        """Add ``records`` all or none (a refused batch adds nothing); returns how many were new."""
         with self._lock:
-            return sum(self._add(r) for r in records)
+            new = self._new(records)
+            for r in new:
+                self._insert(r)
+            return len(new)
 
     def fetch_group(
         self,
@@ -173,14 +190,21 @@ class DiskLogExchange(InMemoryExchange):
                 fh.truncate(good_end)
         # split on "\n" only: str.splitlines() also breaks at U+0085, U+2028, U+2029 ..., which the
         # JSON of a record (ensure_ascii=False) carries raw when a response contains them
-        for lineno, line in enumerate(data[:good_end].decode("utf-8").split("\n"), start=1):
+        try:
+            text = data[:good_end].decode("utf-8")
+        except UnicodeDecodeError as err:
+            line_no = data.count(b"\n", 0, err.start) + 1
+            raise RecordValidationError(f"exchange log {self.path}, line {line_no}: byte {err.start} is not UTF-8 "
+                                        "(the log is corrupt: restore it from a backup)") from err
+        for lineno, line in enumerate(text.split("\n"), start=1):
             if not line.strip():
                 continue
             try:
                 rec = ExperienceRecord.from_json(line)
-            except RecordValidationError as err:
-                raise RecordValidationError(f"exchange log {self.path}, line {lineno}: {err}") from err
-            if self._add(rec):
+                added = self._add(rec)
+            except (RecordValidationError, ExchangeConflictError) as err:
+                raise type(err)(f"exchange log {self.path}, line {lineno}: {err}") from err
+            if added:
                 self._lines[rec.record_id] = line
 
     def publish(self, records: Iterable[ExperienceRecord]) -> int:
@@ -191,17 +215,21 @@ class DiskLogExchange(InMemoryExchange):
         from (a service receives records as JSON): a one-line ``line`` is logged as it is instead of
         re-encoding the record; None (or a line holding a newline) logs ``record.to_json()``."""
         with self._lock:
-            new, lines = [], []
+            items = list(items)
+            new = self._new(r for r, _ in items)  # all or none: a refused batch adds nothing, logs nothing
+            given = {}
             for r, line in items:
-                if self._add(r):
-                    new.append(r)
-                    lines.append(line if line is not None and "\n" not in line else r.to_json())
-            if new:
-                self._lines.update(zip((r.record_id for r in new), lines, strict=True))
+                given.setdefault(r.record_id, line)
+            lines = [line if (line := given[r.record_id]) is not None and "\n" not in line else r.to_json()
+                     for r in new]
+            if new:  # logged first: a failed write leaves memory as it was (a retry rewrites the batch)
                 self._fh.write("".join(line + "\n" for line in lines))
                 self._fh.flush()
                 if self.fsync:
                     os.fsync(self._fh.fileno())
+                for r in new:
+                    self._insert(r)
+                self._lines.update(zip((r.record_id for r in new), lines, strict=True))
             return len(new)
 
     def line(self, record_id: str) -> str:

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import json
 import math
+import operator
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
@@ -39,6 +40,13 @@ LOGPROB_FLOOR = -1e4
 
 FinishReason = Literal["stop", "length"]
 FINISH_REASONS = ("stop", "length")
+
+
+#: Types refused where a number is expected (Python would convert them: ``float("1")``, ``int(True)``).
+_NOT_NUMBERS = (str, bytes, bytearray, bool)
+_NOT_NUMBER_TYPES = frozenset(_NOT_NUMBERS)
+#: What a line that is not JSON raises: a syntax error, bytes that are not UTF-8, arrays nested too deep.
+_BAD_JSON = (json.JSONDecodeError, UnicodeDecodeError, RecursionError)
 
 
 class RecordValidationError(ValueError):
@@ -82,11 +90,35 @@ class ExperienceRecord:
     schema_version: int = SCHEMA_VERSION
 
     def __post_init__(self) -> None:
-        # Normalise sequences to tuples so records are hashable and immutable.
-        object.__setattr__(self, "token_ids", tuple(map(int, self.token_ids)))
-        object.__setattr__(self, "token_logprobs", tuple(map(float, self.token_logprobs)))
-        object.__setattr__(self, "reward", float(self.reward))
+        # Normalise sequences to tuples so records are hashable and immutable. Values are converted only
+        # when they are already of the right kind: a float token id (1.7), a string ("-0.5", or "12" for a
+        # whole list) or a bool is refused, not coerced.
+        object.__setattr__(self, "token_ids", self._sequence("token_ids", self.token_ids, operator.index,
+                                                             "an integer"))
+        object.__setattr__(self, "token_logprobs", self._sequence("token_logprobs", self.token_logprobs,
+                                                                  float, "a number"))
+        if isinstance(self.reward, _NOT_NUMBERS):
+            self._fail("reward", f"= {self.reward!r} must be a number")
+        try:
+            object.__setattr__(self, "reward", float(self.reward))
+        except (TypeError, ValueError, OverflowError):
+            self._fail("reward", f"= {self.reward!r} must be a finite number")
         self._validate()
+
+    def _sequence(self, name: str, values: Any, convert: Callable[[Any], Any], item: str) -> tuple:
+        """``values`` as a tuple of ``convert``-ed items; a record validation error when ``values`` is not
+        a sequence (a string, a mapping, a scalar) or holds a string, a bool or something ``convert`` refuses."""
+        if isinstance(values, (str, bytes, bytearray, Mapping)) or not isinstance(values, Iterable):
+            self._fail(name, f"= {values!r:.80} must be a list, each item {item}")
+        values = tuple(values)
+        if not _NOT_NUMBER_TYPES.isdisjoint(map(type, values)):
+            i = next(i for i, v in enumerate(values) if isinstance(v, _NOT_NUMBERS))
+            self._fail(name, f"[{i}] = {values[i]!r:.80} must be {item}")
+        try:
+            return tuple(map(convert, values))
+        except (TypeError, ValueError, OverflowError) as err:
+            self._fail(name, f"holds an item that is not {item} ({err})")
+            raise  # unreachable: _fail raises
 
     # -- validation -------------------------------------------------------------------------
     def _fail(self, fieldname: str, problem: str) -> None:
@@ -96,7 +128,7 @@ class ExperienceRecord:
         )
 
     def _validate(self) -> None:
-        if self.schema_version not in KNOWN_SCHEMA_VERSIONS:
+        if type(self.schema_version) is not int or self.schema_version not in KNOWN_SCHEMA_VERSIONS:
             self._fail(
                 "schema_version",
                 f"= {self.schema_version} is unknown (this build reads {sorted(KNOWN_SCHEMA_VERSIONS)}); "
@@ -142,7 +174,7 @@ class ExperienceRecord:
             self._fail("reward", f"= {self.reward} is not finite")
         if self.advantage is not None and (isinstance(self.advantage, bool) or not isinstance(self.advantage, (int, float))):
             self._fail("advantage", f"= {self.advantage!r} must be a number or null")
-        if self.advantage is not None and not math.isfinite(self.advantage):
+        if self.advantage is not None and not _finite(self.advantage):
             self._fail("advantage", f"= {self.advantage} is not finite")
 
     # -- views ------------------------------------------------------------------------------
@@ -166,6 +198,8 @@ class ExperienceRecord:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ExperienceRecord:
+        if not isinstance(data, dict):
+            raise RecordValidationError(f"an experience record must be a JSON object (dict), got {type(data).__name__}")
         if data.keys() == _FIELD_SET:  # the common case: every field, nothing else
             return _fast_record(cls, data) or cls(**data)
         unknown = sorted(set(data) - _FIELD_SET)
@@ -198,14 +232,22 @@ class ExperienceRecord:
     def from_json(cls, line: str | bytes) -> ExperienceRecord:
         try:
             data = _orjson.loads(line) if _orjson is not None else json.loads(line)
-        except json.JSONDecodeError as err:  # orjson.JSONDecodeError subclasses it
+        except _BAD_JSON as err:  # orjson.JSONDecodeError subclasses json's
             try:  # the stdlib also reads escaped lone surrogates, which orjson refuses
                 data = json.loads(line)
-            except json.JSONDecodeError:
+            except _BAD_JSON:
                 raise RecordValidationError(f"experience record line is not valid JSON: {err}") from err
         if not isinstance(data, dict):
             raise RecordValidationError("experience record line must hold a JSON object")
         return cls.from_dict(data)
+
+
+def _finite(x: float) -> bool:
+    """``math.isfinite``, False (not OverflowError) for an int too large for a float."""
+    try:
+        return math.isfinite(x)
+    except OverflowError:
+        return False
 
 
 _FIELD_NAMES: tuple[str, ...] = tuple(f.name for f in fields(ExperienceRecord))
@@ -223,12 +265,16 @@ def _fast_record(cls: type[ExperienceRecord], data: dict[str, Any]) -> Experienc
     if (type(ids) is not list or type(lps) is not list or type(reward) not in _NUMBER_TYPES
             or not set(map(type, ids)) <= _INT_TYPES or not set(map(type, lps)) <= _NUMBER_TYPES):
         return None
+    try:
+        lps, reward = tuple(map(float, lps)), float(reward)
+    except OverflowError:  # an int too large for a float: the slow path names the field
+        return None
     rec = object.__new__(cls)
     d = rec.__dict__
     d.update(data)
     d["token_ids"] = tuple(ids)
-    d["token_logprobs"] = tuple(map(float, lps))
-    d["reward"] = float(reward)
+    d["token_logprobs"] = lps
+    d["reward"] = reward
     rec._validate()
     return rec
 

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import random
 import re
+import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -58,6 +59,18 @@ from mrl_llm.rewards.verdict import (
 Op = Literal["+", "-", "*"]
 Split = Literal["train", "eval", "all"]
 _INT = re.compile(r"[+-]?\d+")
+
+
+def _integer(numeral: str) -> tuple[bool, str]:
+    """The value of an integer numeral (an ``_INT`` match) as ``(negative, decimal digits without leading
+    zeros)``, at any length: ``int()`` refuses numerals over 4,300 digits (a ValueError), and a response
+    may box one. ``\\d`` matches any Unicode decimal digit, so ``"١٩"`` is 19, as ``int()`` reads it."""
+    text = numeral.strip()
+    body = text.lstrip("+-")
+    if not body.isascii():
+        body = "".join(str(unicodedata.decimal(c)) for c in body)
+    digits = body.lstrip("0")
+    return (text.startswith("-") and digits != "", digits)
 
 
 @dataclass(frozen=True)
@@ -195,7 +208,7 @@ class ArithmeticVerifier:
             boxed = last_boxed(response)
             if boxed is None or not _INT.fullmatch(boxed):
                 verdict = Verdict(0.0, NO_ANSWER, boxed, detail="no \\boxed{integer} in the response")
-            elif int(boxed) == int(gold):
+            elif _integer(boxed) == _integer(gold):
                 verdict = Verdict(1.0, CORRECT, boxed)
             else:
                 verdict = Verdict(0.0, WRONG, boxed)

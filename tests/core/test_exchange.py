@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from shared_interfaces.exchange import DiskLogExchange, ExchangeConflictError, InMemoryExchange
+from shared_interfaces.records import RecordValidationError
 from tests.core.test_records import make
 
 
@@ -44,6 +45,39 @@ def test_republish_is_idempotent_and_conflicts_are_errors(exchange):
     with pytest.raises(ExchangeConflictError, match="A/0/p/0"):
         exchange.publish([bad])
     assert len(exchange) == 4
+
+
+def test_a_refused_batch_publishes_nothing(exchange, tmp_path):
+    """A batch with a conflicting record (against the exchange or within the batch) or a non-record is
+    refused whole: the records before the bad one are not half-added (the disk log used to hold them in
+    memory but not in the log, so a retry was a no-op and a restart lost them)."""
+    exchange.publish(recs()[:1])  # B/0/p/1
+    fresh = make(record_id="C/0/p/0", policy_id="C")
+    for batch, err in (([fresh, make(record_id="B/0/p/1", policy_id="B", sample_index=1, reward=0.0)],
+                        ExchangeConflictError),
+                       ([fresh, make(record_id="D/0/p/0", policy_id="D"),
+                         make(record_id="D/0/p/0", policy_id="D", reward=0.0)], ExchangeConflictError),
+                       ([fresh, "not a record"], TypeError)):
+        with pytest.raises(err):
+            exchange.publish(batch)
+        assert len(exchange) == 1 and exchange.fetch_group("p", 0).policy_ids == ("B",)
+    assert exchange.publish([fresh, fresh]) == 1 and exchange.publish([]) == 0
+    if isinstance(exchange, DiskLogExchange):
+        exchange.line("C/0/p/0")
+        exchange.close()
+        with DiskLogExchange(exchange.path) as again:
+            assert [r.record_id for r in again.records()] == ["B/0/p/1", "C/0/p/0"]
+
+
+def test_replay_names_the_log_line_of_a_conflict_or_bad_bytes(tmp_path):
+    path = tmp_path / "see.jsonl"
+    a, b = make(), make(reward=0.0)
+    path.write_text(a.to_json() + "\n" + b.to_json() + "\n")
+    with pytest.raises(ExchangeConflictError, match=r"see\.jsonl, line 2: record id 'A/0/p/0'"):
+        DiskLogExchange(path)
+    path.write_bytes(a.to_json().encode() + b"\n\xff\n")
+    with pytest.raises(RecordValidationError, match=r"see\.jsonl, line 2: byte \d+ is not UTF-8"):
+        DiskLogExchange(path)
 
 
 def test_staleness_window(exchange):

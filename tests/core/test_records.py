@@ -64,6 +64,61 @@ def test_invalid_records_are_rejected_naming_field_and_producer(kw, field):
     assert repr(producer) in msg
 
 
+@pytest.mark.parametrize(
+    "kw, field",
+    [
+        (dict(token_ids=[1.7, 2.2, 3.0]), "token_ids"),  # was truncated to (1, 2, 3)
+        (dict(token_ids=["1", "2", "3"]), "token_ids"),  # was parsed
+        (dict(token_ids="123"), "token_ids"),  # was (1, 2, 3)
+        (dict(token_ids={1: 0, 2: 0, 3: 0}), "token_ids"),  # was its keys
+        (dict(token_ids=[True, False, True]), "token_ids"),
+        (dict(token_ids=None), "token_ids"),  # was a TypeError
+        (dict(token_ids=[[1], [2], [3]]), "token_ids"),
+        (dict(token_logprobs=["-0.5", "-1", "0"]), "token_logprobs"),
+        (dict(token_logprobs=[False, False, False]), "token_logprobs"),
+        (dict(token_logprobs=[None, -1.0, 0.0]), "token_logprobs"),
+        (dict(token_logprobs=[-10**400, -1.0, 0.0]), "token_logprobs"),  # was an OverflowError
+        (dict(reward="1.0"), "reward"),
+        (dict(reward=True), "reward"),
+        (dict(reward=None), "reward"),
+        (dict(reward=10**400), "reward"),
+        (dict(advantage=10**400), "advantage"),
+        (dict(schema_version=[1]), "schema_version"),  # was "unhashable type"
+        (dict(schema_version=True), "schema_version"),
+        (dict(schema_version=1.0), "schema_version"),
+    ],
+)
+def test_odd_types_are_refused_not_coerced(kw, field):
+    """A peer's record with a field of the wrong type is refused naming the field (a RecordValidationError,
+    which the exchange reports with the producer), never coerced (``int(1.7)``, ``float("1")``) nor
+    raised as a bare TypeError / OverflowError; the same through from_dict and from_json."""
+    with pytest.raises(RecordValidationError, match=f"'{field}'"):
+        make(**kw)
+    d = {**make().to_dict(), **kw}
+    with pytest.raises(RecordValidationError, match=f"'{field}'"):
+        ExperienceRecord.from_dict(d)
+    try:
+        line = json.dumps(d)
+    except TypeError:  # not JSON (a tuple key): the dict paths above are the test
+        return
+    with pytest.raises(RecordValidationError, match=f"'{field}'"):
+        ExperienceRecord.from_json(line)
+
+
+@pytest.mark.parametrize("orjson", [True, False])
+def test_lines_that_are_not_json_records_are_validation_errors(monkeypatch, orjson):
+    import shared_interfaces.records as records
+
+    if not orjson:
+        monkeypatch.setattr(records, "_orjson", None)
+    for line in ["[" * 100_000, '{"record_id": ' + "[" * 5000 + "]" * 5000 + "}", b"\xff\xfe{}", ""]:
+        with pytest.raises(RecordValidationError, match="not valid JSON"):
+            ExperienceRecord.from_json(line)
+    with pytest.raises(RecordValidationError, match="JSON object"):
+        ExperienceRecord.from_dict([1, 2])  # type: ignore[arg-type]
+    assert ExperienceRecord.from_json(make(token_ids=(), token_logprobs=()).to_json()).token_ids == ()
+
+
 def test_records_are_frozen_and_hashable():
     r = make()
     with pytest.raises(dataclasses.FrozenInstanceError):

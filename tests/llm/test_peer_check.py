@@ -78,6 +78,19 @@ def test_honest_records_pass_forged_ones_are_quarantined_once_per_record(caplog)
     assert "from policy 'A'" in msg and "claims reward 1" in msg and "gives 0" in msg
 
 
+def test_verdicts_evicted_from_the_bounded_cache_by_the_same_call_still_count():
+    """A call whose new records push its already-decided ones out of the verdict cache (more records in
+    the window than ``max_verdicts``) answered with a KeyError; each record's outcome is still reported."""
+    scorer = Scorer()
+    check = PeerCheck("B", scorer, max_verdicts=3)
+    check.remember(PROBS.values())
+    old = [rec("A", "p0", g, "42", 1.0) for g in range(2)] + [rec("A", "p2", 0, "a long wrong answer", 1.0)]
+    assert check(old) == {old[2].record_id: REJECTED}
+    new = [rec("A", "p1", g, "a long wrong answer", 1.0) for g in range(3)]
+    assert check(old + new) == {r.record_id: REJECTED for r in [old[2], *new]}
+    assert scorer.calls == [3, 3]
+
+
 def test_rewards_outside_the_verifiers_range_are_refused_naming_the_producer(caplog):
     check, scorer = make_check()
     bad = [rec("A", "p0", 0, "42", 5.0), rec("C", "p0", 1, "42", -1.0)]

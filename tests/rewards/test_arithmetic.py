@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mrl_llm.rewards import ArithmeticTask, Family, UnparsableGoldError, arithmetic_reward, reference_response
-from mrl_llm.rewards.arithmetic import FAMILIES, ArithmeticVerifier
+from mrl_llm.rewards.arithmetic import FAMILIES, ArithmeticVerifier, arithmetic_verdict
 
 
 def test_generation_is_deterministic_and_ids_unique():
@@ -106,3 +106,21 @@ def test_task_from_a_config_mapping():
     )
     assert task.family_names == ("add", "big")
     assert len(task.problems("all", ["big"])) == 1000
+
+
+def test_numerals_longer_than_python_int_limit_are_scored_not_raised():
+    """``int()`` refuses over 4,300 digits (ValueError from inside score); the verdict compares the digits."""
+    v = ArithmeticVerifier()
+    huge = "9" * 100_000
+    assert v.score(rf"\boxed{{{huge}}}", "19").reason == "wrong"
+    assert v.score(rf"\boxed{{{huge}}}", huge).correct
+    assert v.score(rf"\boxed{{-000{huge}}}", f"-{huge}").correct
+    assert v.score(rf"\boxed{{{huge}8}}", huge).reason == "wrong"
+    assert v.score(r"\boxed{19}", huge).reason == "wrong"
+
+
+@given(a=st.integers(-10**6, 10**6), b=st.integers(-10**6, 10**6), pad=st.integers(0, 3), plus=st.booleans())
+def test_integer_comparison_is_int_equality(a, b, pad, plus):
+    text = ("-" if a < 0 else "+" if plus else "") + "0" * pad + str(abs(a))
+    assert (arithmetic_verdict(rf"\boxed{{{text}}}", str(b)).correct) == (a == b)
+    assert arithmetic_verdict(r"\boxed{١٩}", "19").correct and arithmetic_verdict(r"\boxed{-0}", "0").correct

@@ -76,3 +76,16 @@ def test_plain_function():
     assert mcq_reward("the answer is b", "B", finish_reason="length") == 0.0
     with pytest.raises(UnparsableGoldError):
         mcq_reward("B", "not a letter at all")
+
+
+@pytest.mark.parametrize("text", ["Answer" + " " * 20_000 + "!", "Answer:" + "\n" * 20_000, "answer:" + " :*" * 20_000,
+                                  "the answer is b z " * 100_000, "answer: B " * 100_000])
+def test_adversarial_text_is_scored_in_linear_time(text):
+    """Long whitespace runs after "Answer" made the phrase regex backtrack cubically (1,000 spaces: 8 s;
+    20,000: hours), and many phrases made the scan quadratic; each of these now takes milliseconds."""
+    import time
+
+    t0 = time.perf_counter()
+    letter = choice_letter(text)
+    assert time.perf_counter() - t0 < 2.0
+    assert letter == ("B" if text.startswith("answer: B") else None)
