@@ -10,11 +10,15 @@ generated token and 6N per trained token are common factors, so the split is the
 
 * ``n_gpus >= n_policies``: whole GPUs by largest remainder, at least one each (split pools);
 * ``0 < n_gpus < n_policies``: every policy shares GPUs, fractions proportional to cost (colocated);
-* ``n_gpus == 0``: CPU workers by largest remainder, at least one each, if there are enough CPUs.
+* ``n_gpus == 0``: CPU workers by largest remainder, at least one each.
+
+In every mode the CPUs are split by largest remainder, at least one each, so there must be at least one CPU per
+policy (an :class:`AllocationError` otherwise).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -35,11 +39,17 @@ class PolicySpec:
     dtype: Literal["fp32", "bf16", "fp16"] = "bf16"
 
     def __post_init__(self) -> None:
+        for f in ("n_params", "rollouts_per_step", "max_response_len", "prompt_len"):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise AllocationError(f"policy {self.name!r}: {f} must be an integer, got {v!r}")
         for f in ("n_params", "rollouts_per_step", "max_response_len"):
             if getattr(self, f) < 1:
                 raise AllocationError(f"policy {self.name!r}: {f} must be >= 1, got {getattr(self, f)}")
         if self.prompt_len < 0:
             raise AllocationError(f"policy {self.name!r}: prompt_len must be >= 0")
+        if self.dtype not in ("fp32", "bf16", "fp16"):
+            raise AllocationError(f"policy {self.name!r}: dtype must be fp32, bf16 or fp16, got {self.dtype!r}")
 
     @property
     def step_cost(self) -> float:
@@ -52,6 +62,16 @@ class Resources:
     gpu_memory_gib: float = 0.0
     n_cpus: int = 1
     ram_gib: float = 1.0
+
+    def __post_init__(self) -> None:
+        for f, least in (("n_gpus", 0), ("n_cpus", 1)):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, int) or v < least:
+                raise AllocationError(f"resources: {f} must be an integer >= {least}, got {v!r}")
+        for f in ("gpu_memory_gib", "ram_gib"):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, int | float) or not (0 <= v < math.inf):
+                raise AllocationError(f"resources: {f} must be a finite number >= 0, got {v!r}")
 
 
 @dataclass(frozen=True)
@@ -98,23 +118,21 @@ def plan_proportional(policies: Sequence[PolicySpec], resources: Resources) -> A
     total = sum(costs)
     shares = [c / total for c in costs]
     n = len(policies)
+    if resources.n_cpus < n:
+        raise AllocationError(
+            f"{n} policies need at least {n} CPUs (one each), the cluster has {resources.n_cpus}; "
+            "add CPUs or place fewer policies"
+        )
+    cpus = _largest_remainder(shares, resources.n_cpus, 1)
     if resources.n_gpus >= n:
-        gpus = _largest_remainder(shares, resources.n_gpus, 1)
-        cpus = _largest_remainder(shares, max(resources.n_cpus, n), 1)
         mode = "split"
-        gpu_alloc = [float(g) for g in gpus]
+        gpu_alloc = [float(g) for g in _largest_remainder(shares, resources.n_gpus, 1)]
     elif resources.n_gpus > 0:
         mode = "colocated"
         gpu_alloc = [s * resources.n_gpus for s in shares]
-        cpus = _largest_remainder(shares, max(resources.n_cpus, n), 1)
     else:
-        if resources.n_cpus < n:
-            raise AllocationError(
-                f"{n} policies need at least {n} CPUs on a GPU-less cluster, it has {resources.n_cpus}"
-            )
         mode = "cpu"
         gpu_alloc = [0.0] * n
-        cpus = _largest_remainder(shares, resources.n_cpus, 1)
     allocs = tuple(
         PolicyAllocation(p.name, gpu_alloc[i], cpus[i], p.rollouts_per_step, shares[i])
         for i, p in enumerate(policies)

@@ -25,9 +25,10 @@ from mrl_llm.distributed.memory import GiB, MemoryModel
 from shared_interfaces.config_io import ConfigError, from_mapping, load_yaml
 from shared_interfaces.mwra import Resources
 
-#: The largest cluster a plan is made for (the plan lists every device: 1024 8-GPU nodes take seconds) and the most
-#: GPUs a node may have.
-MAX_NODES, MAX_GPUS_PER_NODE = 1024, 64
+#: The largest cluster a plan is made for (the plan lists every device: 1024 8-GPU nodes take seconds), the most
+#: GPUs a node may have, and the most GiB a GPU or a node's RAM may have (1 PiB: far above any machine, far below
+#: what overflows the byte counts to infinity and a vLLM engine's share of its GPU to 0).
+MAX_NODES, MAX_GPUS_PER_NODE, MAX_MEMORY_GIB = 1024, 64, 2**20
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,9 @@ class NodeSpec:
                               "describe the nodes the run will use")
         if self.gpus > 0 and self.gpu_memory_gib <= 0:
             raise ConfigError(f"node spec {self}: gpus > 0 needs gpu_memory_gib > 0")
+        if self.gpu_memory_gib > MAX_MEMORY_GIB or self.ram_gib > MAX_MEMORY_GIB:
+            raise ConfigError(f"node spec {self}: gpu_memory_gib and ram_gib are GiB, at most {MAX_MEMORY_GIB}; give "
+                              "the memory one GPU and one node have")
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,9 @@ Everything is in bytes; ``e`` is the bytes per element of the policy's dtype (fp
 
 Training state, sharded FSDP-style over ``k`` devices (``k = 1``: unsharded):
 
-* weights ``N w / k`` (+ one gathered FSDP unit when ``k > 1``: a layer ``N_layer e``, or the whole model
+* weights ``N w / k`` (+ the gathered FSDP units when ``k > 1``: a layer and the root unit ``(N_layer + N_root) e``
+  (the root, ``N_root = N - L N_layer``: embeddings, final norm and LM head, stays gathered through each forward
+  and backward, :mod:`mrl_llm.parallel.fsdp`), or the whole model
   ``N e`` with ``fsdp_unit: model`` or ``grad_sync: mini_batch``; ``fsdp_unit: none``, replicas: ``k = 1`` for all of the state), where ``w = 4`` under mixed
   precision (``e < 4`` and ``master_weights``: the trainable weights ARE the fp32 master copy and forward
   and backward run under autocast, :mod:`mrl_llm.precision`), else ``w = e``;
@@ -55,6 +57,11 @@ DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 Dtype = Literal["fp32", "bf16", "fp16"]
 
 
+#: The ``config.json`` keys :meth:`ModelShape.from_hf_config` reads as integers.
+SIZE_KEYS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads", "intermediate_size",
+             "vocab_size", "head_dim", "n_embd", "n_layer", "n_head", "n_inner", "n_positions")
+
+
 class ShapeError(ValueError):
     """A model shape could not be determined; the message says what to pass instead."""
 
@@ -81,6 +88,9 @@ class ModelShape:
                 raise ShapeError(f"model shape: {f} must be >= 1, got {getattr(self, f)}")
         if self.head_dim == 0:
             object.__setattr__(self, "head_dim", self.hidden_size // self.n_heads)
+        if self.head_dim < 1:
+            raise ShapeError(f"model shape: head_dim must be >= 1, got {self.head_dim} (hidden_size "
+                             f"{self.hidden_size} // {self.n_heads} heads); give head_dim or fewer attention heads")
 
     @property
     def q_width(self) -> int:
@@ -130,6 +140,14 @@ class ModelShape:
             )
         except KeyError as err:
             raise ShapeError(f"{where}: missing key {err.args[0]!r} needed for the memory estimate") from err
+        except (TypeError, ValueError) as err:
+            if isinstance(err, ShapeError):
+                raise
+            optional = ("num_key_value_heads", "head_dim", "n_inner")  # null: the default
+            bad = {k: v for k, v in cfg.items() if k in SIZE_KEYS and not (isinstance(v, int) and not isinstance(v, bool))
+                   and not (v is None and k in optional)}
+            raise ShapeError(f"{where}: the model's sizes must be integers, got {bad or err}; fix them in the "
+                             "config") from err
 
     @classmethod
     def from_model_dir(cls, path: str | Path) -> ModelShape:
@@ -233,6 +251,9 @@ class MemoryModel:
     def __post_init__(self) -> None:
         if not (0 < self.usable_fraction <= 1):
             raise ValueError(f"usable_fraction must be in (0, 1], got {self.usable_fraction}")
+        for f in ("process_overhead_gib", "host_process_gib"):
+            if not (0 <= getattr(self, f) < float("inf")):
+                raise ValueError(f"{f} must be a finite number >= 0 (GiB per process), got {getattr(self, f)}")
 
 
 @dataclass(frozen=True)
@@ -276,7 +297,8 @@ def training_bytes(p: PolicyFootprint, shards: int = 1) -> MemoryBreakdown:
     sh, e, n = p.shape, DTYPE_BYTES[p.dtype], p.n_params
     whole = full_model_bytes(p).weights  # N w
     kept = shards > 1 and p.grad_sync == "mini_batch"  # every unit gathered through a mini-batch, grads unsharded
-    gathered = (sh.layer_params if p.fsdp_unit == "layer" and not kept else n) * e  # the full weights gathered at once
+    root = n - sh.n_layers * sh.layer_params  # embeddings, final norm, LM head: the root unit, gathered through each pass
+    gathered = (sh.layer_params + root if p.fsdp_unit == "layer" and not kept else n) * e  # gathered at once
     weights = whole / shards + (gathered if shards > 1 else 0)
     if p.kl_coef > 0:
         weights += n * e / shards + (n * e if kept else 0)

@@ -13,6 +13,7 @@ dtype                  ``dtype`` (fp32 / bf16 / fp16; float32 / bfloat16 / float
 rollouts per step      ``rollouts_per_step``, else ``prompts_per_step`` x ``group_size``
 lengths                ``max_prompt_len`` / ``prompt_len``; ``max_new_tokens`` / ``max_response_len``
 training               ``micro_batch`` / ``micro_batch_size``; ``gradient_checkpointing``; ``kl_coef``;
+                       ``optimizer`` (adamw / adam: fp32 moments; sgd: none);
                        ``max_tokens_per_micro_batch``; ``logprob_chunk`` (default
                        :data:`DEFAULT_LOGPROB_CHUNK`, the trainer's; null: unchunked)
 engine                 ``engine`` (hf / vllm)
@@ -38,6 +39,7 @@ from shared_interfaces.mwra import AllocationError
 
 _MISSING = object()
 DEFAULT_LOGPROB_CHUNK = 1024  # = mrl_llm.config.TrainSection.logprob_chunk (a test pins the two equal)
+OPTIMIZERS = {"adamw": "adamw", "adam": "adamw", "sgd": "sgd"}  # adam's state is adamw's: two fp32 moments
 DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "fp32": "fp32", "bf16": "bf16", "fp16": "fp16"}
 
 
@@ -109,6 +111,9 @@ def footprints_from_config(data: Mapping[str, Any], base: Path = Path(".")) -> l
         dtype = DTYPES.get(str(_get(pol, data, "dtype", default="bf16")))
         if dtype is None:
             raise ConfigError(f"{where}.dtype must be one of {sorted(DTYPES)}")
+        optimizer = OPTIMIZERS.get(str(_get(pol, data, "optimizer", default="adamw")))
+        if optimizer is None:
+            raise ConfigError(f"{where}.train.optimizer must be one of {sorted(OPTIMIZERS)}")
         rollouts = _get(pol, data, "rollouts_per_step", default=None)
         if rollouts is None:
             rollouts = int(_get(pol, data, "prompts_per_step", "batch_prompts", default=1)) * int(
@@ -120,7 +125,7 @@ def footprints_from_config(data: Mapping[str, Any], base: Path = Path(".")) -> l
             max_response_len=int(_get(pol, data, "max_new_tokens", "max_response_len", default=256)),
             micro_batch=int(_get(pol, data, "micro_batch", "micro_batch_size", default=1)),
             grad_checkpointing=bool(_get(pol, data, "gradient_checkpointing", "grad_checkpointing", default=False)),
-            kl_coef=float(_get(pol, data, "kl_coef", default=0.0)),
+            kl_coef=float(_get(pol, data, "kl_coef", default=0.0)), optimizer=optimizer,  # type: ignore[arg-type]
             logprob_chunk=int(_get(pol, data, "logprob_chunk", default=DEFAULT_LOGPROB_CHUNK) or 0),
             max_tokens_per_micro_batch=int(_get(pol, data, "max_tokens_per_micro_batch", default=0) or 0),
             engine=str(_get(pol, data, "engine", default="hf")),  # type: ignore[arg-type]

@@ -4,15 +4,16 @@ Layouts (``mode``):
 
 * ``colocated`` — rollout and training share GPUs. With ``n_gpus >= P`` each policy gets whole GPUs,
   apportioned by step cost ``N * rollouts * seq_len`` (largest remainder, at least one each), trains
-  FSDP-sharded over them and runs one rollout engine per GPU. With ``n_gpus < P`` policies share GPUs:
+  FSDP-sharded over them and runs one rollout engine per GPU (on a cluster of mixed GPUs the policies that need
+  most memory on one GPU take the largest GPUs first). With ``n_gpus < P`` policies share GPUs:
   each goes to the least-loaded GPU (most free memory) and holds a fraction of it equal to its share of
   that GPU's estimated memory (fractional GPUs for small models).
 * ``split`` — separate pools: each policy gets at least 2 whole GPUs, half (rounded down) for its rollout
-  engines and the rest for its trainer. Preferred for asynchronous training, where generation and
-  training overlap; ``colocated`` is preferred for synchronous steps, where they alternate. On a cluster
-  without GPUs (``mode="split"`` asked for) the pools are CPU slots: each policy gets ``ranks`` trainer
-  slots (its shards) and ``ranks`` rollout slots (an engine each, with a full copy of the weights), each on
-  the node with most free RAM, and its CPUs are shared over all of them as in ``cpu`` mode.
+  engines and the rest for its trainer (the largest GPUs first, as in ``colocated``). Preferred for asynchronous
+  training, where generation and training overlap; ``colocated`` is preferred for synchronous steps, where
+  they alternate. On a cluster without GPUs (``mode="split"`` asked for) the pools are CPU slots: each policy
+  gets ``ranks`` trainer slots (its shards) and ``ranks`` rollout slots (an engine each, with a full copy of the
+  weights), each on the node with most free RAM, and its CPUs are shared over all of them as in ``cpu`` mode.
 * ``cpu`` — no GPUs: each policy gets ``ranks`` CPU slots (its worker group, ``policies[].ranks``), each on
   the node with most free RAM, and its share of CPUs split over them (whole CPUs, largest remainder, at least
   one each, or with fewer CPUs than slots a fractional share and one thread). A rank holds its shard of the
@@ -286,25 +287,29 @@ def _host_loads(fps: Sequence[PolicyFootprint], slots: list[_Slot], cluster: Clu
 def _gpu_slots(fps: Sequence[PolicyFootprint], cluster: ClusterSpec, mode: str, shares: list[float]) -> list[_Slot]:
     gpus, n = cluster.gpus(), len(fps)
     slots: list[_Slot] = []
+    order = list(range(n))  # the order policies take their whole GPUs in, from the first
+    if len({g.capacity_bytes for g in gpus}) > 1:  # mixed GPUs: the largest to the policies that need most on one
+        gpus = sorted(gpus, key=lambda g: -g.capacity_bytes)
+        order.sort(key=lambda i: -_slot_memory(fps[i], _Slot(i, gpus[0], "colocated"), 1, 1, cluster).total)
     if mode == "split":
         if len(gpus) < 2 * n:
             raise AllocationError(
                 f"split pools need at least 2 GPUs per policy ({2 * n} for {n} policies); the cluster has "
                 f"{len(gpus)}; use --mode colocated"
             )
-        pos = 0
-        for i, k in enumerate(apportion(shares, len(gpus), 2)):
-            n_roll = k // 2
-            for j in range(k):
+        counts, pos = apportion(shares, len(gpus), 2), 0
+        for i in order:
+            n_roll = counts[i] // 2
+            for j in range(counts[i]):
                 slots.append(_Slot(i, gpus[pos + j], "rollout" if j < n_roll else "train"))
-            pos += k
-        return slots
+            pos += counts[i]
+        return sorted(slots, key=lambda s: s.policy)
     if len(gpus) >= n:
-        pos = 0
-        for i, k in enumerate(apportion(shares, len(gpus), 1)):
-            slots.extend(_Slot(i, gpus[pos + j], "colocated") for j in range(k))
-            pos += k
-        return slots
+        counts, pos = apportion(shares, len(gpus), 1), 0
+        for i in order:
+            slots.extend(_Slot(i, gpus[pos + j], "colocated") for j in range(counts[i]))
+            pos += counts[i]
+        return sorted(slots, key=lambda s: s.policy)
     # fewer GPUs than policies: share GPUs, largest policies first, each to the emptiest GPU
     used = {g.name: 0.0 for g in gpus}
     for i in sorted(range(n), key=lambda i: -_slot_memory(fps[i], _Slot(i, gpus[0], "colocated"), 1,

@@ -36,6 +36,25 @@ def test_colocated_fractional_gpus_and_cpu_mode():
         plan_proportional(specs() + specs(), Resources(n_cpus=8))
 
 
+
+def test_cpus_are_never_over_allocated_and_bad_resources_are_refused():
+    # GPU modes split the CPUs too, one each at least: fewer CPUs than policies is an error, not 2 CPUs of 1
+    for n_gpus in (0, 1, 2, 8):
+        with pytest.raises(AllocationError, match="2 policies need at least 2 CPUs .*add CPUs"):
+            plan_proportional(specs(), Resources(n_gpus=n_gpus, n_cpus=1))
+        plan = plan_proportional(specs(), Resources(n_gpus=n_gpus, n_cpus=3))
+        assert sum(a.cpus for a in plan.allocations) == 3 and min(a.cpus for a in plan.allocations) >= 1
+    for bad in (dict(n_gpus=-1), dict(n_gpus=2.5), dict(n_cpus=0), dict(n_cpus=True), dict(ram_gib=float("nan")),
+                dict(gpu_memory_gib=-1.0), dict(gpu_memory_gib=float("inf"))):
+        with pytest.raises(AllocationError, match=f"resources: {next(iter(bad))} must be"):
+            Resources(**bad)
+    for bad in (dict(n_params=float("nan")), dict(n_params=1.5e9), dict(rollouts_per_step=2.0)):
+        with pytest.raises(AllocationError, match=f"{next(iter(bad))} must be an integer"):
+            PolicySpec(**(dict(name="p", n_params=10, tokenizer_id="t", rollouts_per_step=1, max_response_len=1) | bad))
+    with pytest.raises(AllocationError, match="dtype must be fp32, bf16 or fp16, got 'int8'"):
+        PolicySpec("p", 10, "t", 1, 1, dtype="int8")  # type: ignore[arg-type]
+
+
 @dataclass(frozen=True)
 class Inner:
     lr: float = 1e-3

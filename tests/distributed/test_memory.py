@@ -91,8 +91,10 @@ def test_training_bytes_hand_computed() -> None:
     fp32 = training_bytes(_tiny(dtype="fp32", optimizer="sgd"))
     assert (fp32.gradients, fp32.optimizer) == (4 * n, 0)
     sharded = training_bytes(_tiny(kl_coef=0.01), shards=4)
-    # fp32 master shard + the gathered layer in bf16 + the bf16 reference copy's shard
-    assert sharded.weights == 4 * n / 4 + 2 * p.shape.layer_params + 2 * n / 4
+    # fp32 master shard + the gathered layer and root unit (embed 80 + head 80 + norm 8) in bf16 + the bf16
+    # reference copy's shard
+    assert n - 2 * p.shape.layer_params == 80 + 80 + 8
+    assert sharded.weights == 4 * n / 4 + 2 * (p.shape.layer_params + 168) + 2 * n / 4
     assert sharded.optimizer == 8 * n / 4
     whole = training_bytes(_tiny(kl_coef=0.01, fsdp_unit="model"), shards=4)  # the whole model is one FSDP unit
     assert whole.weights == 4 * n / 4 + 2 * n + 2 * n / 4
@@ -131,3 +133,33 @@ def test_kv_and_rollout_bytes() -> None:
     assert rollout_bytes(p, 3, own_weights=False).weights == 0
     with pytest.raises(ValueError, match="micro_batch must be >= 1"):
         _tiny(micro_batch=0)
+
+
+def test_the_root_unit_is_gathered_beside_a_layer_with_tied_and_untied_embeddings() -> None:
+    # FSDP2's root unit (embeddings, final norm, LM head) stays gathered through the whole forward and backward
+    for tied in (False, True):
+        shape = ModelShape(n_layers=3, hidden_size=8, n_heads=2, n_kv_heads=1, intermediate_size=16, vocab_size=10,
+                           tie_embeddings=tied)
+        p = PolicyFootprint(name="t", shape=shape, dtype="bf16", prompt_len=3, max_response_len=5)
+        root = (10 if tied else 20) * 8 + 8
+        assert training_bytes(p, shards=2).weights == 4 * p.n_params / 2 + 2 * (shape.layer_params + root)
+
+
+def test_bad_shapes_and_memory_constants_are_refused_with_what_to_fix() -> None:
+    from mrl_llm.distributed.memory import MemoryModel
+
+    cfg = dict(model_type="llama", hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+               vocab_size=100)
+    with pytest.raises(ShapeError, match="sizes must be integers, got {'hidden_size': None}; fix them"):
+        ModelShape.from_hf_config(cfg | {"hidden_size": None, "head_dim": None})  # head_dim: null is its default
+    with pytest.raises(ShapeError, match="got {'num_hidden_layers': 'two'}"):
+        ModelShape.from_hf_config(cfg | {"num_hidden_layers": "two"})
+    with pytest.raises(ShapeError, match="head_dim must be >= 1, got 0.*give head_dim"):
+        ModelShape.from_hf_config(cfg | {"num_attention_heads": 64})  # 32 // 64 = 0: no attention, no KV cache
+    assert ModelShape.from_hf_config(cfg | {"num_attention_heads": 64, "head_dim": 8}).kv_width == 64 * 8
+    for f in ("process_overhead_gib", "host_process_gib"):
+        with pytest.raises(ValueError, match=f"{f} must be a finite number >= 0"):
+            MemoryModel(**{f: -1.0})
+        with pytest.raises(ValueError, match=f"{f} must be a finite number >= 0"):
+            MemoryModel(**{f: float("nan")})
+    assert MemoryModel(process_overhead_gib=0.0, host_process_gib=0.0).process_overhead_gib == 0.0

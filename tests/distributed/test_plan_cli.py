@@ -46,3 +46,21 @@ def test_plan_cli_prints_and_refuses(tmp_path, capsys) -> None:
     cfg.write_text(yaml.safe_dump({"policies": [{"name": "x", "model_dir": "nowhere/xyz"}]}))
     assert main(["--config", str(cfg)]) == 2
     assert "not a known architecture" in capsys.readouterr().err
+
+
+def test_config_adapter_reads_the_optimizer() -> None:
+    import pytest
+
+    from mrl_llm.distributed.memory import training_bytes
+    from shared_interfaces.config_io import ConfigError
+
+    def with_opt(opt: str | None) -> dict:
+        pols = [dict(p) | {"train": dict(p["train"]) | ({"optimizer": opt} if opt else {})} for p in PAPER["policies"]]
+        return PAPER | {"policies": pols}
+
+    assert [f.optimizer for f in footprints_from_config(with_opt(None))] == ["adamw", "adamw"]
+    assert [f.optimizer for f in footprints_from_config(with_opt("adam"))] == ["adamw", "adamw"]  # same two moments
+    sgd = footprints_from_config(with_opt("sgd"))
+    assert [f.optimizer for f in sgd] == ["sgd", "sgd"] and training_bytes(sgd[0]).optimizer == 0  # no state
+    with pytest.raises(ConfigError, match=r"policies\[0\].train.optimizer must be one of"):
+        footprints_from_config(with_opt("lion"))

@@ -182,7 +182,34 @@ def test_cluster_files(tmp_path) -> None:
     for nodes, msg in (("[{count: 100000, gpus: 8, gpu_memory_gib: 80, cpus: 2, ram_gib: 8}]", "at most 1024 nodes"),
                        ("[{gpus: 100000000, gpu_memory_gib: 80, cpus: 2, ram_gib: 8}]", "64 GPUs a node"),
                        ("[{count: 1000, cpus: 2, ram_gib: 8}, {count: 25, cpus: 2, ram_gib: 8}]",
-                        "1025 nodes, at most 1024")):
+                        "1025 nodes, at most 1024"),
+                       # 1e300 GiB is infinite bytes: the plan fit anything and vLLM's GPU share came out 0
+                       ("[{gpus: 1, gpu_memory_gib: 1e300, cpus: 2, ram_gib: 8}]", "are GiB, at most 1048576"),
+                       ("[{cpus: 2, ram_gib: 2e6}]", "are GiB, at most 1048576")):
         bad.write_text(f"nodes: {nodes}\n")
         with pytest.raises(ConfigError, match=msg):
             load_cluster(bad)
+    bad.write_text("nodes: [{gpus: 1, gpu_memory_gib: 1048576, cpus: 2, ram_gib: 1048576}]\n")
+    assert load_cluster(bad).n_gpus == 1  # the bound itself is accepted
+    bad.write_text("nodes: [{gpus: 2, gpu_memory_gib: 80, cpus: 2, ram_gib: 8}]\nmemory_model: {process_overhead_gib: -100}\n")
+    with pytest.raises(ConfigError, match="process_overhead_gib must be a finite number >= 0"):
+        load_cluster(bad)  # a negative overhead made every device's total negative, so anything fit
+
+
+@pytest.mark.parametrize("mode", ["colocated", "split"])
+def test_mixed_gpus_go_to_the_policy_that_needs_them_whatever_the_order(mode: str) -> None:
+    # a 1.5B policy needs more than a 16 GiB GPU, a tiny one fits anywhere: in either config order and either node
+    # order, the large GPUs go to the large policy (taken in config order, it got the 16 GiB one and did not fit)
+    big = replace(paper_pair()[0], rollouts_per_step=64, prompt_len=512, max_response_len=1024, micro_batch=2)
+    tiny = cpu_demo()[1]
+    per_node = 2 if mode == "split" else 1
+    small, large = (NodeSpec(gpus=per_node, gpu_memory_gib=g, cpus=4, ram_gib=64) for g in (16, 80))
+    for fps in ([big, tiny], [tiny, big]):
+        for nodes in ((small, large), (large, small)):
+            plan = plan_placement(fps, ClusterSpec("mixed", nodes), mode=mode)
+            _check_consistent(plan)
+            on = {p.policy: {d.split("/")[0] for d in p.bundle_devices} for p in plan.policies}
+            assert on == {big.name: {f"node{nodes.index(large)}"}, tiny.name: {f"node{nodes.index(small)}"}}
+    # a cluster of equal GPUs keeps the config order: the first policy takes the first GPUs
+    same = plan_placement([tiny, big], ClusterSpec("same", (replace(large, gpus=2),)), mode="colocated")
+    assert [p.bundle_devices for p in same.policies] == [("node0/gpu0",), ("node0/gpu1",)]
