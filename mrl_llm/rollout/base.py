@@ -39,6 +39,23 @@ def generation_eos_ids(model_dir: str | Path | None) -> tuple[int, ...]:
     return tuple(sorted(set(items)))
 
 
+def check_prompts(prompts: Sequence[Sequence[int]], *, vocab_size: int | None, max_len: int | None) -> None:
+    """A ``ValueError`` naming the first prompt that is empty, holds an id outside ``[0, vocab_size)``, or
+    leaves no room for a response within ``max_len`` positions (prompt + response; ``None``: no limit)."""
+    for i, p in enumerate(prompts):
+        if len(p) == 0:
+            raise ValueError(f"prompt {i} has no tokens; apply the template (and BOS) first")
+        if vocab_size is not None:
+            bad = next((t for t in p if not 0 <= t < vocab_size), None)
+            if bad is not None:
+                raise ValueError(f"prompt {i}: token id {bad} is outside the model's vocabulary [0, {vocab_size}); "
+                                 "encode the prompts with the policy's own tokenizer")
+        if max_len is not None and len(p) >= max_len:
+            raise ValueError(f"prompt {i} has {len(p)} tokens, leaving no room for a response within the model's "
+                             f"{max_len} positions (max_position_embeddings / max_model_len); shorten the prompt or "
+                             "lower max_prompt_len")
+
+
 @dataclass(frozen=True)
 class SamplingConfig:
     temperature: float = 1.0
@@ -68,7 +85,7 @@ class SamplingConfig:
 @dataclass(frozen=True)
 class Sample:
     """One generated response: token ids (EOS included when generated), their behaviour log-probs,
-    ``finish_reason`` (``stop`` on EOS, ``length`` when ``max_new_tokens`` ran out) and the decoded
+    ``finish_reason`` (``stop`` on EOS, ``length`` when ``max_new_tokens`` or the model's positions ran out) and the decoded
     text (special tokens skipped)."""
 
     token_ids: tuple[int, ...]
@@ -84,7 +101,8 @@ class RolloutEngine(abc.ABC):
     def generate(
         self, prompt_token_ids: Sequence[Sequence[int]], n: int, sampling: SamplingConfig
     ) -> list[list[Sample]]:
-        """``n`` samples for each prompt (token ids in the policy's tokenizer, template applied)."""
+        """``n`` samples for each prompt (token ids in the policy's tokenizer, template applied); a prompt that
+        :func:`check_prompts` refuses is a ``ValueError`` naming it."""
 
     @abc.abstractmethod
     def sync_weights(self, model: torch.nn.Module) -> None:

@@ -7,7 +7,7 @@ log-probs (:func:`mrl_llm.logprobs.response_logprobs`) and the check compares, t
 
 over all probe tokens. At equal weights and dtype this is float error (~1e-6 in fp32); a bf16 engine
 against an fp32 trainer is ~1e-2; stale or mis-loaded weights give O(1). The mean is logged at every
-sync. Above ``threshold``, ``on_exceed = "stop"`` raises :class:`DriftError`, naming the fix, and
+sync. Above ``threshold`` (or not a number: a NaN log-prob on either side), ``on_exceed = "stop"`` raises :class:`DriftError`, naming the fix, and
 ``"warn"`` logs a warning and returns the report with ``exceeded`` set (the policy default for bf16,
 whose few-token probe is noisy: one noisy probe must not end a two-day run).
 """
@@ -15,6 +15,7 @@ whose few-token probe is noisy: one noisy probe must not end a two-day run).
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -46,6 +47,8 @@ class DriftConfig:
             raise ValueError(f"drift threshold must be > 0, got {self.threshold}")
         if self.n_prompts < 1 or self.max_new_tokens < 1:
             raise ValueError("drift check: n_prompts and max_new_tokens must be >= 1")
+        if not self.temperature > 0:
+            raise ValueError(f"drift temperature must be > 0 (the policy's sampling temperature), got {self.temperature}")
 
 
 @dataclass(frozen=True)
@@ -54,7 +57,7 @@ class DriftReport:
     max_abs: float
     n_tokens: int
     version: int = 0
-    exceeded: bool = False  # mean_abs > threshold (only ever True with on_exceed = "warn")
+    exceeded: bool = False  # mean_abs > threshold or NaN (only ever True with on_exceed = "warn")
 
 
 def logprob_drift(
@@ -87,6 +90,8 @@ def check_drift(
     from mrl_llm.logprobs import response_logprobs
 
     probes = [list(p) for p in prompts[: cfg.n_prompts]]
+    if not probes:
+        raise ValueError("drift check: no probe prompts; pass at least one prompt (token ids)")
     sp = SamplingConfig(temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed)
     samples = [group[0] for group in engine.generate(probes, 1, sp)]
     again = response_logprobs(model, probes, [s.token_ids for s in samples], pad_id=pad_id,
@@ -94,12 +99,16 @@ def check_drift(
     report = logprob_drift([s.logprobs for s in samples], again, version=version)
     log.info("rollout drift after weight sync v%d: mean |dlogp| %.3g (max %.3g) over %d tokens",
              version, report.mean_abs, report.max_abs, report.n_tokens)
-    if report.mean_abs > cfg.threshold:
+    if not report.mean_abs <= cfg.threshold:  # NaN too: a NaN log-prob must not pass the check
         msg = (f"rollout engine log-probs differ from the trainer's by {report.mean_abs:.3g} nats per token on "
                f"average (max {report.max_abs:.3g}, {report.n_tokens} tokens) after weight sync v{version}, "
                f"above the threshold {cfg.threshold:g}: the engine is sampling from stale or mis-loaded weights "
                "(check the weight names the sync sends), or runs in another dtype than the trainer "
                "(raise drift.threshold for a bf16 engine against an fp32 trainer)")
+        if math.isnan(report.mean_abs):
+            msg = (f"the log-probs of the {report.n_tokens} probe tokens are not all finite (NaN) after weight sync "
+                   f"v{version}: the trainer's (or the engine's) weights hold NaN/inf (training diverged: restore a "
+                   "checkpoint, lower the learning rate)")
         if cfg.on_exceed == "stop":
             raise DriftError(msg + "; drift.on_exceed: warn keeps training")
         log.warning("%s; training goes on (drift.on_exceed: warn)", msg)

@@ -7,7 +7,10 @@ the sampled token — whatever top-p removes from the sampling distribution, and
 
 Prompts are left-padded into a batch (``position_ids`` from the attention mask), ``n`` copies each,
 in chunks of ``max_batch_size`` sequences. A sequence stops at the first EOS id (kept, with its
-log-prob; ``finish_reason = "stop"``) or after ``max_new_tokens`` (``"length"``).
+log-prob; ``finish_reason = "stop"``) or after ``max_new_tokens`` (``"length"``), or earlier (``"length"``)
+where prompt + response fill the model's ``max_position_embeddings``, as vLLM stops at ``max_model_len``.
+A prompt token outside the model's vocabulary, a prompt that fills the positions, and non-finite
+log-probs (NaN weights, or a temperature so small that ``logits / T`` overflows float32) are errors.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from collections.abc import Sequence
 
 import torch
 
-from mrl_llm.rollout.base import RolloutEngine, Sample, SamplingConfig
+from mrl_llm.rollout.base import RolloutEngine, Sample, SamplingConfig, check_prompts
 
 
 def eos_ids_of(model: torch.nn.Module, tokenizer) -> list[int]:
@@ -76,6 +79,9 @@ class HFEngine(RolloutEngine):
         self.eos_ids = eos_ids_of(model, tokenizer)
         pad = tokenizer.pad_token_id
         self.pad_id = int(pad if pad is not None else self.eos_ids[0])
+        positions = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+        #: the model's positions (prompt + response); None when its config names none
+        self.max_positions = int(positions) if positions else None
 
     def sync_weights(self, model: torch.nn.Module) -> None:
         if model is self.model:
@@ -87,10 +93,9 @@ class HFEngine(RolloutEngine):
     ) -> list[list[Sample]]:
         if n < 1:
             raise ValueError(f"n (samples per prompt) must be >= 1, got {n}")
+        emb = self.model.get_input_embeddings() if hasattr(self.model, "get_input_embeddings") else None
+        check_prompts(prompt_token_ids, vocab_size=getattr(emb, "num_embeddings", None), max_len=self.max_positions)
         flat = [list(p) for p in prompt_token_ids for _ in range(n)]
-        for i, p in enumerate(flat):
-            if not p:
-                raise ValueError(f"prompt {i // n} has no tokens; apply the template (and BOS) first")
         sampling.check_rows(len(flat))
         gen: torch.Generator | list[torch.Generator] | None = None
         if sampling.row_seeds is not None:  # one generator per sequence
@@ -124,9 +129,12 @@ class HFEngine(RolloutEngine):
         out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True)
         past, logits = out.past_key_values, out.logits[:, -1]
         eos = torch.tensor(self.eos_ids, device=device)
+        room = self.max_positions if self.max_positions is not None else L + sp.max_new_tokens
+        limits = [min(sp.max_new_tokens, room - len(p)) for p in prompts]  # >= 1 (check_prompts)
+        limit = torch.tensor(limits, device=device)
         done = torch.zeros(B, dtype=torch.bool, device=device)
         toks, lps = [], []
-        for t in range(sp.max_new_tokens):
+        for t in range(max(limits)):
             logp = torch.log_softmax(logits.float() / sp.temperature, dim=-1)
             if sp.greedy:
                 tok = logp.argmax(-1)
@@ -134,11 +142,13 @@ class HFEngine(RolloutEngine):
                 tok = sample_from(top_p_filter(logp, sp.top_p), gen).to(device)
             toks.append(torch.where(done, self.pad_id, tok))
             lps.append(logp.gather(-1, tok[:, None]).squeeze(-1))
-            done = done | torch.isin(tok, eos)
-            if bool(done.all()) or t == sp.max_new_tokens - 1:
+            done = done | torch.isin(tok, eos) | (limit <= t + 1)
+            if bool(done.all()):
                 break
             attn = torch.cat([attn, torch.ones((B, 1), dtype=attn.dtype, device=device)], dim=1)
             pos = pos[:, -1:] + 1
+            if self.max_positions is not None:  # only rows already done reach the end (their limit)
+                pos = pos.clamp(max=self.max_positions - 1)
             out = self.model(input_ids=tok[:, None], attention_mask=attn, position_ids=pos,
                              past_key_values=past, use_cache=True)
             past, logits = out.past_key_values, out.logits[:, -1]
@@ -147,11 +157,16 @@ class HFEngine(RolloutEngine):
         samples = []
         eos_set = set(self.eos_ids)
         for i in range(B):
-            row = tok_m[i].tolist()
+            row = tok_m[i, : limits[i]].tolist()
             end = next((k + 1 for k, x in enumerate(row) if x in eos_set), None)
             reason = "stop" if end is not None else "length"
             end = end if end is not None else len(row)
             ids_i = tuple(row[:end])
+            if not bool(torch.isfinite(lp_m[i, :end]).all()):
+                raise RuntimeError(
+                    f"the policy's log-probs are not finite (NaN/inf) at temperature {sp.temperature:g}: its "
+                    "weights hold NaN/inf (training diverged: restore a checkpoint, lower the learning rate) or the "
+                    "temperature is too small for float32 logits (raise it, or sample with greedy=True)")
             lp_i = tuple(min(0.0, x) for x in lp_m[i, :end].tolist())
             text = self.tokenizer.decode(list(ids_i), skip_special_tokens=True)
             samples.append(Sample(token_ids=ids_i, logprobs=lp_i, finish_reason=reason, text=text))

@@ -8,7 +8,8 @@ at ``-inf``, the rest renormalised). The project's definition is ``log_softmax(l
 full vocabulary (:mod:`mrl_llm.rollout.base`), which is ``processed_logprobs`` exactly when no
 truncation happens. So the engine runs with ``logprobs_mode="processed_logprobs"`` and accepts
 ``top_p == 1`` only; greedy decoding (``temperature=0`` in vLLM) records ``log_softmax(logits)``, so
-greedy needs ``temperature == 1``. Both refusals say what to do; the drift check
+greedy needs ``temperature == 1``; vLLM raises a temperature below ``VLLM_MIN_TEMPERATURE`` to it (and
+records log-probs at that temperature), so a smaller one is refused too. The refusals say what to do; the drift check
 (:mod:`mrl_llm.rollout.drift`) proves the match at run time.
 
 Sampling: every (prompt, copy) pair is its own request with its own seed, drawn from
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import math
 import os
 import shutil
 import tempfile
@@ -39,7 +41,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from mrl_llm.rollout.base import RolloutEngine, Sample, SamplingConfig, generation_eos_ids
+from mrl_llm.rollout.base import RolloutEngine, Sample, SamplingConfig, check_prompts, generation_eos_ids
 
 log = logging.getLogger(__name__)
 
@@ -96,8 +98,18 @@ def eos_ids_of_dir(model_dir: str | Path, tokenizer) -> list[int]:
     return sorted(ids)
 
 
+#: vLLM's ``SamplingParams`` raises a smaller non-zero temperature to this (``vllm.sampling_params._MAX_TEMP``)
+VLLM_MIN_TEMPERATURE = 1e-2
+
+
 def check_sampling(sp: SamplingConfig) -> None:
     """Refuse settings whose vLLM log-probs are not the project's (module docstring)."""
+    if not sp.greedy and sp.temperature < VLLM_MIN_TEMPERATURE:
+        raise ValueError(
+            f"the vllm engine samples at temperature {VLLM_MIN_TEMPERATURE:g} at least (vLLM raises smaller ones "
+            f"and records log-probs at {VLLM_MIN_TEMPERATURE:g}); temperature={sp.temperature:g} is not supported "
+            f"with it: use a temperature >= {VLLM_MIN_TEMPERATURE:g}, greedy=True, or the hf engine"
+        )
     if sp.top_p < 1.0:
         raise ValueError(
             f"the vllm engine records log-probs renormalised over the top-p nucleus, not over the full "
@@ -221,10 +233,10 @@ class VLLMEngine(RolloutEngine):
         from vllm.inputs import TokensPrompt
 
         prompts = [list(map(int, p)) for p in prompt_token_ids]
-        for i, p in enumerate(prompts):
-            if not p:
-                raise ValueError(f"prompt {i} has no tokens; apply the template (and BOS) first")
-        self._probe_prompts = prompts[:8]
+        mc = self._llm.llm_engine.model_config  # refuse here what vLLM would refuse mid-call, naming the prompt
+        check_prompts(prompts, vocab_size=mc.get_vocab_size(), max_len=mc.max_model_len)
+        if prompts and self.drift is not None:  # the drift check's probes: the latest call's first prompts
+            self._probe_prompts = prompts[: self.drift.n_prompts]
         sampling.check_rows(len(prompts) * n)
         params, requests = [], []
         for k in range(len(prompts) * n):
@@ -250,7 +262,11 @@ class VLLMEngine(RolloutEngine):
         if c.logprobs is None or len(c.logprobs) != len(ids):
             raise RuntimeError(f"vLLM returned {0 if c.logprobs is None else len(c.logprobs)} log-probs for "
                                f"{len(ids)} tokens; this vLLM version is not supported")
-        lps = tuple(min(0.0, float(step[t].logprob)) for step, t in zip(c.logprobs, ids, strict=True))
+        raw = [float(step[t].logprob) for step, t in zip(c.logprobs, ids, strict=True)]
+        if not all(math.isfinite(x) for x in raw):
+            raise RuntimeError("vLLM returned non-finite log-probs (NaN/inf) for a sample: the engine's weights hold "
+                               "NaN/inf (training diverged: restore a checkpoint, lower the learning rate)")
+        lps = tuple(min(0.0, x) for x in raw)
         if c.finish_reason == "stop" and ids and ids[-1] in self.eos_ids:
             reason = "stop"
         elif c.finish_reason == "length":

@@ -86,6 +86,51 @@ def test_only_settings_with_full_vocabulary_logprobs_pass():
         check_sampling(SamplingConfig(greedy=True, temperature=0.5))
 
 
+def test_temperatures_vllm_would_raise_are_refused():
+    """vLLM raises a temperature below 0.01 to 0.01 and records log-probs there, not at the asked one."""
+    from mrl_llm.rollout.vllm_engine import VLLM_MIN_TEMPERATURE
+
+    check_sampling(SamplingConfig(temperature=VLLM_MIN_TEMPERATURE))
+    with pytest.raises(ValueError, match="greedy decoding"):  # greedy's own refusal, not this one
+        check_sampling(SamplingConfig(temperature=1e-3, greedy=True))
+    with pytest.raises(ValueError, match="temperature=0.005 is not supported with it: use a temperature >= 0.01"):
+        check_sampling(SamplingConfig(temperature=0.005))
+
+
+def test_prompt_checks_name_the_prompt_and_the_fix():
+    from mrl_llm.rollout.base import check_prompts
+
+    check_prompts([], vocab_size=10, max_len=4)  # the empty batch
+    check_prompts([[0, 9, 2]], vocab_size=10, max_len=4)
+    check_prompts([[99] * 50], vocab_size=None, max_len=None)  # no limits known
+    with pytest.raises(ValueError, match="prompt 1 has no tokens"):
+        check_prompts([[1], []], vocab_size=None, max_len=None)
+    with pytest.raises(ValueError, match="prompt 0: token id 10 is outside the model's vocabulary \\[0, 10\\); encode"):
+        check_prompts([[1, 10]], vocab_size=10, max_len=None)
+    with pytest.raises(ValueError, match="token id -3 is outside"):
+        check_prompts([[-3]], vocab_size=10, max_len=None)
+    with pytest.raises(ValueError, match="prompt 0 has 4 tokens, leaving no room .* 4 positions.*lower max_prompt_len"):
+        check_prompts([[1] * 4], vocab_size=None, max_len=4)
+
+
+def test_non_finite_vllm_logprobs_are_an_error_not_a_zero():
+    from types import SimpleNamespace
+
+    from mrl_llm.rollout.vllm_engine import VLLMEngine
+
+    eng = object.__new__(VLLMEngine)  # _sample needs only the EOS ids and the tokenizer
+    eng.eos_ids, eng.tokenizer = [3], _Tok()
+    step = lambda t, lp: {t: SimpleNamespace(logprob=lp)}  # noqa: E731
+    ok = SimpleNamespace(token_ids=[5, 3], logprobs=[step(5, -0.5), step(3, 1e-7)], finish_reason="stop",
+                         stop_reason=3)
+    s = eng._sample(ok)
+    assert (s.token_ids, s.logprobs, s.finish_reason) == ((5, 3), (-0.5, 0.0), "stop")
+    nan = SimpleNamespace(token_ids=[5, 3], logprobs=[step(5, float("nan")), step(3, -0.1)], finish_reason="stop",
+                          stop_reason=3)
+    with pytest.raises(RuntimeError, match="non-finite log-probs .* NaN/inf"):
+        eng._sample(nan)
+
+
 def test_request_seeds_are_deterministic_and_distinct():
     seeds = [request_seed(7, k) for k in range(1000)] + [request_seed(8, k) for k in range(1000)]
     assert len(set(seeds)) == len(seeds)
@@ -123,6 +168,27 @@ def test_drift_check_passes_on_equal_weights_and_fails_on_moved_ones(model):
         check_drift(engine, moved, prompts, DriftConfig(threshold=1e-4, max_new_tokens=6), pad_id=0)
     engine.sync_weights(moved)  # after a sync the engine matches again
     assert check_drift(engine, moved, prompts, DriftConfig(threshold=1e-4), pad_id=0).mean_abs <= 1e-5
+
+
+def test_a_nan_drift_trips_the_check_and_says_why(model):
+    """A trainer whose weights went NaN gives NaN drift: it must stop (or warn), not pass as 'not above'."""
+    engine = HFEngine(copy.deepcopy(model), _Tok())
+    broken = copy.deepcopy(model)
+    with torch.no_grad():
+        broken.lm_head.weight[5, 0] = float("nan")
+    prompts = [[1, 5, 6], [1, 9]]
+    with pytest.raises(DriftError, match="not all finite \\(NaN\\) after weight sync v2: the trainer's"):
+        check_drift(engine, broken, prompts, DriftConfig(threshold=1e-4, max_new_tokens=4), pad_id=0, version=2)
+    rep = check_drift(engine, broken, prompts, DriftConfig(threshold=1e-4, max_new_tokens=4, on_exceed="warn"), pad_id=0)
+    assert rep.exceeded and math.isnan(rep.mean_abs)
+
+
+def test_drift_check_without_probe_prompts_or_with_a_bad_temperature_is_refused(model):
+    engine = HFEngine(copy.deepcopy(model), _Tok())
+    with pytest.raises(ValueError, match="no probe prompts; pass at least one prompt"):
+        check_drift(engine, model, [], DriftConfig(), pad_id=0)
+    with pytest.raises(ValueError, match="drift temperature must be > 0"):
+        DriftConfig(temperature=0.0)
 
 
 # -- MWRA -> vLLM memory -------------------------------------------------------------------------------

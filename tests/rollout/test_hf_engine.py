@@ -92,3 +92,67 @@ def test_inverse_cdf_sampler_follows_the_distribution_and_never_draws_zero_mass(
     counts = torch.bincount(sample_from(logp, g), minlength=5).double() / 20000
     assert counts[0] == 0 and counts[3] == 0
     torch.testing.assert_close(counts, probs.double(), atol=0.015, rtol=0)
+
+
+def test_prompts_outside_the_vocabulary_or_the_positions_are_refused(model):
+    eng = HFEngine(model, _Tok())
+    with pytest.raises(ValueError, match="prompt 1: token id 40 is outside the model's vocabulary \\[0, 40\\)"):
+        eng.generate([[1, 2], [1, 40]], 2, SamplingConfig())
+    with pytest.raises(ValueError, match="prompt 0: token id -1 is outside"):
+        eng.generate([[1, -1]], 1, SamplingConfig())
+    with pytest.raises(ValueError, match="prompt 0 has 128 tokens, leaving no room .* 128 positions"):
+        eng.generate([[1] * 128], 1, SamplingConfig())
+
+
+def test_responses_stop_at_the_models_positions_with_reason_length(model):
+    """A prompt near ``max_position_embeddings`` (128) gets only the room left, as vLLM's ``max_model_len``."""
+    eng = HFEngine(model, _Tok(), max_batch_size=8)
+    long_p, short_p = [1] + [5] * 124, [1, 9]  # 3 positions left for the long prompt
+    out = eng.generate([long_p, short_p], 4, SamplingConfig(max_new_tokens=12, seed=3))
+    for s in out[0]:
+        assert len(s.token_ids) == len(s.logprobs) <= 3
+        assert s.finish_reason == ("stop" if s.token_ids[-1] == 3 else "length")
+    assert any(s.finish_reason == "length" and len(s.token_ids) == 3 for s in out[0])
+    assert any(len(s.token_ids) > 3 for s in out[1])  # the short prompt keeps its own budget
+    again = response_logprobs(model, [long_p] * 4, [s.token_ids for s in out[0]], pad_id=0)
+    for s, lp in zip(out[0], again, strict=True):
+        torch.testing.assert_close(torch.tensor(s.logprobs), torch.tensor(lp), atol=2e-5, rtol=0)
+
+
+def test_learned_positions_do_not_run_past_the_table():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=40, n_positions=8, n_embd=16, n_layer=1, n_head=2, eos_token_id=3,
+                                      bos_token_id=1)).eval()
+    prompts = [[1, 2, 4, 5, 6], [1]]  # 3 positions left, 7 left: the long one's done rows must not go past 8
+    out = HFEngine(gpt2, _Tok()).generate(prompts, 2, SamplingConfig(max_new_tokens=8, seed=1))
+    assert all(1 <= len(s.token_ids) == len(s.logprobs) <= 3 for s in out[0])
+    assert any(len(s.token_ids) > 3 for s in out[1])
+    flat = [s for o in out for s in o]
+    again = response_logprobs(gpt2, [p for p in prompts for _ in range(2)], [s.token_ids for s in flat], pad_id=0)
+    for s, lp in zip(flat, again, strict=True):
+        torch.testing.assert_close(torch.tensor(s.logprobs), torch.tensor(lp), atol=2e-5, rtol=0)
+
+
+def test_non_finite_logprobs_are_an_error_not_a_zero(model):
+    import copy
+
+    eng = HFEngine(model, _Tok())
+    with pytest.raises(RuntimeError, match="not finite .* temperature 1e-45.*too small"):
+        eng.generate([[1, 2]], 1, SamplingConfig(temperature=1e-45, max_new_tokens=3, seed=1))
+    broken = copy.deepcopy(model)
+    with torch.no_grad():
+        broken.lm_head.weight[5, 0] = float("nan")
+    with pytest.raises(RuntimeError, match="weights hold NaN/inf"):
+        HFEngine(broken, _Tok()).generate([[1, 2]], 1, SamplingConfig(max_new_tokens=3, seed=1))
+    tiny = eng.generate([[1, 2]], 2, SamplingConfig(temperature=1e-6, max_new_tokens=3, seed=1))  # near-greedy: fine
+    assert all(len(s.token_ids) == len(s.logprobs) and all(lp <= 0 for lp in s.logprobs) for s in tiny[0])
+
+
+def test_empty_batch_one_token_and_special_token_prompts(model):
+    eng = HFEngine(model, _Tok())
+    assert eng.generate([], 3, SamplingConfig(seed=1)) == []
+    one = eng.generate([[3, 0, 3]], 2, SamplingConfig(max_new_tokens=1, seed=1))[0]
+    assert all(len(s.token_ids) == len(s.logprobs) == 1 for s in one)
+    assert all(s.finish_reason == ("stop" if s.token_ids == (3,) else "length") for s in one)

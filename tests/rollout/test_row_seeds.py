@@ -43,6 +43,20 @@ def test_a_sample_depends_on_its_seed_not_on_the_call():
     assert _ids(other) != _ids(whole)  # the seeds matter
 
 
+def test_a_sample_does_not_depend_on_the_batch_size_or_the_left_padding():
+    """Chunks of 1, 2 and 8 sequences pad a short prompt by 0 to 8 tokens on the left: same samples."""
+    eng = _engine()
+    prompts = [[10], [20, 21, 22, 23, 24, 25, 26, 27, 28], [30, 31], [40] * 5]
+    seeds = tuple(range(100, 108))
+    runs = [HFEngine(eng.model, eng.tokenizer, max_batch_size=b).generate(prompts, 2, SamplingConfig(
+        max_new_tokens=8, row_seeds=seeds)) for b in (1, 2, 8)]
+    for other in runs[1:]:
+        assert _ids(other) == _ids(runs[0])
+        for g, h in zip(other, runs[0], strict=True):
+            for a, b in zip(g, h, strict=True):
+                assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
+
+
 def test_row_seeds_empty_and_malformed():
     eng = _engine()
     assert eng.generate([], 2, SamplingConfig(max_new_tokens=2, row_seeds=())) == []

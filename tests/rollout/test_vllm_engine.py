@@ -147,6 +147,16 @@ def test_weight_sync_changes_the_samples_and_passes_the_drift_check(engine, mode
         torch.testing.assert_close(torch.tensor(s.logprobs), torch.tensor(lp), atol=1e-3, rtol=0)
 
 
+def test_the_drift_probe_takes_as_many_prompts_as_configured(engine, monkeypatch):
+    """``drift.n_prompts`` probe prompts from the latest call (they were cut at 8); an empty call keeps them."""
+    monkeypatch.setattr(engine, "drift", DriftConfig(n_prompts=10))
+    many = [[9707, 1879 + i] for i in range(12)]
+    engine.generate(many, 1, SamplingConfig(max_new_tokens=1, seed=0))
+    assert engine._probe_prompts == many[:10]
+    assert engine.generate([], 1, SamplingConfig(max_new_tokens=1)) == []
+    assert engine._probe_prompts == many[:10]
+
+
 def test_drift_check_catches_other_weights(engine, model, prompts):
     """The engine holds ``model``; a trainer whose weights moved (no sync) fails the check."""
     moved = copy.deepcopy(model)
@@ -157,3 +167,23 @@ def test_drift_check_catches_other_weights(engine, model, prompts):
     assert ok.mean_abs <= 1e-3
     with pytest.raises(DriftError, match="stale or mis-loaded"):
         check_drift(engine, moved, prompts, DriftConfig(threshold=1e-3), pad_id=EOS)
+
+
+def test_vllm_min_temperature_is_vllms_and_prompts_are_checked_before_vllm(engine, prompts):
+    """The refused temperatures are those vLLM raises; a prompt vLLM would refuse mid-call (beyond the
+    vocabulary, or filling ``max_model_len`` = 128) is refused first, naming it; a prompt near the limit gets
+    only the room left (``length``)."""
+    import vllm.sampling_params
+
+    from mrl_llm.rollout.vllm_engine import VLLM_MIN_TEMPERATURE
+
+    assert VLLM_MIN_TEMPERATURE == vllm.sampling_params._MAX_TEMP
+    with pytest.raises(ValueError, match="temperature=0.005 is not supported"):
+        engine.generate(prompts, 1, SamplingConfig(temperature=0.005))
+    with pytest.raises(ValueError, match="prompt 1: token id 151936 is outside the model's vocabulary"):
+        engine.generate([prompts[0], [1, 151936]], 1, SamplingConfig())
+    with pytest.raises(ValueError, match="prompt 0 has 128 tokens, leaving no room .* 128 positions"):
+        engine.generate([[9707] * 128], 1, SamplingConfig())
+    near = engine.generate([[9707] * 125], 2, SamplingConfig(max_new_tokens=8, seed=1))[0]
+    assert all(1 <= len(s.token_ids) == len(s.logprobs) <= 3 for s in near)
+    assert all(s.finish_reason == ("stop" if s.token_ids[-1] == EOS else "length") for s in near)
