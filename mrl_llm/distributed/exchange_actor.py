@@ -38,8 +38,8 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from shared_interfaces.exchange import DiskLogExchange, ExperienceExchange
-from shared_interfaces.records import ExperienceRecord, PromptGroup, RecordValidationError
+from shared_interfaces.exchange import DiskLogExchange, ExchangeConflictError, ExperienceExchange
+from shared_interfaces.records import ExperienceRecord, PromptGroup, RecordValidationError, make_record_id
 
 
 def decode_lines(lines: Iterable[str], producer: str) -> list[ExperienceRecord]:
@@ -80,20 +80,36 @@ class ExchangeService:
     def publish(self, lines: list[str], producer: str = "?", step: int | None = None) -> int:
         """Validate and add records; returns how many were new. A record is logged as the line it came
         in (it parsed to a valid record), not re-encoded. ``step``: the step the lines are from (a
-        refused publish then releases the fetches waiting for it)."""
+        refused publish then releases the fetches waiting for it). With ``step``, every record must be
+        ``producer``'s of that step (the fetches wait for ``(producer, step)``); a record of another policy or
+        step, a record id that is not :func:`~shared_interfaces.records.make_record_id`'s, an invalid line and a
+        record id already published with other contents refuse the whole publish."""
         try:
             recs = decode_lines(lines, producer)
-        except RecordValidationError:
+            if step is not None:
+                other = next((r for r in recs if (r.policy_id, r.step) != (producer, step)), None)
+                if other is not None:
+                    raise RecordValidationError(
+                        f"publish from {producer} for step {step} holds record {other.record_id!r} of policy "
+                        f"{other.policy_id!r}, step {other.step}: a policy publishes only its own records of the step")
+                odd = next((r for r in recs if r.record_id != make_record_id(r.policy_id, r.step, r.prompt_id,
+                                                                             r.sample_index)), None)
+                if odd is not None:  # one sample under two ids would count twice in the pooled statistics
+                    raise RecordValidationError(
+                        f"publish from {producer}: record id {odd.record_id!r} is not the canonical "
+                        f"{make_record_id(odd.policy_id, odd.step, odd.prompt_id, odd.sample_index)!r} "
+                        "(policy/step/prompt/sample); build ids with shared_interfaces.records.make_record_id")
+            with self._arrived:
+                fresh = {r.record_id: r for r in recs if self._ex.get(r.record_id) is None}
+                new = self._ex.publish_lines(zip(recs, lines, strict=True))
+                self._counts.update((r.policy_id, r.step) for r in fresh.values())
+                self._arrived.notify_all()
+        except (RecordValidationError, ExchangeConflictError):
             if step is not None:
                 with self._arrived:
                     self._refused.add((producer, step))
                     self._arrived.notify_all()
             raise
-        with self._arrived:
-            fresh = {r.record_id: r for r in recs if self._ex.get(r.record_id) is None}
-            new = self._ex.publish_lines(zip(recs, lines, strict=True))
-            self._counts.update((r.policy_id, r.step) for r in fresh.values())
-            self._arrived.notify_all()
         return new
 
     def count(self, policy_id: str | None = None, step: int | None = None) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -9,6 +10,7 @@ import time
 import pytest
 
 from mrl_llm.distributed.exchange_actor import ExchangeService
+from shared_interfaces.exchange import ExchangeConflictError
 from shared_interfaces.records import RecordValidationError
 
 from .records_util import make_record
@@ -74,3 +76,37 @@ def test_counts_are_rebuilt_when_the_service_restarts(tmp_path):
     t0 = time.monotonic()
     assert sum(map(len, again.fetch_groups(["p0", "p1"], 3, 0, "B", False, {"A": 5}).values())) == 5
     assert time.monotonic() - t0 < 0.1  # no wait: the replayed records count
+
+
+def test_a_conflicting_publish_releases_the_waiting_fetch(tmp_path):
+    """A record id already held with other contents refuses the publish, and the fetch waiting for that
+    producer's step goes on at once (it waited out the whole timeout)."""
+    svc = ExchangeService(str(tmp_path / "x.jsonl"), fsync=False, wait_timeout_s=30)
+    svc.publish(_lines("A", 0, 1), "A", 0)
+    t, out = _fetch_in_thread(svc, {"A": 2})
+    changed = make_record("A", 0, "p0", 0, reward=0.5).to_json()
+    with pytest.raises(ExchangeConflictError, match="different contents"):
+        svc.publish([changed, make_record("A", 0, "p1", 1).to_json()], "A", 0)
+    t.join(5)
+    assert not t.is_alive() and sum(len(v) for v in out["groups"].values()) == 1
+    assert svc.count("A", 0) == 1  # the refused batch added nothing
+
+
+@pytest.mark.parametrize("policy, step", [("C", 0), ("A", 1)])
+def test_a_publish_of_another_policys_or_steps_records_is_refused(tmp_path, policy, step):
+    svc = ExchangeService(str(tmp_path / "x.jsonl"), fsync=False, wait_timeout_s=30)
+    t, out = _fetch_in_thread(svc, {"A": 1})
+    with pytest.raises(RecordValidationError, match="publishes only its own records"):
+        svc.publish([make_record(policy, step, "p0", 0).to_json()], "A", 0)
+    t.join(5)
+    assert not t.is_alive() and svc.count() == 0
+
+
+def test_a_record_id_that_is_not_canonical_is_refused(tmp_path):
+    """One sample under a second id would be counted twice in a peer's pooled statistics."""
+    svc = ExchangeService(str(tmp_path / "x.jsonl"), fsync=False)
+    svc.publish(_lines("A", 0, 1), "A", 0)
+    again = dataclasses.replace(make_record("A", 0, "p0", 0), record_id="A/0/p0/0-again")
+    with pytest.raises(RecordValidationError, match="not the canonical 'A/0/p0/0'"):
+        svc.publish([again.to_json()], "A", 0)
+    assert svc.count() == 1
