@@ -194,6 +194,7 @@ def fresh_config(policy: PolicyConfig, tokenizer) -> Any:
         val = getattr(tokenizer, key, None)
         if val is not None:
             cfg.setdefault(key, val)
+    check_fits_host(shape_dict(model_type, cfg), who)  # before transformers builds per-layer lists of that size
     try:
         built = AutoConfig.for_model(model_type, **cfg)
         plain = set(vars(AutoConfig.for_model(model_type)))
@@ -205,6 +206,45 @@ def fresh_config(policy: PolicyConfig, tokenizer) -> Any:
         raise ConfigError(f"{who}: model_config has key(s) {unknown} that a {model_type!r} config does not have; "
                           f"known keys: {sorted(known)}")
     return built
+
+
+def shape_dict(model_type: str, cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """``model_type``'s default config as a dict, overridden by ``cfg`` (aliases such as GPT-2's
+    ``hidden_size`` written under their canonical names, ``n_embd``): the shape a ``model_config`` asks
+    for, read without building its config."""
+    from transformers import AutoConfig
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    aliases = getattr(CONFIG_MAPPING[model_type], "attribute_map", {}) or {}
+    return {**AutoConfig.for_model(model_type).to_dict(), **{aliases.get(k, k): v for k, v in cfg.items()}}
+
+
+def host_memory_bytes() -> int | None:
+    """This machine's physical memory, or None where the OS does not say."""
+    import os
+
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def check_fits_host(cfg: Mapping[str, Any], who: str, ram_bytes: int | None = None) -> None:
+    """A :class:`ConfigError` when a ``model_config`` describes a model whose fp32 weights (``from_config``
+    builds them in fp32, in host memory) exceed this machine's memory (``ram_bytes``, default
+    :func:`host_memory_bytes`): building it would run for hours and end out of memory. Shapes the planner cannot
+    read (:class:`~mrl_llm.distributed.memory.ModelShape`) are not checked."""
+    from mrl_llm.distributed.memory import GiB, ModelShape, ShapeError
+
+    ram = host_memory_bytes() if ram_bytes is None else ram_bytes
+    try:
+        n = ModelShape.from_hf_config(cfg, where=f"{who}: model_config").n_params
+    except ShapeError:
+        return
+    if ram is not None and 4 * n > ram:
+        raise ConfigError(f"{who}: model_config describes a model of {n:.3g} parameters ({4 * n / GiB:.3g} GiB in "
+                          f"fp32, as from_config builds it), more than this machine's {ram / GiB:.3g} GiB of memory; "
+                          "lower num_hidden_layers / hidden_size / intermediate_size / vocab_size")
 
 
 def build_model(policy: PolicyConfig, tokenizer, *, seed: int, dtype: str | None = None) -> torch.nn.Module:

@@ -138,6 +138,25 @@ def test_legacy_keys_transformers_converts_are_accepted():
         fresh_config(PolicyConfig(name="a", model_config=tiny("qwen2", gradient_checkpointing=True)), byte_tokenizer())
 
 
+def test_a_model_config_larger_than_the_host_memory_is_refused_before_it_is_built():
+    from mrl_llm.byte_tokenizer import byte_tokenizer
+    from mrl_llm.config import PolicyConfig
+    from mrl_llm.models import check_fits_host, fresh_config, host_memory_bytes
+
+    huge = PolicyConfig(name="a", model_config=tiny("qwen2", num_hidden_layers=10**12), tokenizer_dir="utf8-bytes")
+    with pytest.raises(ConfigError, match=r"policy 'a': model_config describes a model of .* GiB in fp32.*"
+                                          r"lower num_hidden_layers"):
+        fresh_config(huge, byte_tokenizer())
+    small = tiny("qwen2", vocab_size=300)
+    fresh_config(PolicyConfig(name="a", model_config=small, tokenizer_dir="utf8-bytes"), byte_tokenizer())
+    assert host_memory_bytes() is None or host_memory_bytes() > 0
+    # the same shape against a given memory: ~0.2M parameters are 0.8 MB in fp32
+    check_fits_host(small, "policy 'a'", ram_bytes=10**7)
+    with pytest.raises(ConfigError, match=r"more than this machine's"):
+        check_fits_host(small, "policy 'a'", ram_bytes=10**5)
+    check_fits_host({"model_type": "qwen2"}, "policy 'a'", ram_bytes=1)  # a shape it cannot read is not checked
+
+
 def test_a_prompt_must_leave_the_model_room_to_generate(tmp_path):
     """A prompt under max_prompt_len but of the model's whole context left no response token: the update then
     failed deep in backward ("element 0 of tensors does not require grad")."""
