@@ -237,6 +237,18 @@ class DriftSection:
             raise ConfigError("drift: threshold must be > 0, probe_prompts and probe_tokens >= 1")
 
 
+def check_vllm_sampling(temperature: float, top_p: float, where: str) -> None:
+    """The vllm engine's refusals of a sampling setting (:func:`mrl_llm.rollout.vllm_engine.check_sampling`:
+    log-probs it would record are not the project's) as a :class:`ConfigError` at load, not at the first rollout."""
+    from mrl_llm.rollout.base import SamplingConfig
+    from mrl_llm.rollout.vllm_engine import check_sampling
+
+    try:
+        check_sampling(SamplingConfig(temperature=temperature, top_p=top_p))
+    except ValueError as err:
+        raise ConfigError(f"{where}: {err}") from err
+
+
 @dataclass(frozen=True)
 class PolicyConfig:
     """One policy: its weights (``model_dir`` or ``model_config``), tokenizer, prompt template
@@ -275,6 +287,8 @@ class PolicyConfig:
             )
         if self.model_config is not None:
             check_model_config(self.model_config, f"policy {self.name!r}: model_config")
+        if self.engine == "vllm":
+            check_vllm_sampling(self.sampling.temperature, self.sampling.top_p, f"policy {self.name!r}: sampling")
         if self.engine_args and self.engine != "vllm":
             raise ConfigError(f"policy {self.name!r}: engine_args {sorted(self.engine_args)} are vllm.LLM's and the "
                               f"policy's engine is {self.engine!r}; set engine: vllm or remove engine_args")
@@ -410,6 +424,10 @@ class RunConfig:
         if not isinstance(self.regime, Mapping):
             raise ConfigError("config: regime must be a mapping like {name: sgt}")
         self.regime_spec  # noqa: B018 - validates the section
+        if self.eval.enabled and self.eval.k > 0:  # the sampled half of evaluation runs on each policy's engine
+            for p in self.policies:
+                if p.engine == "vllm":
+                    check_vllm_sampling(self.eval.temperature, self.eval.top_p, f"eval (policy {p.name!r}'s engine)")
         moving = [p.name for p in self.policies if p.join_step or p.leave_step is not None]
         if moving and self.runtime.backend != "ray":
             raise ConfigError(f"config: policies {moving} set join_step/leave_step (or --join / --leave), which only "

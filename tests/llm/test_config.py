@@ -59,6 +59,12 @@ def test_unknown_keys_are_errors_naming_the_key(data, key):
     ({"policies": [{"name": "a", "model_dir": "m", "train": {"fsdp_unit": "block"}}]}, "fsdp_unit"),
     ({"policies": [{"name": "a", "model_dir": "m", "train": {"grad_sync": "step"}}]}, "grad_sync"),
     ({"policies": [{"name": "a", "model_dir": "m", "sampling": {"top_p": 1.5}}]}, "top_p"),
+    ({"policies": [{"name": "a", "model_dir": "m", "engine": "vllm", "sampling": {"top_p": 0.9}}]},
+     r"policy 'a': sampling: the vllm engine records log-probs renormalised .* use top_p=1.0 or the hf engine"),
+    ({"policies": [{"name": "a", "model_dir": "m", "engine": "vllm", "sampling": {"temperature": 0.005}}]},
+     r"policy 'a': sampling: the vllm engine samples at temperature 0.01 at least"),
+    ({"policies": [{"name": "a", "model_dir": "m", "engine": "vllm"}], "eval": {"top_p": 0.95}},
+     r"eval \(policy 'a''s engine\): the vllm engine records log-probs renormalised"),
     (base(regime={"name": "prp_thl+xgrpo"}), "combines bases"),
     (base(regime={"name": "ppo"}), "unknown regime component"),
     (base(loss={"agg": "sum"}), "agg"),
@@ -67,6 +73,15 @@ def test_unknown_keys_are_errors_naming_the_key(data, key):
 def test_bad_values_are_errors(data, match):
     with pytest.raises(ConfigError, match=match):
         config_from_mapping(data)
+
+
+def test_vllm_sampling_limits_apply_only_where_the_vllm_engine_samples():
+    hf = {"name": "a", "model_dir": "m", "sampling": {"top_p": 0.9, "temperature": 0.005}}
+    config_from_mapping({"policies": [hf], "eval": {"top_p": 0.9}})
+    vllm = {"name": "b", "model_dir": "m", "engine": "vllm"}
+    config_from_mapping({"policies": [vllm], "eval": {"top_p": 0.9, "k": 0}})  # no sampled evaluation
+    config_from_mapping({"policies": [vllm], "eval": {"top_p": 0.9, "enabled": False}})
+    config_from_mapping({"policies": [vllm], "eval": {"temperature": 0.01}})  # vLLM's floor itself is fine
 
 
 def test_paths_aliases_and_overrides(tmp_path, monkeypatch):
