@@ -131,6 +131,10 @@ def check_fits_in_memory(cfg: SimConfig, scenario: Scenario, seeds: int | None =
 
 
 
+class DivergedError(ValueError):
+    """A policy's logits became non-finite (NaN / inf): every later step and metric of it would be NaN."""
+
+
 class Engine:
     """Runs ``cfg`` on ``scenario``. ``seed_range=(lo, hi)`` runs only seeds ``lo..hi-1`` of the
     ``cfg.seeds``: the draws are made for all seeds and sliced, so a seed's trajectory does not depend on
@@ -334,9 +338,23 @@ class Engine:
                                   self.rescue, self.cfg.support_eps) for r in range(self.R)]
         return {k: torch.stack([p[k] for p in per]) for k in per[0]}
 
+    def check_finite(self, accuracy: torch.Tensor, since: int, t: int) -> None:
+        """A :class:`DivergedError` naming the first (regime, seed, policy) whose ``accuracy [R, S, P]`` is NaN:
+        its logits became NaN or infinite between steps ``since`` and ``t`` (an update too large for the dtype)."""
+        bad = torch.isnan(accuracy).nonzero()
+        if len(bad):
+            r, s, p = bad[0].tolist()
+            cfg = self.cfg
+            raise DivergedError(
+                f"regime {self.specs[r].name}, seed {self.seed_slice.start + s}, policy "
+                f"{self.scenario.policy_names[p]}: the {cfg.model} model's logits became non-finite between step "
+                f"{since} and step {t} ({len(bad)} of the {accuracy.numel()} regime x seed x policy runs; {cfg.optimizer} "
+                f"with lr {cfg.lr:g} in {cfg.dtype}); lower lr")
+
     def run(self, progress=None) -> SimResult:
         """All ``cfg.steps`` steps; metrics at step 0, every ``record_every`` steps and at the end.
-        Step diagnostics are averaged (NaN-aware) over the steps since the previous record."""
+        Step diagnostics are averaged (NaN-aware) over the steps since the previous record. A policy whose logits
+        became non-finite ends the run at the next record (:meth:`check_finite`)."""
         cfg = self.cfg
         rec_steps = sorted({0, *range(cfg.record_every, cfg.steps + 1, cfg.record_every), cfg.steps})
         shape = (len(rec_steps), self.R, self.S, self.P)
@@ -357,7 +375,9 @@ class Engine:
                 if progress is not None:
                     progress(1)
             if t == rec_steps[k]:
-                for name, v in self.policy_metrics().items():
+                metrics = self.policy_metrics()
+                self.check_finite(metrics["accuracy"], rec_steps[k - 1] if k else 0, t)
+                for name, v in metrics.items():
                     out[name][k] = v.numpy()
                 for name in acc:
                     out[name][k] = torch.where(cnt[name] > 0, acc[name] / cnt[name].clamp(min=1), math.nan).numpy()

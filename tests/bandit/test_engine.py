@@ -112,6 +112,20 @@ def test_diagnostics_apply_where_they_should():
     assert np.isfinite(res.metrics["grad_norm"][1:]).all()
 
 
+def test_a_run_whose_logits_become_non_finite_is_an_error_naming_it():
+    """An lr too large for the dtype made the log-linear weights NaN: the run went on and reported accuracy null
+    (``bandit_sim run`` then failed formatting it; a sweep wrote the nulls as results)."""
+    from bandit_sim.engine import DivergedError
+
+    sc = random_scenario(P=2, C=10, K=6, seed=8)
+    cfg = _cfg(regimes=("grpo", "sgt"), model="loglinear", dtype="float32", lr=1e30, steps=6, record_every=3)
+    with pytest.raises(DivergedError, match=r"regime (grpo|sgt), seed \d, policy \w+: the loglinear model's logits "
+                                            r"became non-finite between step 0 and step 3 .*lr 1e\+30.*lower lr"):
+        Engine(sc, cfg).run()
+    res = Engine(sc, replace(cfg, lr=0.5)).run()  # the same run at a sane lr is finite throughout
+    assert np.isfinite(res.metrics["accuracy"]).all()
+
+
 @pytest.mark.parametrize("bad, msg", [
     (dict(batch_prompts=99), "exceeds the scenario's"),
     # the log-linear features [C, K, D] were not in the estimate: numpy's MemoryError traceback instead
