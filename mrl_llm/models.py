@@ -35,6 +35,8 @@ import torch
 
 from mrl_llm.byte_tokenizer import BYTE_TOKENIZER_ID, byte_tokenizer
 from mrl_llm.config import POLICY_NAME, PolicyConfig
+from mrl_llm.distributed.cluster import MAX_MEMORY_GIB
+from mrl_llm.distributed.memory import GiB
 from mrl_llm.hub import hub_hint, is_hub_id
 from shared_interfaces.config_io import ConfigError
 
@@ -194,7 +196,9 @@ def fresh_config(policy: PolicyConfig, tokenizer) -> Any:
         val = getattr(tokenizer, key, None)
         if val is not None:
             cfg.setdefault(key, val)
-    check_fits_host(shape_dict(model_type, cfg), who)  # before transformers builds per-layer lists of that size
+    # before transformers builds per-layer lists of that size; this machine's memory is checked where the model is
+    # built (build_model: on a Ray worker's node, not the driver's)
+    check_model_size(shape_dict(model_type, cfg), who, MAX_MODEL_BYTES, "any machine holds")
     try:
         built = AutoConfig.for_model(model_type, **cfg)
         plain = set(vars(AutoConfig.for_model(model_type)))
@@ -229,22 +233,31 @@ def host_memory_bytes() -> int | None:
         return None
 
 
-def check_fits_host(cfg: Mapping[str, Any], who: str, ram_bytes: int | None = None) -> None:
-    """A :class:`ConfigError` when a ``model_config`` describes a model whose fp32 weights (``from_config``
-    builds them in fp32, in host memory) exceed this machine's memory (``ram_bytes``, default
-    :func:`host_memory_bytes`): building it would run for hours and end out of memory. Shapes the planner cannot
-    read (:class:`~mrl_llm.distributed.memory.ModelShape`) are not checked."""
-    from mrl_llm.distributed.memory import GiB, ModelShape, ShapeError
+#: A ``model_config`` whose fp32 weights exceed this is refused before transformers builds its config: more than any
+#: machine holds (the planner's largest node).
+MAX_MODEL_BYTES = MAX_MEMORY_GIB * GiB
 
-    ram = host_memory_bytes() if ram_bytes is None else ram_bytes
+
+def check_model_size(cfg: Mapping[str, Any], who: str, limit: int | None, memory: str) -> None:
+    """A :class:`ConfigError` when a ``model_config`` (``cfg``: its shape, :func:`shape_dict`) describes a model
+    whose fp32 weights (``from_config`` builds them in fp32, in host memory) exceed ``limit`` bytes (``memory``
+    names it; None: unknown, not checked): building it would run for hours and end out of memory. Shapes the
+    planner cannot read (:class:`~mrl_llm.distributed.memory.ModelShape`) are not checked."""
+    from mrl_llm.distributed.memory import ModelShape, ShapeError
+
     try:
         n = ModelShape.from_hf_config(cfg, where=f"{who}: model_config").n_params
     except ShapeError:
         return
-    if ram is not None and 4 * n > ram:
+    if limit is not None and 4 * n > limit:
         raise ConfigError(f"{who}: model_config describes a model of {n:.3g} parameters ({4 * n / GiB:.3g} GiB in "
-                          f"fp32, as from_config builds it), more than this machine's {ram / GiB:.3g} GiB of memory; "
-                          "lower num_hidden_layers / hidden_size / intermediate_size / vocab_size")
+                          f"fp32, as from_config builds it), more than {memory} ({limit / GiB:.3g} GiB); lower "
+                          "num_hidden_layers / hidden_size / intermediate_size / vocab_size")
+
+
+def check_fits_host(cfg: Mapping[str, Any], who: str, ram_bytes: int | None = None) -> None:
+    """:func:`check_model_size` against this machine's memory (``ram_bytes``, default :func:`host_memory_bytes`)."""
+    check_model_size(cfg, who, host_memory_bytes() if ram_bytes is None else ram_bytes, "this machine's memory")
 
 
 def build_model(policy: PolicyConfig, tokenizer, *, seed: int, dtype: str | None = None) -> torch.nn.Module:
@@ -274,6 +287,7 @@ def build_model(policy: PolicyConfig, tokenizer, *, seed: int, dtype: str | None
             raise ModelLoadError(f"cannot load the model of policy {policy.name!r} from {p}: {msg}") from err
     else:
         cfg = fresh_config(policy, tokenizer)
+        check_fits_host(cfg.to_dict(), f"policy {policy.name!r}")
         try:
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(seed)

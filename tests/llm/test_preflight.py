@@ -138,23 +138,30 @@ def test_legacy_keys_transformers_converts_are_accepted():
         fresh_config(PolicyConfig(name="a", model_config=tiny("qwen2", gradient_checkpointing=True)), byte_tokenizer())
 
 
-def test_a_model_config_larger_than_the_host_memory_is_refused_before_it_is_built():
+def test_a_model_config_larger_than_memory_is_refused_before_it_is_built(monkeypatch):
+    """1e12 layers hung in transformers building per-layer lists: beyond any machine, refused at the config check
+    (also on a Ray driver); beyond this machine, refused where the model is built (a worker's node may hold more)."""
+    import mrl_llm.models as models
     from mrl_llm.byte_tokenizer import byte_tokenizer
     from mrl_llm.config import PolicyConfig
-    from mrl_llm.models import check_fits_host, fresh_config, host_memory_bytes
+    from mrl_llm.models import build_model, check_fits_host, fresh_config, host_memory_bytes
 
     huge = PolicyConfig(name="a", model_config=tiny("qwen2", num_hidden_layers=10**12), tokenizer_dir="utf8-bytes")
-    with pytest.raises(ConfigError, match=r"policy 'a': model_config describes a model of .* GiB in fp32.*"
-                                          r"lower num_hidden_layers"):
+    with pytest.raises(ConfigError, match=r"policy 'a': model_config describes a model of .* GiB in fp32.*more than "
+                                          r"any machine holds .*lower num_hidden_layers"):
         fresh_config(huge, byte_tokenizer())
-    small = tiny("qwen2", vocab_size=300)
-    fresh_config(PolicyConfig(name="a", model_config=small, tokenizer_dir="utf8-bytes"), byte_tokenizer())
+    small = PolicyConfig(name="a", model_config=tiny("qwen2", vocab_size=300), tokenizer_dir="utf8-bytes")
+    fresh_config(small, byte_tokenizer())
     assert host_memory_bytes() is None or host_memory_bytes() > 0
-    # the same shape against a given memory: ~0.2M parameters are 0.8 MB in fp32
-    check_fits_host(small, "policy 'a'", ram_bytes=10**7)
-    with pytest.raises(ConfigError, match=r"more than this machine's"):
-        check_fits_host(small, "policy 'a'", ram_bytes=10**5)
+    # ~0.2M parameters are 0.8 MB in fp32: they fit 10 MB, not 100 kB
+    check_fits_host(small.model_config, "policy 'a'", ram_bytes=10**7)
+    with pytest.raises(ConfigError, match=r"more than this machine's memory"):
+        check_fits_host(small.model_config, "policy 'a'", ram_bytes=10**5)
     check_fits_host({"model_type": "qwen2"}, "policy 'a'", ram_bytes=1)  # a shape it cannot read is not checked
+    monkeypatch.setattr(models, "host_memory_bytes", lambda: 10**5)
+    fresh_config(small, byte_tokenizer())  # the config check does not look at this machine
+    with pytest.raises(ConfigError, match=r"policy 'a': .* more than this machine's memory \(9.31e-05 GiB\)"):
+        build_model(small, byte_tokenizer(), seed=0)
 
 
 def test_a_prompt_must_leave_the_model_room_to_generate(tmp_path):
