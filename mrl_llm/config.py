@@ -59,6 +59,7 @@ from typing import Any, Literal
 
 from mrl_llm.byte_tokenizer import BYTE_TOKENIZER_ID
 from mrl_llm.data import DataConfig
+from mrl_llm.distributed.memory import SIZE_KEYS
 from mrl_llm.hub import is_hub_id
 from mrl_llm.param_groups import LrGroup
 from mrl_llm.templates import TemplateConfig
@@ -70,10 +71,9 @@ POLICY_NAME_RULE = "[A-Za-z0-9][A-Za-z0-9._-]{0,63}"
 POLICY_NAME = re.compile(POLICY_NAME_RULE)
 #: Seeds go to numpy and torch: ``0 <= seed < 2**63``.
 SEED_LIMIT = 2**63
-#: ``model_config`` keys that are sizes or counts: integers >= 1 when given (HF names and GPT-2's aliases).
-MODEL_SIZE_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                   "num_key_value_heads", "max_position_embeddings", "head_dim", "n_embd", "n_layer", "n_head",
-                   "n_positions", "n_inner")
+#: ``model_config`` keys that are sizes or counts: integers >= 1 when given (HF names and GPT-2's aliases): the
+#: planner's (:data:`mrl_llm.distributed.memory.SIZE_KEYS`) and the context length.
+MODEL_SIZE_KEYS = (*SIZE_KEYS, "max_position_embeddings")
 
 DTYPE_ALIASES = {"fp32": "fp32", "float32": "fp32", "bf16": "bf16", "bfloat16": "bf16"}
 REPO_ROOT = Path(__file__).resolve().parents[1]
