@@ -218,6 +218,7 @@ def test_skip_leaves_out_unusable_gold_answers_and_reports_the_count(tmp_path, c
     ("src.jsonl", "", "has no rows; nothing written"),
     ("src.jsonl", "\n  \n\n", "has no rows; nothing written"),
     ("src.json", "[]", "has no rows; nothing written"),
+    ("src.json", "", "src.json: not valid JSON (Expecting value at column 1)"),
     ("src.jsonl", _rows({"question": "Q?", "answer": "two"}), "has no usable rows (1 skipped; first: "),
 ])
 def test_an_empty_source_writes_nothing(tmp_path, capsys, name, content, match):

@@ -110,3 +110,11 @@ def test_a_record_id_that_is_not_canonical_is_refused(tmp_path):
     with pytest.raises(RecordValidationError, match="not the canonical 'A/0/p0/0'"):
         svc.publish([again.to_json()], "A", 0)
     assert svc.count() == 1
+
+
+def test_an_empty_publish_of_a_step_adds_nothing_and_refuses_nothing(tmp_path):
+    svc = ExchangeService(str(tmp_path / "x.jsonl"), fsync=False)
+    assert svc.publish([], "A", 0) == 0 and svc.publish([], "A") == 0
+    assert svc.count() == 0
+    svc.publish(_lines("A", 0, 2), "A", 0)  # the step is not marked refused: its records still go in
+    assert svc.count("A", 0) == 2

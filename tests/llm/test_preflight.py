@@ -158,6 +158,11 @@ def test_a_model_config_larger_than_memory_is_refused_before_it_is_built(monkeyp
     with pytest.raises(ConfigError, match=r"more than this machine's memory"):
         check_fits_host(small.model_config, "policy 'a'", ram_bytes=10**5)
     check_fits_host({"model_type": "qwen2"}, "policy 'a'", ram_bytes=1)  # a shape it cannot read is not checked
+    from transformers import AutoConfig
+
+    default = AutoConfig.for_model("qwen2").num_hidden_layers
+    assert models.shape_dict("qwen2", {})["num_hidden_layers"] == default  # nothing given: the model type's defaults
+    assert models.shape_dict("gpt2", {"hidden_size": 64})["n_embd"] == 64  # an alias under its canonical name
     monkeypatch.setattr(models, "host_memory_bytes", lambda: 10**5)
     fresh_config(small, byte_tokenizer())  # the config check does not look at this machine
     with pytest.raises(ConfigError, match=r"policy 'a': .* more than this machine's memory \(9.31e-05 GiB\)"):
