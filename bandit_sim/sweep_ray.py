@@ -1,8 +1,8 @@
 """The Ray runtime of ``bandit_sim sweep``: grid points as Ray tasks (``--runtime ray [--ray-address ADDR]``).
 
 Ray is an optional dependency of the simulator (the ``sweep`` extra: ``pip install 'mutual-rl[sweep]'``).
-Without ``--ray-address`` a local cluster is started on this machine (and shut down at the end); with
-one, the sweep joins that cluster and leaves it running. Each point is one task asking ``cpus_per_point``
+Without ``--ray-address`` a local cluster is started on this machine (and shut down at the end, or cleared by
+its watchdog when this process is killed, :mod:`shared_interfaces.ray_local`); with one, the sweep joins that cluster and leaves it running. Each point is one task asking ``cpus_per_point``
 CPUs (default 1: a point runs unsharded, one torch thread) with the ``SPREAD`` scheduling strategy, so a
 cluster of several nodes runs points on all of them. A task returns the point's result and the id of the
 node it ran on (kept in the point's file as ``node``). Retries are the sweep's own (a failing point is
@@ -26,6 +26,7 @@ from bandit_sim.config import SimConfig
 from bandit_sim.sweep import PointFn, describe_error, run_point
 from shared_interfaces.config_io import ConfigError
 from shared_interfaces.ray_address import check_ray_address
+from shared_interfaces.ray_local import ClusterWatchdog, watch_local_cluster
 
 WORKER_NICENESS = 0  # of the workers of a local cluster this runtime starts (module docstring)
 
@@ -53,6 +54,7 @@ class RayRuntime:
     cpus_per_point: float = 1.0
     owns_cluster: bool = False
     pending: dict = field(default_factory=dict)
+    watchdog: ClusterWatchdog | None = None  # of the local cluster it started (shared_interfaces.ray_local)
 
     @classmethod
     def start(cls, *, address: str | None = None, point_fn: PointFn = run_point, cpus_per_point: float = 1.0,
@@ -69,7 +71,8 @@ class RayRuntime:
                 raise ConfigError(f"--ray-address {address}: cannot connect to a Ray cluster there ({err}); start one "
                                   "with `ray start --head` or leave --ray-address out for a local cluster") from err
             owns = address is None
-        return cls(point_fn=point_fn, cpus_per_point=cpus_per_point, owns_cluster=owns)
+        watchdog = watch_local_cluster() if owns else None  # the local cluster does not outlive this process
+        return cls(point_fn=point_fn, cpus_per_point=cpus_per_point, owns_cluster=owns, watchdog=watchdog)
 
     def submit(self, tag: Any, base: SimConfig, point: dict) -> None:
         ray = _import_ray()
@@ -97,3 +100,6 @@ class RayRuntime:
         self.pending.clear()
         if self.owns_cluster and ray.is_initialized():
             ray.shutdown()
+        if self.watchdog is not None:
+            self.watchdog.close()
+            self.watchdog = None

@@ -11,7 +11,8 @@ accuracy (both from the ``eval`` rows) and the mean training reward (``train`` r
 
 A damaged or hand-edited run is an error naming the file (and the ``metrics.jsonl`` line) and the fix: a
 line that is not a JSON object, a train/eval row without ``step`` or ``policy``, a plotted value that is not
-a number, a ``summary.json`` that is not JSON or lacks ``regime`` / ``policies``. A run whose
+a number, a ``summary.json`` that is not JSON or lacks ``regime`` / ``policies``, two train rows of one step and
+policy (two processes wrote the run). A run whose
 ``metrics.jsonl`` has no rows yet (it has just started) is left out, and named; when no run has any, the
 report is an error saying so.
 """
@@ -76,8 +77,22 @@ def check_row(r: dict[str, Any]) -> None:
 
 
 def run_rows(run: Path) -> list[dict[str, Any]]:
-    """``run/metrics.jsonl``'s rows, checked (:func:`check_row`); errors name the file and line."""
-    return read_metrics(run / "metrics.jsonl", check=check_row)
+    """``run/metrics.jsonl``'s rows, checked (:func:`check_row`); errors name the file and line. Two train rows of
+    one (step, policy) (rolled-back rows aside) are an error: two processes wrote the run, and averaging them
+    would count the step twice."""
+    path = run / "metrics.jsonl"
+    rows = read_metrics(path, check=check_row)
+    seen: dict[tuple[int, str], int] = defaultdict(int)
+    for r in rows:
+        if r.get("kind") == "train":
+            seen[(r["step"], r["policy"])] += 1
+    dups = sorted(k for k, n in seen.items() if n > 1)
+    if dups:
+        (step, pol), more = dups[0], f" and {len(dups) - 1} more" if len(dups) > 1 else ""
+        raise ValueError(f"{path}: {seen[dups[0]]} train rows of step {step}, policy {pol!r}{more} (two processes "
+                         "wrote this run?); it cannot be reported: train it again into a new --out directory, or "
+                         "move the run out of --runs")
+    return rows
 
 
 def curves(runs: list[Path], rows_of: dict[Path, list[dict[str, Any]]] | None = None

@@ -10,14 +10,22 @@
   this invocation created — the directory itself when it made it, else the files it put into the
   empty directory it was given. Nothing is removed once a checkpoint exists (the run can be resumed),
   and a directory that was not empty is never touched (the checks above refuse it first).
+* A run directory is **owned by one process** (:class:`RunDirLock`): ``DIR/.run.lock`` is ``flock``-ed for
+  the run's life, before anything else is written, and the directory is checked again under it. A second
+  ``train --out DIR`` or ``--resume DIR`` while it is held is refused with the holder's pid and host (written
+  into the lock file). The OS releases the lock when the holder exits, however it exits (``kill -9`` included);
+  the file itself stays and means nothing unlocked. Not for a run directory on a file system without
+  ``flock`` (an old NFS mount): a lock there fails with the file system's error.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
 import shutil
+import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -65,6 +73,64 @@ def _comparable(cfg: RunConfig) -> dict[str, Any]:
     return json.loads(json.dumps(_without_resumable(to_mapping(cfg))))
 
 
+#: The lock file in a run directory (:class:`RunDirLock`); not part of the run (an empty directory with only it is empty).
+LOCK_FILE = ".run.lock"
+
+
+def _entries(out: Path) -> list[Path]:
+    """What ``out`` holds besides its lock file."""
+    return [p for p in out.iterdir() if p.name != LOCK_FILE]
+
+
+class RunDirLockedError(FileExistsError):
+    """Another process holds the run directory's lock (the message names its pid and host): the directory is
+    taken, as one that holds a run is (a ``FileExistsError``, so the CLI prints it as a one-line error)."""
+
+
+class RunDirLock:
+    """An exclusive ``flock`` on ``out/.run.lock`` (module docstring), taken on entering (``out`` is made when
+    absent, as a new run's ``--out`` is) and released on leaving; the OS releases it when the process dies.
+    A held lock is a :class:`RunDirLockedError` at once (no waiting) naming the holder."""
+
+    def __init__(self, out: Path) -> None:
+        self.out = Path(out)
+        self.fd: int | None = None
+
+    def __enter__(self) -> RunDirLock:
+        self.out.mkdir(parents=True, exist_ok=True)
+        path = self.out / LOCK_FILE
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)  # not inherited by the run's subprocesses (PEP 446)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read_holder(fd)
+            os.close(fd)
+            raise RunDirLockedError(f"{self.out} is in use by another run ({holder}); wait for it to finish or stop "
+                                    "it, or choose another directory (two processes on one run directory corrupt "
+                                    "it)") from None
+        except OSError:
+            os.close(fd)
+            raise
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname()}).encode() + b"\n", 0)
+        self.fd = fd
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # closing the descriptor releases the flock
+            self.fd = None
+
+
+def _read_holder(fd: int) -> str:
+    """``pid N on host H`` from a held lock file (what its holder wrote), or what is known."""
+    try:
+        info = json.loads(os.pread(fd, 4096, 0).decode() or "null")
+        return f"pid {int(info['pid'])} on host {info['host']}"
+    except (ValueError, TypeError, KeyError, UnicodeDecodeError):
+        return "a process that has not written its pid yet"
+
+
 def holds_run(out: Path) -> bool:
     """Whether ``out`` looks like a run directory (its config plus a log or checkpoints)."""
     return (out / "config.json").is_file() and any(
@@ -90,14 +156,14 @@ def check_run_dir(config: RunConfig, out: Path, resume: bool) -> None:
         return
     if out.exists() and not out.is_dir():
         raise FileExistsError(f"--out {out} is a file, not a directory; choose a new --out directory")
-    if out.is_dir() and any(out.iterdir()):
+    if out.is_dir() and _entries(out):
         if holds_run(out) and not any((out / m).is_file() for m in RESUMABLE_MARKERS):
             raise FileExistsError(f"{out} holds a run that stopped before its first checkpoint (killed?), so there "
                                   f"is nothing to resume; remove {out} or choose a new --out directory")
         if holds_run(out):
             raise FileExistsError(f"{out} already holds a run; pass --resume {out} to continue it or choose "
                                   "a new --out directory")
-        some = sorted(p.name for p in out.iterdir())[:3]
+        some = sorted(p.name for p in _entries(out))[:3]
         raise FileExistsError(f"--out {out} is not empty (it holds {', '.join(some)}, ...) and is not a run "
                               "directory; a new run needs a new or empty directory, so nothing there is overwritten")
     base = nearest_existing(out)
@@ -109,12 +175,13 @@ def check_run_dir(config: RunConfig, out: Path, resume: bool) -> None:
 
 
 @contextmanager
-def new_run_guard(out: Path, resume: bool) -> Iterator[None]:
+def new_run_guard(out: Path, resume: bool, *, made: bool | None = None) -> Iterator[None]:
     """Run the body; if it fails before the run has a checkpoint, remove what it created in ``out``
-    (module docstring). Call after :func:`check_run_dir`, which guarantees ``out`` is new or empty."""
+    (module docstring). Call after :func:`check_run_dir`, which guarantees ``out`` is new or empty (its lock file
+    aside). ``made``: whether this invocation made ``out`` (before locking it); default: whether it is absent now."""
     out = Path(out)
-    existed = out.is_dir()
-    if resume or (existed and any(out.iterdir())):
+    existed = out.is_dir() if made is None else not made
+    if resume or (out.is_dir() and _entries(out)):
         yield
         return
     try:

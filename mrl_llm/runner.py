@@ -5,8 +5,8 @@
 (a context manager giving a :class:`Runtime`: the driver's backend, the policies' actor specs and the
 schedule's mode and staleness), everything else is the same code:
 
-1. ``out`` is checked (:mod:`mrl_llm.rundir`); a new run that fails before its first checkpoint leaves
-   nothing behind. The problems are resolved (:func:`mrl_llm.run_setup.resolve_problems`).
+1. ``out`` is checked and locked for this process (:mod:`mrl_llm.rundir`: a second run or ``--resume`` on it
+   is refused while this one holds it); a new run that fails before its first checkpoint leaves nothing behind. The problems are resolved (:func:`mrl_llm.run_setup.resolve_problems`).
 2. ``resume=True``: the resume point ``S`` is derived from the checkpoints, verified, and the directory
    cut back to it (:mod:`mrl_llm.resume`); the run continues at ``S + 1``. Else ``config.json`` is written.
 3. :class:`~mrl_llm.distributed.driver.Driver` runs the steps over the backend's actors. Evaluation runs
@@ -45,7 +45,7 @@ from mrl_llm.evaluate import peer_exclusive_sets, read_eval_rows
 from mrl_llm.metrics import MetricsLog, clean, train_row
 from mrl_llm.resume import record_checkpoint, restore_run_dir, resume_step, verify_run_dir
 from mrl_llm.run_setup import Batches, log_eval, resolve_problems, run_summary, setup_warnings
-from mrl_llm.rundir import check_run_dir, new_run_guard
+from mrl_llm.rundir import RunDirLock, check_run_dir, new_run_guard
 from mrl_llm.runstate import prune
 from shared_interfaces.config_io import ConfigError, to_mapping
 
@@ -70,10 +70,13 @@ def run_training(config: RunConfig, out_dir: str | Path, *, start_runtime: Start
                  eval_problems: Sequence[Problem] | None = None) -> dict[str, Any]:
     """Train ``config`` into ``out_dir`` on ``start_runtime``'s backend (module docstring); returns the summary."""
     out = Path(out_dir)
-    check_run_dir(config, out, resume)
-    with new_run_guard(out, resume):
-        return _run(config, out, resume=resume, problems=problems, eval_problems=eval_problems,
-                    start_runtime=start_runtime)
+    check_run_dir(config, out, resume)  # before anything is made
+    made = not out.exists()
+    with RunDirLock(out):  # one process a run directory; checked again under the lock
+        check_run_dir(config, out, resume)
+        with new_run_guard(out, resume, made=made):
+            return _run(config, out, resume=resume, problems=problems, eval_problems=eval_problems,
+                        start_runtime=start_runtime)
 
 
 def export(actor: Any, dest: Path) -> Path:

@@ -35,8 +35,10 @@ with loss x 0), a non-finite loss anywhere aborts everywhere, the logged loss te
 the clipping norm is the global one, summed with them — two small collectives a mini-batch
 (:mod:`mrl_llm.parallel.share`) besides FSDP's; with ``train.grad_sync: mini_batch`` the FSDP2 units of the model
 and of the reference stay gathered through each mini-batch (and through the snapshot pass) and only its last
-backward reduce-scatters (:meth:`~mrl_llm.parallel.share.RankShare.gathered`, ``sync_grads``). Diagnostics other
-than the loss terms are this rank's rows'. Without ``share``: the one-process update.
+backward reduce-scatters (:meth:`~mrl_llm.parallel.share.RankShare.gathered`, ``sync_grads``). The other
+diagnostics are the batch's too (:meth:`Diagnostics.reduce`, one collective a step): token-weighted sums and
+counts summed over the ranks, the drift the ranks' largest, PRP's ratio variance over every rank's peer tokens.
+Without ``share``: the one-process update.
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ from shared_interfaces.regimes.config import LossConfig
 from shared_interfaces.regimes.math import ratio_variance
 
 if TYPE_CHECKING:
+    from mrl_llm.parallel.group import WorkerGroup
     from mrl_llm.parallel.share import RankShare
 
 
@@ -91,6 +94,9 @@ class Diagnostics:
         self.peer_old: list[np.ndarray] = []
         self.peer_mu: list[np.ndarray] = []
 
+    #: what :meth:`micro_batch` adds: token-weighted sums over this rank's rows (:meth:`reduce` sums them over ranks)
+    TOKEN_KEYS = ("clip_fraction", "approx_kl_old", "entropy", "kl_to_ref", "prp_coef")
+
     def add(self, key: str, total: float, count: float) -> None:
         self.s[key] = self.s.get(key, 0.0) + total
         self.n[key] = self.n.get(key, 0.0) + count
@@ -121,6 +127,25 @@ class Diagnostics:
             self.peer_mu.append(mb.mu[peer].float().cpu().numpy())
         thl_mask = mb.mask & mb.use_mu[:, None] & mb.rows_pg[:, None]
         self.add("prp_coef", float((mb.coef * thl_mask).sum()), float(thl_mask.sum()))
+
+    def reduce(self, group: WorkerGroup) -> None:
+        """The batch's diagnostics, on every rank of ``group`` (a collective: every rank calls it, once, after its
+        micro-batches): the token-weighted sums and counts of :attr:`TOKEN_KEYS` summed over the ranks (the mean is
+        ``sum_r s_r / sum_r n_r``), ``drift`` the ranks' largest, the peer tokens' ``(pi_old, mu)`` log-probs every
+        rank's (the ratio variance is over all of them). The loss terms and the gradient norm, global already,
+        are not touched. A group of one: nothing changes."""
+        if not group.sharded:
+            return
+        peer = ((np.concatenate(self.peer_old), np.concatenate(self.peer_mu)) if self.peer_old else None)
+        mine = ({k: (self.s[k], self.n[k]) for k in self.TOKEN_KEYS if k in self.n}, self.drift, peer)
+        got = group.gather_objects(mine)
+        for k in self.TOKEN_KEYS:
+            parts = [sums[k] for sums, _, _ in got if k in sums]
+            if parts:
+                self.s[k], self.n[k] = math.fsum(a for a, _ in parts), math.fsum(b for _, b in parts)
+        self.drift = max(d for _, d, _ in got)
+        peers = [p for _, _, p in got if p is not None]
+        self.peer_old, self.peer_mu = [o for o, _ in peers], [m for _, m in peers]
 
     def metrics(self, *, tracks_ref: bool) -> dict[str, float]:
         m = {k: self.mean(k) for k in ("loss", "pg_loss", "sgt_loss", "kl_loss", "clip_fraction", "approx_kl_old",
@@ -300,6 +325,8 @@ def run_update(
         diag.add("grad_norm", float(grad_norm), 1.0)
         for k, v in losses.items():
             diag.add(k, v, 1.0)
+    if share is not None:  # the batch's diagnostics, not this rank's rows'
+        diag.reduce(share.group)
     res.metrics = diag.metrics(tracks_ref=ref_model is not None)
     res.metrics["padding_waste"] = res.padded_tokens / res.seq_tokens if res.seq_tokens else float("nan")
     return res

@@ -125,6 +125,21 @@ def limit_tokenizer_threads(threads: int) -> None:
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+#: A worker's generation counters and the keys of a ``generate`` answer's ``timings`` that hold the step's amount
+#: (:meth:`~mrl_llm.rank.rollouts.RolloutStats.metrics`): a policy whose samples another actor drew (a split
+#: policy's rollout actors, another rank of a worker group) adds them to its own counters with :func:`count_generated`.
+GEN_COUNTERS = {"samples": "samples", "gen_tokens": "gen_tokens", "prompt_tokens": "prompt_tokens", "flops": "gen_flops"}
+
+
+def count_generated(counters: dict[str, float] | None, timings: Mapping[str, Any] | None) -> None:
+    """Add a ``generate`` answer's ``timings`` (one step's samples, tokens and FLOPs; :data:`GEN_COUNTERS`) to a
+    worker's ``counters``, in place; nothing for a worker without counters or an empty answer."""
+    if counters is None or not timings:
+        return
+    for key, src in GEN_COUNTERS.items():
+        counters[key] = counters.get(key, 0) + float(timings.get(src, 0.0))
+
+
 #: What a learner's peer-record check may drop records as (:mod:`mrl_llm.peer_check`), counted per step.
 PEER_CHECK_OUTCOMES = ("peer_verdict_rejected", "peer_reward_refused")
 
@@ -308,9 +323,13 @@ class PolicyActor:
             timings["publish_s"] = time.perf_counter() - t0
         # kept for this step's training, which then fetches only the peers' records (not after a restart); every
         # rank of a worker group holds all of the policy's records of the step (one all-gather of the ranks' shares)
-        if group is not None:
+        if group is not None:  # with the ranks' counts: every rank's counters are the policy's
             t1 = time.perf_counter()
-            self._own[step] = [r for part in group.gather_objects(recs) for r in part]
+            parts = group.gather_objects((recs, timings))
+            self._own[step] = [r for part, _ in parts for r in part]
+            for r, (_, theirs) in enumerate(parts):
+                if r != self.rank:
+                    count_generated(getattr(self.worker, "counters", None), theirs)
             timings["own_gather_s"] = time.perf_counter() - t1
         else:
             self._own[step] = list(recs)
@@ -319,8 +338,13 @@ class PolicyActor:
 
     def train(self, step: int, prompt_ids: Sequence[str], *, peers: Sequence[str], ready: Sequence[Any] | None = None,
               baselines: Mapping[str, int] | None = None, max_staleness: int = 0,
-              expect: Mapping[str, int] | None = None) -> dict[str, Any]:
+              expect: Mapping[str, int] | None = None,
+              rollouts: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """Train on this step's groups with the records of ``peers`` (self included).
+
+        ``rollouts``: a split policy's trainer gets its rollout actors' ``generate`` answer of the step (summed),
+        whose samples, tokens and FLOPs go into its counters (:func:`count_generated`), as a colocated actor counts
+        its own in ``generate``; the counters are the policy's in its rows, its summary and its checkpoints.
 
         ``ready`` (bounded-staleness mode) are the peers' generate results (Ray object refs, nested so Ray
         does not resolve them eagerly, or in-process :class:`~mrl_llm.distributed.handles.LocalRef`): a peer
@@ -329,6 +353,8 @@ class PolicyActor:
         exchange waits for before answering the fetch.
         """
         t0 = time.perf_counter()
+        if rollouts is not None:
+            count_generated(getattr(self.worker, "counters", None), rollouts.get("timings"))
         present = set(peers)
         counts = dict(expect or {})
         wait = 0.0

@@ -5,7 +5,8 @@ The same run as the in-process backend (:mod:`mrl_llm.runner`: same data cursor,
 (:class:`~mrl_llm.distributed.driver.Driver`), same run-directory files and resume mechanism
 (:mod:`mrl_llm.resume`)) but each policy is a Ray actor (:class:`~mrl_llm.distributed.backends.RayBackend`):
 
-1. Ray: ``runtime.address`` (an existing cluster) or a local cluster of ``runtime.num_cpus`` CPUs.
+1. Ray: ``runtime.address`` (an existing cluster) or a local cluster of ``runtime.num_cpus`` CPUs, which a
+   watchdog clears when the driver ends, ``kill -9`` included (:mod:`shared_interfaces.ray_local`).
 2. MWRA: the config's policies are planned on the cluster (``runtime.cluster`` YAML, else the Ray
    cluster's nodes; :func:`ray_cluster_spec`); the plan is written to ``plan.txt``, each policy gets a
    placement group of its bundles and its torch threads, and a ``vllm`` policy's engine gets the
@@ -45,6 +46,7 @@ from mrl_llm.run_setup import actor_specs
 from mrl_llm.runner import Runtime, run_training
 from shared_interfaces.config_io import ConfigError, to_mapping
 from shared_interfaces.ray_address import check_ray_address
+from shared_interfaces.ray_local import watch_local_cluster
 
 log = logging.getLogger("mrl_llm.ray_trainer")
 
@@ -125,10 +127,12 @@ def ray_runtime(config: RunConfig, out: Path, *,
 
     rt = config.runtime
     started = not ray.is_initialized()
+    watchdog = None
     if started:
         check_ray_address(rt.address, flag="runtime.address (--ray-address)")
         ray.init(address=rt.address, num_cpus=rt.num_cpus if rt.address is None else None,
                  include_dashboard=False, namespace="mrl")
+        watchdog = watch_local_cluster()  # a local cluster does not outlive this driver, even killed with -9
     try:
         plan = plan_run(config, ray_cluster_spec(rt.cluster))
         (out / "plan.txt").write_text(plan.render() + "\n")
@@ -139,6 +143,8 @@ def ray_runtime(config: RunConfig, out: Path, *,
     finally:
         if started:
             ray.shutdown()
+        if watchdog is not None:
+            watchdog.close()
 
 
 def train_on_ray(config: RunConfig, out_dir: str | Path, *, resume: bool = False,

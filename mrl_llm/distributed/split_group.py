@@ -10,9 +10,12 @@ ranks, one ``torch.distributed`` group, FSDP2-sharded for ``k > 1``) and ``m`` r
   actor ``r`` samples prompts ``r, r + m, ...`` with ``sampling.seeding: sample``, else rollout 0 samples them
   all; they publish; the answer is the sum over all (``records``).
 * ``train(...)`` — the trainers (every rank: a collective), which fetch their own records from the exchange
-  like the peers'. Right behind it the trainers' weights go to every rollout actor, as ``transfer`` says
-  (``runtime.weight_transfer``): ``object_store`` — ``weights()`` (rank 0's gathered copy, through Ray's object
-  store) then ``load_weights(ref)``; ``collective`` — ``push_weights()`` on the trainers and ``pull_weights()``
+  like the peers', and count the step's samples, tokens and generation FLOPs (the rollout actors' ``generate``
+  answer of the step, passed as ``rollouts=``) in their compute counters, as a colocated actor counts its own:
+  the rows, ``summary.json`` and the checkpoints (so a resume) carry the policy's counts. Right behind it the
+  trainers' weights go to every rollout actor, as ``transfer`` says (``runtime.weight_transfer``):
+  ``object_store`` — ``weights()`` (rank 0's gathered copy, through Ray's object store) then
+  ``load_weights(ref)``; ``collective`` — ``push_weights()`` on the trainers and ``pull_weights()``
   on every rollout actor, one broadcast per bucket over the policy's weight bus
   (:mod:`mrl_llm.parallel.weight_bus`: the trainers' rank 0 and the rollout actors, joined when they start;
   nccl between GPUs, gloo on CPU; ``auto``: collective on GPUs). Either way the load is queued on each rollout
@@ -73,6 +76,9 @@ class _SplitCall:
         if m in ("save", "export", "state", "weights"):
             return getattr(g.trainers, m).remote(*args, **kwargs)
         if m == "train":
+            gen = g.take_generated(args[0] if args else kwargs["step"])
+            if gen is not None:  # the rollout actors' samples, tokens and FLOPs, counted by the trainers
+                kwargs = {**kwargs, "rollouts": gen}
             out = g.trainers.train.remote(*args, **kwargs)
             if g.collective:  # behind the update: rank 0 broadcasts, every rollout actor receives
                 pushed = g.trainers.push_weights.remote()
@@ -86,7 +92,10 @@ class _SplitCall:
             refs = [getattr(g.trainers, m).remote(*args, **kwargs)]
             refs += [g.track(getattr(r, m).remote(*args, **kwargs)) for r in g.rollouts]
             combine = {"generate": generated, "probe_run_dir": _flatten}.get(m, rank0)
-            return combined(combine, *refs)
+            out = combined(combine, *refs)
+            if m == "generate":
+                g.generated[args[1] if len(args) > 1 else kwargs["step"]] = out
+            return out
         raise AttributeError(f"a split policy's actors have no method {m!r}")
 
 
@@ -125,6 +134,14 @@ class SplitGroup(RankGroup):
         super().__init__([*trainers.actors, *rollouts], policy=policy)
         self.trainers, self.rollouts, self.start_all = trainers, rollouts, start
         self.collective = collective
+        self.generated: dict[int, Any] = {}  # step -> the rollout actors' generate answer, until its train call
+
+    def take_generated(self, step: int) -> Any:
+        """The rollout actors' ``generate`` answer of ``step`` (an object ref; None: none was asked for), forgotten
+        here with any of earlier steps."""
+        for s in [s for s in self.generated if s < step]:
+            del self.generated[s]
+        return self.generated.pop(step, None)
 
     def __getattr__(self, method: str) -> _SplitCall:  # type: ignore[override]
         if method.startswith("_"):
@@ -149,7 +166,7 @@ class SplitGroup(RankGroup):
                     self.policy)
         self.trainers, self.rollouts = self.start_all()
         self.actors = [*self.trainers.actors, *self.rollouts]
-        self.pending, self.broken = [], False
+        self.pending, self.broken, self.generated = [], False, {}
         self.restarts += 1
 
     def kill(self) -> None:

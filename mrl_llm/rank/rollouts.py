@@ -48,7 +48,8 @@ class RolloutStats:
     def metrics(self, *, generation_s: float, scoring_s: float) -> dict[str, float]:
         """The step's generation row (what the actor reports as ``last_generate``)."""
         return {"generation_s": generation_s, "scoring_s": scoring_s, "samples": float(self.samples),
-                "gen_tokens": float(self.gen_tokens), "skipped_samples": float(self.skipped),
+                "gen_tokens": float(self.gen_tokens), "prompt_tokens": float(self.prompt_tokens),
+                "skipped_samples": float(self.skipped),
                 "empty_responses": float(self.empty), "truncated_responses": float(self.truncated),
                 "gen_flops": self.flops}
 

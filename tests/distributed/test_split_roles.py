@@ -67,3 +67,26 @@ def test_a_split_plan_without_both_pools_or_with_other_trainer_counts_is_refused
     with pytest.raises(ValueError, match=r"policy 'A': weight transfer 'nccl' is not one of \['auto', 'object_store', "
                                          r"'collective'\]"):
         start_split_group(spec, lambda: None, lambda b: {}, ["train", "rollout"], gpu=False, transfer="nccl")
+
+
+def test_a_trainer_counts_its_rollout_actors_samples_and_a_split_group_hands_each_step_over_once():
+    """``count_generated`` adds a ``generate`` answer's samples, tokens and FLOPs to a worker's counters (nothing
+    for an empty answer or a worker without counters); a split group keeps each step's generate answer for that
+    step's ``train`` only, and forgets earlier ones."""
+    from mrl_llm.distributed.actors import count_generated
+    from mrl_llm.distributed.rank_group import RankGroup
+    from mrl_llm.distributed.split_group import SplitGroup
+
+    c = {"samples": 4.0, "flops": 1.0, "train_tokens": 7.0}
+    count_generated(c, {"samples": 8.0, "gen_tokens": 20.0, "prompt_tokens": 12.0, "gen_flops": 64.0,
+                        "generation_s": 3.0, "skipped_samples": 1.0})
+    assert c == {"samples": 12.0, "gen_tokens": 20.0, "prompt_tokens": 12.0, "flops": 65.0, "train_tokens": 7.0}
+    count_generated(c, {})
+    count_generated(c, None)
+    count_generated(None, {"samples": 1.0})
+    assert c["samples"] == 12.0
+    g = SplitGroup(lambda: (RankGroup([]), []), policy="A")
+    assert g.take_generated(0) is None  # none asked for: the train call gets no rollouts=
+    g.generated.update({1: "gen1", 2: "gen2", 3: "gen3"})
+    assert g.take_generated(2) == "gen2" and g.generated == {3: "gen3"}  # step 1's (a gap) forgotten
+    assert g.take_generated(2) is None

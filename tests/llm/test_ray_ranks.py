@@ -24,6 +24,31 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 DECISIONS = ("reward_mean", "success_rate", "own_rows", "peer_rows", "sgt_rows", "sgt_activations", "version",
              "train_tokens")
+#: the compute counts of a row (cumulative) and of ``summary.json``: the same wherever the policy sampled
+ROW_COUNTS = ("samples", "gen_tokens", "cum_samples", "cum_gen_tokens", "cum_train_tokens")
+SUMMARY_COUNTS = ("samples", "gen_tokens", "train_tokens", "optimizer_steps")
+
+
+def assert_same_compute(d1, rows1, d2, rows2, *, every_row: bool = True):
+    """Run ``d2`` counted the samples, tokens and FLOPs run ``d1`` did, row by row (``every_row``; else each
+    policy's last row) and in its summary (under split placement the rollout actors sample: their counts are the
+    policy's). A colocated actor in async mode has sampled a step ahead when a row is written (its ``cum_*`` count
+    it); a split policy's trainer counts a step's samples with its training: their last rows agree."""
+    last = {n: max(k for k in rows1 if k[1] == n) for _, n in rows1}
+    for key, r1 in rows1.items():
+        assert r1["cum_samples"] > 0 and r1["cum_gen_tokens"] > 0, key
+        if not every_row and key != last[key[1]]:
+            assert rows2[key]["samples"] == r1["samples"], key
+            continue
+        assert {k: rows2[key][k] for k in ROW_COUNTS} == {k: r1[k] for k in ROW_COUNTS}, key
+        assert rows2[key]["cum_flops"] == pytest.approx(r1["cum_flops"], rel=1e-9), key
+    c1, c2 = ({p["name"]: p["compute"] for p in json.loads((d / "summary.json").read_text())["policies"]}
+              for d in (d1, d2))
+    assert sorted(c2) == sorted(c1)
+    for n, c in c1.items():
+        assert c["samples"] == max(r["cum_samples"] for k, r in rows1.items() if k[1] == n) > 0
+        assert {k: c2[n][k] for k in SUMMARY_COUNTS} == {k: c[k] for k in SUMMARY_COUNTS}, n
+        assert c2[n]["flops"] == pytest.approx(c["flops"], rel=1e-9), n
 
 
 @pytest.fixture(scope="module")
@@ -69,6 +94,7 @@ def test_two_ranks_per_policy_equal_one_rank(ray_llm, tmp_path, caplog, seeding,
         assert {k: v for k, v in b.items() if k != "token_logprobs"} == {k: v for k, v in a.items() if k != "token_logprobs"}
         assert b["token_logprobs"] == pytest.approx(a["token_logprobs"], abs=1e-5)
     assert sorted(rows2) == sorted(rows1) == [(0, "a"), (0, "b"), (1, "a"), (1, "b")]
+    assert_same_compute(tmp_path / "k1", rows1, d2, rows2)  # each rank's samples are the policy's
     for key, r1 in rows1.items():
         r2 = rows2[key]
         assert {k: r2[k] for k in DECISIONS} == {k: r1[k] for k in DECISIONS}, key

@@ -3,7 +3,8 @@ two tiny policies, each a trainer actor and a rollout actor on their own bundles
 colocated run of the same seed — records, regime decisions, loss and final weights — in sync mode and in
 bounded-staleness async mode (the trainers' weights reach the rollout actor before its next generate, as they
 would in one colocated actor); the plan and the log give each actor's role; 2 trainer ranks (one FSDP2 group)
-with 2 rollout actors equal the colocated 2-rank run; the trainers build no engine (vLLM under split:
+with 2 rollout actors equal the colocated 2-rank run; both count the same samples, tokens and FLOPs (rows,
+cumulative counts, ``summary.json``); the trainers build no engine (vLLM under split:
 ``tests/llm/test_ray_ranks_vllm.py``)."""
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from mrl_llm.distributed.actors import PolicyActorSpec
 from mrl_llm.trainer import train
 from tests.llm.helpers import local_ray
 from tests.llm.test_ray import PROBLEMS, config, policy
-from tests.llm.test_ray_ranks import _files
+from tests.llm.test_ray_ranks import _files, assert_same_compute
 
 DECISIONS = ("reward_mean", "success_rate", "own_rows", "peer_rows", "sgt_rows", "sgt_activations", "version",
              "train_tokens", "stale_dropped")
@@ -53,6 +54,7 @@ def test_split_placement_equals_colocated(ray_llm, tmp_path, caplog, mode, trans
         assert {k: v for k, v in b.items() if k != "token_logprobs"} == {k: v for k, v in a.items() if k != "token_logprobs"}
         assert b["token_logprobs"] == pytest.approx(a["token_logprobs"], abs=1e-5)
     assert sorted(rows2) == sorted(rows1) and len(rows1) == 6
+    assert_same_compute(tmp_path / "colocated", rows1, tmp_path / "split", rows2, every_row=mode == "sync")
     for key, r1 in rows1.items():
         assert {k: rows2[key].get(k) for k in DECISIONS} == {k: r1.get(k) for k in DECISIONS}, key
         assert rows2[key]["loss"] == pytest.approx(r1["loss"], abs=1e-5)
@@ -162,6 +164,7 @@ def test_split_with_two_trainer_ranks_equals_colocated(ray_llm, tmp_path, caplog
         assert {k: v for k, v in b.items() if k != "token_logprobs"} == {k: v for k, v in a.items() if k != "token_logprobs"}
         assert b["token_logprobs"] == pytest.approx(a["token_logprobs"], abs=1e-5)
     assert sorted(rows2) == sorted(rows1) == [(0, "a"), (0, "b"), (1, "a"), (1, "b")]
+    assert_same_compute(tmp_path / "colocated", rows1, tmp_path / "split", rows2)
     for key, r1 in rows1.items():
         assert {k: rows2[key].get(k) for k in DECISIONS} == {k: r1.get(k) for k in DECISIONS}, key
         assert rows2[key]["loss"] == pytest.approx(r1["loss"], abs=1e-5)

@@ -155,6 +155,19 @@ def test_report_names_the_bad_metrics_line(tmp_path, capsys, damage, says):
              "repair or remove the line")
 
 
+def test_report_refuses_a_run_with_two_train_rows_of_one_step_and_policy(tmp_path, capsys):
+    """Two processes on one run directory doubled every row; the report averaged them. A rolled-back row (a
+    resume's) is not a duplicate."""
+    rows = [{"kind": "train", "step": s, "policy": p, "regime": "sgt", "reward_mean": 0.5} for s in range(3) for p in "ab"]
+    d = _report_run(tmp_path / "runs", rows=[*rows, {**rows[0], "rolled_back": True}])
+    assert main(["report", "--runs", str(tmp_path / "runs")]) == 0
+    capsys.readouterr()
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows + rows[2:]))
+    _refused(capsys, ["report", "--runs", str(tmp_path / "runs")],
+             f"{d / 'metrics.jsonl'}: 2 train rows of step 1, policy 'a' and 3 more (two processes wrote this run?)",
+             "train it again into a new --out directory")
+
+
 def test_read_metrics_refuses_a_row_that_is_not_an_object(tmp_path):
     p = tmp_path / "metrics.jsonl"
     p.write_text('{"kind": "train"}\n"text"\n')
