@@ -13,8 +13,10 @@ A grid file (``bandit_sim/grids/NAME.yaml`` for the named grids ``paper``, ``pap
       sgt_weight: [0.1, 1.0]       # SGT's lambda
       lr: [5.0, 20.0]
 
-Unknown top-level keys, unknown axes and unknown override keys are :class:`ConfigError` naming them;
-every point's run config is built (and so validated) when the grid is loaded.
+Unknown top-level keys, unknown axes and unknown override keys are :class:`ConfigError` naming them.
+The grid's size (the product of the axes' lengths) is checked first, against ``max_points`` (default
+:data:`DEFAULT_MAX_POINTS`, ``sweep --max-points``); then every point's run config is built (and so
+validated) when the grid is loaded.
 """
 
 from __future__ import annotations
@@ -34,6 +36,19 @@ from shared_interfaces.config_io import ConfigError, load_yaml, to_mapping
 SWEEP_AXES = ("overlap", "group_size", "thl_sigma", "sgt_weight", "lr")
 GRID_KEYS = ("base", "overrides", "axes")
 GRIDS_DIR = Path(__file__).parent / "grids"
+#: the most points a grid may have unless raised (``sweep --max-points``); the paper grids have 108
+DEFAULT_MAX_POINTS = 10_000
+
+
+def check_grid_size(axes: Mapping[str, Any], max_points: int, *, where: str) -> int:
+    """The number of points of ``axes``' full product, computed without building it; more than ``max_points`` is a
+    :class:`ConfigError` giving the number and the flag that raises the limit."""
+    n = math.prod(len(v) for v in axes.values())
+    if n > max_points:
+        sizes = " x ".join(str(len(v)) for v in axes.values())
+        raise ConfigError(f"{where}: {sizes} = {n} points, more than the limit of {max_points} (each point is a whole "
+                          f"run); shorten the axes, or pass --max-points {n} to run them all")
+    return n
 
 
 @dataclass(frozen=True)
@@ -89,7 +104,7 @@ def apply_point(base: SimConfig, point: Mapping[str, float]) -> SimConfig:
     return cfg
 
 
-def grid_from_mapping(data: Any, *, where: str = "sweep grid") -> SweepGrid:
+def grid_from_mapping(data: Any, *, where: str = "sweep grid", max_points: int = DEFAULT_MAX_POINTS) -> SweepGrid:
     """A :class:`SweepGrid` from a parsed YAML mapping (module docstring); errors name the key."""
     if not isinstance(data, Mapping):
         raise ConfigError(f"{where}: expected a mapping with keys {list(GRID_KEYS)}, got {type(data).__name__}")
@@ -119,6 +134,7 @@ def grid_from_mapping(data: Any, *, where: str = "sweep grid") -> SweepGrid:
         if len(set(values)) != len(values):
             raise ConfigError(f"{where}: axis {axis} lists a value twice: {list(values)}")
         axes[str(axis)] = tuple(values)
+    check_grid_size(axes, max_points, where=where)  # before the product is built
     grid = SweepGrid(base, axes, name=where)
     for point in grid.points():
         try:
@@ -132,16 +148,17 @@ def named_grids() -> list[str]:
     return sorted(p.stem for p in GRIDS_DIR.glob("*.yaml"))
 
 
-def load_grid(name_or_path: str | Path) -> SweepGrid:
-    """A named grid (``paper``, ``paper-full``, ``smoke``) or a YAML file."""
+def load_grid(name_or_path: str | Path, *, max_points: int = DEFAULT_MAX_POINTS) -> SweepGrid:
+    """A named grid (``paper``, ``paper-full``, ``smoke``) or a YAML file, of at most ``max_points`` points."""
     p = Path(name_or_path)
     if p.suffix in (".yaml", ".yml"):
         if not p.is_file():
             raise ConfigError(f"sweep grid file {p} does not exist")
-        grid = grid_from_mapping(load_yaml(p), where=f"sweep grid {p}")
+        grid = grid_from_mapping(load_yaml(p), where=f"sweep grid {p}", max_points=max_points)
         return replace(grid, name=str(p))
     path = GRIDS_DIR / f"{name_or_path}.yaml"
     if not path.is_file():
         raise ConfigError(f"unknown sweep grid {str(name_or_path)!r}; named grids: {named_grids()}, or give a "
                           "YAML file (base + axes)")
-    return replace(grid_from_mapping(load_yaml(path), where=f"sweep grid {name_or_path}"), name=str(name_or_path))
+    grid = grid_from_mapping(load_yaml(path), where=f"sweep grid {name_or_path}", max_points=max_points)
+    return replace(grid, name=str(name_or_path))
