@@ -22,6 +22,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from bandit_sim.config import SimConfig, config_from_mapping, with_overrides
+from bandit_sim.predict import DEFAULT_MAX_WORK
 from bandit_sim.presets import RUN_PRESETS, get_preset
 from bandit_sim.scenario import ScenarioError, save_scenario
 from bandit_sim.sweep_config import DEFAULT_MAX_POINTS
@@ -71,6 +72,9 @@ def _parser() -> argparse.ArgumentParser:
     pr.add_argument("--thl-sigma", type=float, default=0.0, help="THL residual on prp_thl's denominator")
     for flag in ("--steps", "--prompts-per-step", "--group-size", "--eval-k"):
         pr.add_argument(flag, type=int, help="override the matrix's run setting")
+    pr.add_argument("--max-work", type=int_at_least(1), default=DEFAULT_MAX_WORK,
+                    help=f"refuse a prediction of more simulated arm draws than this (default {DEFAULT_MAX_WORK:.0e}; "
+                    "regimes x seeds x policies x steps x prompts per step x (arms + G))")
     pr.add_argument("--out", help="also write the prediction as JSON to this file")
     sc = sub.add_parser("scenario", help="write a preset's generated scenario as .npz")
     sc.add_argument("--preset", required=True)
@@ -163,7 +167,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     opts = PredictOptions(**({"regimes": regimes} if regimes is not None else {}), seeds=args.seeds,
                           preset=args.preset, objective=args.objective, arms=args.arms, alpha=args.alpha,
                           thl_sigma=args.thl_sigma, steps=args.steps, prompts_per_step=args.prompts_per_step,
-                          group_size=args.group_size, eval_k=args.eval_k)
+                          group_size=args.group_size, eval_k=args.eval_k, max_work=args.max_work)
     if args.out is not None:
         check_out_file(args.out)
     matrix = read_success_matrix(args.success_matrix)
