@@ -30,7 +30,7 @@ from typing import Any
 
 from bandit_sim.config import SimConfig, config_from_mapping
 from bandit_sim.presets import get_preset
-from shared_interfaces.config_io import ConfigError, load_yaml, to_mapping
+from shared_interfaces.config_io import INT_MAX, INT_MIN, ConfigError, load_yaml, to_mapping
 
 #: axes a sweep may vary, and what each changes in the run config (:func:`apply_point`)
 SWEEP_AXES = ("overlap", "group_size", "thl_sigma", "sgt_weight", "lr")
@@ -83,13 +83,20 @@ def apply_point(base: SimConfig, point: Mapping[str, float]) -> SimConfig:
     which no generator makes) or that is not finite / whole where it must be is a :class:`ConfigError`."""
     cfg = base
     for name, v in point.items():
-        if not math.isfinite(v):
-            raise ConfigError(f"axis {name}: {v} is not a finite number")
+        try:
+            finite = math.isfinite(v)
+        except OverflowError:  # an integer beyond any float
+            finite = False
+        if not finite:
+            shown = v if not isinstance(v, int) or v.bit_length() <= 256 else f"an integer of {v.bit_length()} bits"
+            raise ConfigError(f"axis {name}: {shown} is not a finite number")
         if name == "overlap" and cfg.scenario is not None:
             raise ConfigError(f"axis overlap changes the generated scenario, but the config reads scenario "
                               f"{cfg.scenario}; remove the overlap axis or the scenario override")
         if name == "group_size" and v != int(v):
             raise ConfigError(f"axis group_size: {v} is not a whole number")
+        if name == "group_size" and not INT_MIN <= v <= INT_MAX:
+            raise ConfigError(f"axis group_size: {v} does not fit a signed 64-bit integer (|value| < 2**63)")
         if name == "overlap":
             gen = cfg.generator
             cfg = replace(cfg, generator=replace(gen, overlap=float(v), unsolved=min(gen.unsolved, 1.0 - float(v))))

@@ -112,3 +112,11 @@ def test_a_recorded_grid_past_the_point_limit_is_refused(tmp_path, capsys):
     assert main(["sweep", "--grid", str(f), "--out", str(tmp_path / "s"), "--quiet"]) == 0
     assert main(["sweep", "--resume", str(tmp_path / "s"), "--quiet", "--max-points", "2"]) == 2
     assert "3 = 3 points, more than the limit of 2" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("axes", "msg"), [({"group_size": [2**64]}, "does not fit a signed 64-bit integer"),
+                                           ({"lr": [10**400]}, "is not a finite number")])
+def test_axis_integers_past_64_bits_are_refused_at_load(axes, msg):
+    """An lr of 10**400 raised OverflowError (a traceback); a group_size of 2**64 loaded and failed in every run."""
+    with pytest.raises(ConfigError, match=msg):
+        grid_from_mapping({"base": "smoke", "axes": axes})
