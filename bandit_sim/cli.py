@@ -9,8 +9,9 @@
 grid's full product, one result file per point as it finishes, a progress bar, one table and one plot
 (:mod:`bandit_sim.sweep`); a failed point is listed and the command exits 1.
 ``scenario --preset NAME --out FILE.npz``: write the preset's generated scenario, to edit or calibrate.
-``predict --success-matrix FILE [--probe-run FILE]``: calibrate a scenario from an LLM pair's success matrix,
-simulate every regime and print the predicted ordering and the regime to use (:mod:`bandit_sim.predict`).
+``predict --success-matrix FILE [--probe-run FILE] [--max-work N]``: calibrate a scenario from an LLM pair's success
+matrix, simulate every regime and print the predicted ordering and the regime to use (:mod:`bandit_sim.predict`).
+``--max-points`` / ``--max-work`` bound a sweep's points and a prediction's simulated draws, checked before any work.
 """
 
 from __future__ import annotations
