@@ -207,3 +207,13 @@ def test_data_prepare_refuses_a_missing_path_instead_of_asking_the_hub(tmp_path,
     err = capsys.readouterr().err
     assert f"--source {source!r}: " in err and ("does not exist" in err or "is a directory" in err), err
     assert "reads as a path" in err and len(err.strip().splitlines()) == 1
+
+
+def test_looks_like_path_and_cached_file_empty_cases(tmp_path, monkeypatch):
+    from mrl_llm.hub import cached_file, looks_like_path
+
+    for v in ("./a", "/abs/x", "~/x", "a/b/c", "data/train.jsonl", "x.parquet", "d/rows.JSON"):
+        assert looks_like_path(v), v
+    for v in ("", "EleutherAI/hendrycks_math", "openai/gsm8k", "name"):
+        assert not looks_like_path(v), v
+    assert cached_file("tiny-org/not-cached-anywhere-here") is None  # (nothing is fetched: the cache is only read)
