@@ -4,12 +4,14 @@
 ``--steps``, ``--seeds``, ``--out DIR``; ``--lr``, ``--group-size``, ``--batch-prompts``, ``--epochs``,
 ``--sgt-weight``, ``--thl-sigma``, ``--seed`` override the preset, which a ``--config FILE.yaml`` (keys of
 :class:`bandit_sim.config.SimConfig`) also overrides: preset < config file < flags.
-``sweep --grid NAME|FILE.yaml --out DIR [--runtime sequential|ray] [--ray-address ADDR] [--resume DIR]``: the
+``sweep --grid NAME|FILE.yaml --out DIR [--runtime sequential|ray] [--ray-address ADDR] [--resume DIR]
+[--max-points N]``: the
 grid's full product, one result file per point as it finishes, a progress bar, one table and one plot
 (:mod:`bandit_sim.sweep`); a failed point is listed and the command exits 1.
 ``scenario --preset NAME --out FILE.npz``: write the preset's generated scenario, to edit or calibrate.
-``predict --success-matrix FILE [--probe-run FILE]``: calibrate a scenario from an LLM pair's success matrix,
-simulate every regime and print the predicted ordering and the regime to use (:mod:`bandit_sim.predict`).
+``predict --success-matrix FILE [--probe-run FILE] [--max-work N]``: calibrate a scenario from an LLM pair's success
+matrix, simulate every regime and print the predicted ordering and the regime to use (:mod:`bandit_sim.predict`).
+``--max-points`` / ``--max-work`` bound a sweep's points and a prediction's simulated draws, checked before any work.
 """
 
 from __future__ import annotations
@@ -21,8 +23,10 @@ from dataclasses import replace
 from pathlib import Path
 
 from bandit_sim.config import SimConfig, config_from_mapping, with_overrides
+from bandit_sim.predict import DEFAULT_MAX_WORK
 from bandit_sim.presets import RUN_PRESETS, get_preset
 from bandit_sim.scenario import ScenarioError, save_scenario
+from bandit_sim.sweep_config import DEFAULT_MAX_POINTS
 from shared_interfaces.config_io import ConfigError, int_at_least, load_yaml
 from shared_interfaces.ray_address import check_ray_address
 from shared_interfaces.regimes import idle_signal_warnings
@@ -55,6 +59,8 @@ def _parser() -> argparse.ArgumentParser:
     sw.add_argument("--ray-address", help="an existing Ray cluster (default: start a local one)")
     sw.add_argument("--workers", type=int_at_least(1), default=1, help="processes per point (sequential runtime)")
     sw.add_argument("--quiet", action="store_true", help="no progress bar")
+    sw.add_argument("--max-points", type=int_at_least(1), default=DEFAULT_MAX_POINTS,
+                    help=f"refuse a grid of more points than this (default {DEFAULT_MAX_POINTS})")
     pr = sub.add_parser("predict", help="predict the regimes' outcomes for LLM policies from their success matrix")
     pr.add_argument("--success-matrix", required=True, help="success_matrix.json of a run (mrl_llm success-matrix)")
     pr.add_argument("--probe-run", help="success matrix of a short GRPO run of the same policies: fit the lr on it")
@@ -67,6 +73,9 @@ def _parser() -> argparse.ArgumentParser:
     pr.add_argument("--thl-sigma", type=float, default=0.0, help="THL residual on prp_thl's denominator")
     for flag in ("--steps", "--prompts-per-step", "--group-size", "--eval-k"):
         pr.add_argument(flag, type=int, help="override the matrix's run setting")
+    pr.add_argument("--max-work", type=int_at_least(1), default=DEFAULT_MAX_WORK,
+                    help=f"refuse a prediction of more simulated arm draws than this (default {DEFAULT_MAX_WORK:.0e}; "
+                    "regimes x seeds x policies x steps x prompts per step x (arms + G))")
     pr.add_argument("--out", help="also write the prediction as JSON to this file")
     sc = sub.add_parser("scenario", help="write a preset's generated scenario as .npz")
     sc.add_argument("--preset", required=True)
@@ -124,12 +133,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         raise ConfigError(f"{flag} is empty; give the sweep's directory")
     out = Path(out_arg)
     if args.grid is not None:
-        grid = load_grid(args.grid)
+        grid = load_grid(args.grid, max_points=args.max_points)
     elif args.resume:
         grid_file = out / "grid.json"
         if not grid_file.is_file():
             raise ConfigError(f"--resume {out}: no grid.json there; it is not a sweep directory")
-        grid = _recorded_grid(read_grid_record(grid_file), grid_file)
+        grid = _recorded_grid(read_grid_record(grid_file), grid_file, args.max_points)
     else:
         raise ConfigError("give --grid NAME or FILE.yaml (named grids: paper, paper-full, smoke)")
     res = run_sweep(grid, out, runtime=args.runtime, workers=args.workers, resume=args.resume is not None,
@@ -141,10 +150,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return 1 if res.failures else 0
 
 
-def _recorded_grid(data: dict, where: Path):
+def _recorded_grid(data: dict, where: Path, max_points: int):
     from bandit_sim.config import config_from_mapping
-    from bandit_sim.sweep_config import SweepGrid
+    from bandit_sim.sweep_config import SweepGrid, check_grid_size
 
+    check_grid_size(data["axes"], max_points, where=str(where))
     base = config_from_mapping(data["base"], where=f"{where}: base")
     return SweepGrid(base, {k: tuple(v) for k, v in data["axes"].items()}, name=str(data["name"]))
 
@@ -158,7 +168,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     opts = PredictOptions(**({"regimes": regimes} if regimes is not None else {}), seeds=args.seeds,
                           preset=args.preset, objective=args.objective, arms=args.arms, alpha=args.alpha,
                           thl_sigma=args.thl_sigma, steps=args.steps, prompts_per_step=args.prompts_per_step,
-                          group_size=args.group_size, eval_k=args.eval_k)
+                          group_size=args.group_size, eval_k=args.eval_k, max_work=args.max_work)
     if args.out is not None:
         check_out_file(args.out)
     matrix = read_success_matrix(args.success_matrix)

@@ -10,6 +10,7 @@
    the output says so.
 3. **Simulate** every regime (``--regimes``, default the five standard ones) over ``--seeds`` bandit seeds
    with the matrix's run settings (steps, prompts per step, G, the regime and loss sections; flags override).
+   Its size is estimated first (:func:`work_estimate`, with the probe's fit) and refused past ``--max-work``.
 4. **Report**: per regime the final accuracy (sample accuracy at the end, mean over policies) and the
    rescue rate (mean P(solved) over the rescue-set entries, the LLM's evaluation protocol with ``eval_k``
    samples), each as a mean over bandit seeds with a 95 % t-interval; the two orderings; the rescue-set
@@ -33,9 +34,13 @@ from bandit_sim.fit import FitCase, FreeSettings, SimOptions, bandit_config, eva
 from bandit_sim.metrics import seed_summary
 from bandit_sim.presets import get_preset
 from bandit_sim.stats import spearman
-from shared_interfaces.config_io import ConfigError
+from shared_interfaces.config_io import INT_MAX, ConfigError
 from shared_interfaces.regimes import STANDARD_REGIMES, parse_regime
 from shared_interfaces.success_matrix import SuccessMatrix, SuccessMatrixError
+
+#: the most simulated draws (:func:`work_estimate`) a prediction may take unless raised (``--max-work``); the demo's
+#: matrix with the defaults takes about 1.2e7
+DEFAULT_MAX_WORK = 10**9
 
 
 @dataclass(frozen=True)
@@ -51,6 +56,7 @@ class PredictOptions:
     prompts_per_step: int | None = None
     group_size: int | None = None
     eval_k: int | None = None
+    max_work: int = DEFAULT_MAX_WORK
 
     def __post_init__(self) -> None:
         if self.objective not in ("final", "rescue"):
@@ -61,10 +67,12 @@ class PredictOptions:
             raise ConfigError("--regimes: give at least one regime")
         for r in self.regimes:
             parse_regime(r)
-        for key in ("steps", "prompts_per_step", "group_size", "eval_k"):
+        for key in ("steps", "prompts_per_step", "group_size", "eval_k", "seeds", "max_work"):
             v = getattr(self, key)
             if v is not None and v < 1:
                 raise ConfigError(f"--{key.replace('_', '-')} must be >= 1, got {v}")
+            if v is not None and v > INT_MAX:
+                raise ConfigError(f"--{key.replace('_', '-')} {v} does not fit a signed 64-bit integer (< 2**63)")
 
 
 def run_settings(m: SuccessMatrix, opts: PredictOptions, *, where: str) -> dict[str, Any]:
@@ -80,6 +88,37 @@ def run_settings(m: SuccessMatrix, opts: PredictOptions, *, where: str) -> dict[
     if not run.get("eval_k"):
         run["eval_k"] = int(np.median(m.samples))
     return run
+
+
+def work_estimate(policies: int, prompts: int, run: dict[str, Any], regimes: int, seeds: int, arms: int,
+                  free: FreeSettings) -> int:
+    """How many arm probabilities a simulation touches, ``R S P (steps epochs B (K + G) + [adam] steps epochs C K
+    + C K)``: each step and epoch draws ``G`` of ``K`` arms for ``B = min(prompts_per_step, C)`` prompts per
+    (regime, seed, policy); Adam steps the whole ``[C, K]`` table (SGD only the batch's rows); the end's
+    evaluation reads the table once. Python integers: exact however large the settings."""
+    steps, g = int(run["steps"]), int(run["group_size"])
+    b = min(int(run["prompts_per_step"]), prompts)
+    table = prompts * arms
+    per_step = b * (arms + g) + (table if free.optimizer == "adam" else 0)
+    return regimes * seeds * policies * (steps * free.epochs * per_step + table)
+
+
+def check_work(m: SuccessMatrix, run: dict[str, Any], n_regimes: int, free: FreeSettings, opts: PredictOptions,
+               probe_run: dict[str, Any] | None = None) -> int:
+    """The prediction's :func:`work_estimate` (plus the probe fit's over its grid of settings); past
+    ``opts.max_work`` a :class:`ConfigError` giving the number, the settings behind it and the flag to raise it."""
+    P, C = len(m.policies), len(m.prompts)
+    work = work_estimate(P, C, run, n_regimes, opts.seeds, opts.arms, free)
+    if probe_run is not None:
+        work += sum(work_estimate(P, C, probe_run, 1, opts.seeds, opts.arms, f) for f in SimOptions().grid())
+    if work > opts.max_work:
+        raise ConfigError(
+            f"predict would simulate about {work} arm draws ({n_regimes} regimes x {opts.seeds} seeds x {P} policies x "
+            f"{run['steps']} steps x {min(int(run['prompts_per_step']), C)} prompts per step x G {run['group_size']}, "
+            f"on a table of {C} prompts x {opts.arms} arms{', plus the probe fit' if probe_run is not None else ''}), "
+            f"more than --max-work {opts.max_work}; lower --steps, --seeds or --regimes, or pass --max-work {work} to "
+            "run it")
+    return work
 
 
 def _counts(m: SuccessMatrix) -> Counts:
@@ -99,7 +138,7 @@ def free_settings(m: SuccessMatrix, run: dict[str, Any], scenario, probe: Succes
     if probe.curve_steps is None or len(probe.curve_steps) < 2:
         raise SuccessMatrixError("--probe-run has no learning curve (curve with evaluations after step 0); write it "
                                  "from a GRPO run with eval.every > 0")
-    prun = run_settings(probe, PredictOptions(), where="--probe-run")
+    prun = probe_settings(probe)
     if parse_regime(prun["regime"]["name"]).name != "grpo":
         raise SuccessMatrixError(f"--probe-run is a {prun['regime']['name']} run; the fit needs a GRPO probe")
     if probe.curve_steps[-1] > prun["steps"]:
@@ -116,6 +155,10 @@ def free_settings(m: SuccessMatrix, run: dict[str, Any], scenario, probe: Succes
         "source": "fitted on the probe's GRPO curve", "rmse": b["rmse"], "flat_baseline_rmse": fit["flat_baseline_rmse"]}
 
 
+def probe_settings(probe: SuccessMatrix) -> dict[str, Any]:
+    return run_settings(probe, PredictOptions(), where="--probe-run")
+
+
 def _interval(x: np.ndarray) -> dict[str, float | None]:
     s = seed_summary(x, axis=0)
     mean, ci = float(s["mean"]), float(s["ci95"])
@@ -126,12 +169,19 @@ def predict(m: SuccessMatrix, probe: SuccessMatrix | None = None, opts: PredictO
     """The prediction (module docstring) as a JSON-able dict."""
     opts = opts or PredictOptions()
     run = run_settings(m, opts, where="the success matrix")
-    cal = calibrate(_counts(m), m.prompts, m.policies, CalibrationConfig(arms=opts.arms, alpha=opts.alpha),
+    regimes = tuple(parse_regime(r).name for r in opts.regimes)
+    cal_cfg = CalibrationConfig(arms=opts.arms, alpha=opts.alpha)  # (its checks first: the arms bound the work)
+    preset = get_preset(opts.preset)
+    if probe is None:
+        check_work(m, run, len(regimes), FreeSettings(preset.optimizer, preset.lr, preset.epochs), opts)
+    else:  # the fitted settings are not known yet: the largest the grid holds
+        widest = max(SimOptions().grid(), key=lambda f: (f.optimizer == "adam", f.epochs))
+        check_work(m, run, len(regimes), widest, opts, probe_settings(probe))
+    cal = calibrate(_counts(m), m.prompts, m.policies, cal_cfg,
                     steps=int(run["steps"]), batch_prompts=int(run["prompts_per_step"]),
                     group_size=int(run["group_size"]))
     free, how = free_settings(m, run, cal.scenario, probe, opts)
     sim = SimOptions(seeds=opts.seeds, thl_sigma=opts.thl_sigma)
-    regimes = tuple(parse_regime(r).name for r in opts.regimes)
     cfg = bandit_config(run, regimes, cal.scenario.n_contexts, free, sim, int(run["group_size"]),
                         eval_gcd(np.array([1.0]), int(run["steps"])))
     pred = simulate(cal.scenario, cfg, int(run["eval_k"]))
@@ -172,11 +222,11 @@ def _run_used(run: dict[str, Any], cfg) -> dict[str, Any]:
 
 def observed_agreement(per: dict[str, dict], outcomes: dict[str, dict]) -> dict[str, Any]:
     """The observed outcomes' orderings over the regimes both sides have, and Spearman against the prediction."""
-    common = [r for r in per if r in {parse_regime(o).name: o for o in outcomes}]
-    obs = {parse_regime(o).name: v for o, v in outcomes.items()}
+    obs = {parse_regime(o).name: v for o, v in outcomes.items()}  # one name per regime (validate_outcomes)
+    common = [r for r in per if r in obs]
     res: dict[str, Any] = {"regimes": common}
     for key, okey in (("final", "final_accuracy"), ("rescue_rate", "rescue_rate")):
-        pairs = [(per[r][key]["mean"], obs[r][okey]) for r in common]
+        pairs = [(per[r][key]["mean"], obs[r].get(okey)) for r in common]  # an outcome may leave rescue_rate out
         if okey == "final_accuracy":
             pairs = [(p, float(np.mean(o))) for p, o in pairs]
         ok = [(p, o) for p, o in pairs if p is not None and o is not None]

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import os
 import time
 import traceback
@@ -163,34 +164,80 @@ def prepare_dir(grid: SweepGrid, out: Path, *, resume: bool) -> dict[str, dict]:
         out_paths.check_creatable(out, flag="--out", dest=out)
         out.mkdir(parents=True, exist_ok=True)
         write_atomic(ident_path, ident)
-    (out / "points").mkdir(exist_ok=True)
-    (out / "failed").mkdir(exist_ok=True)
-    done = {}
+    for sub in ("points", "failed"):
+        if (out / sub).exists() and not (out / sub).is_dir():
+            raise ConfigError(f"{out / sub} is a file where the sweep keeps its {sub} points; move it away")
+        (out / sub).mkdir(exist_ok=True)
+    keys = {point_key(p): p for p in grid.points()}
     fields = {*grid.axes, "regime", "policy", *SUMMARY_KEYS, *ROW_CI_KEYS}  # a row of run_point
-    for f in (out / "points").glob("*.json"):
-        try:
-            data = json.loads(f.read_text())
-        except json.JSONDecodeError as err:
-            raise ConfigError(f"{f} is not valid JSON ({err}); delete it and --resume to rerun that point") from err
-        rows = data.get("rows") if isinstance(data, dict) else None
-        if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
-            raise ConfigError(f"{f} is not a sweep point's result (no list of rows); delete it and --resume to rerun "
-                              "that point")
-        bad = next((r for r in rows if set(r) != fields), None) if rows else {}
-        if bad is not None:
-            raise ConfigError(f"{f} is not a sweep point's result of this grid (a row needs the fields "
-                              f"{sorted(fields)}, got {sorted(bad)}); delete it and --resume to rerun that point")
-        done[f.stem] = data
+    done = {}
+    for f in sorted((out / "points").glob("*.json")):
+        done[f.stem] = read_point_file(f, keys, fields)
     return done
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
+def read_point_file(f: Path, keys: dict[str, dict], fields: set[str]) -> dict[str, Any]:
+    """A finished point's file ``points/<key>.json``, checked before a resume uses it (and before anything is
+    rewritten): a UTF-8 JSON object (no NaN / Infinity) ``{"key", "point", "rows", ...}`` whose ``key`` is the
+    file's name and the key of its ``point``, a point of this grid, and whose rows have this grid's fields, the
+    point's axis values, names as strings and metrics as finite numbers or null. Anything else is a
+    :class:`ConfigError` naming the file and saying to delete it (a resume then reruns that point)."""
+    fix = "delete it and --resume to rerun that point"
+    if not f.is_file():
+        raise ConfigError(f"{f} is not a file (a directory or a special file is in a point's place); remove it and "
+                          "--resume to rerun that point")
+    try:
+        data = json.loads(f.read_bytes().decode("utf-8"), parse_constant=_no_constant)
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{f} is not valid JSON (not UTF-8 text: {err.reason} at byte {err.start}); {fix}") from err
+    except (json.JSONDecodeError, ValueError, RecursionError) as err:
+        msg = "nested too deeply" if isinstance(err, RecursionError) else err
+        raise ConfigError(f"{f} is not valid JSON ({msg}); {fix}") from err
+    rows = data.get("rows") if isinstance(data, dict) else None
+    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+        raise ConfigError(f"{f} is not a sweep point's result (no list of rows); {fix}")
+    bad = next((r for r in rows if set(r) != fields), None) if rows else {}
+    if bad is not None:
+        raise ConfigError(f"{f} is not a sweep point's result of this grid (a row needs the fields "
+                          f"{sorted(fields)}, got {sorted(bad)}); {fix}")
+    point = data.get("point")
+    axes = list(next(iter(keys.values()), {}))
+    if not isinstance(point, dict) or list(point) != axes or not all(_is_number(v) for v in point.values()):
+        raise ConfigError(f"{f}: its 'point' is not a mapping of this grid's axes {axes} to numbers ({point!r:.80}); "
+                          f"{fix}")
+    own = point_key(point)
+    if data.get("key") != f.stem or own != f.stem:
+        raise ConfigError(f"{f} holds the result of point {data.get('key')!r} (its point {own}), not of {f.stem}: a "
+                          f"point file copied or renamed over another's; {fix}")
+    if f.stem not in keys or keys[f.stem] != point:
+        raise ConfigError(f"{f}: point {f.stem} is not a point of this grid; {fix}")
+    for i, r in enumerate(rows):
+        wrong = next((k for k in point if r[k] != point[k] or not _is_number(r[k])), None)
+        wrong = wrong or next((k for k in ("regime", "policy") if not isinstance(r[k], str)), None)
+        wrong = wrong or next((k for k in (*SUMMARY_KEYS, *ROW_CI_KEYS)
+                               if r[k] is not None and not (_is_number(r[k]) and math.isfinite(r[k]))), None)
+        if wrong is not None:
+            raise ConfigError(f"{f}: rows[{i}].{wrong} = {r[wrong]!r:.60} is not this point's value (axes: the "
+                              f"point's numbers; regime, policy: names; metrics: finite numbers or null); {fix}")
+    return data
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
 
 
 def read_grid_record(path: Path) -> dict[str, Any]:
     """A sweep directory's ``grid.json`` (:meth:`SweepGrid.to_dict`), checked: a mapping with ``name``, ``base``
     (a mapping) and ``axes`` (axis -> list of numbers)."""
     try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise ConfigError(f"{path} is not valid JSON ({err}); pass the sweep's --grid to rewrite it") from err
+        data = json.loads(path.read_bytes().decode("utf-8"), parse_constant=_no_constant)
+    except (UnicodeDecodeError, ValueError, RecursionError) as err:  # JSONDecodeError is a ValueError
+        msg = "nested too deeply" if isinstance(err, RecursionError) else err
+        raise ConfigError(f"{path} is not valid JSON ({msg}); pass the sweep's --grid to rewrite it") from err
     if (not isinstance(data, dict) or set(data) != {"name", "base", "axes"} or not isinstance(data["base"], dict)
             or not isinstance(data["axes"], dict) or not all(isinstance(v, list) for v in data["axes"].values())):
         raise ConfigError(f"{path}: not a grid record (keys name, base, axes; axes: lists of values); pass the "

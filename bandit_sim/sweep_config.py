@@ -13,8 +13,10 @@ A grid file (``bandit_sim/grids/NAME.yaml`` for the named grids ``paper``, ``pap
       sgt_weight: [0.1, 1.0]       # SGT's lambda
       lr: [5.0, 20.0]
 
-Unknown top-level keys, unknown axes and unknown override keys are :class:`ConfigError` naming them;
-every point's run config is built (and so validated) when the grid is loaded.
+Unknown top-level keys, unknown axes and unknown override keys are :class:`ConfigError` naming them.
+The grid's size (the product of the axes' lengths) is checked first, against ``max_points`` (default
+:data:`DEFAULT_MAX_POINTS`, ``sweep --max-points``); then every point's run config is built (and so
+validated) when the grid is loaded.
 """
 
 from __future__ import annotations
@@ -28,12 +30,25 @@ from typing import Any
 
 from bandit_sim.config import SimConfig, config_from_mapping
 from bandit_sim.presets import get_preset
-from shared_interfaces.config_io import ConfigError, load_yaml, to_mapping
+from shared_interfaces.config_io import INT_MAX, INT_MIN, ConfigError, load_yaml, to_mapping
 
 #: axes a sweep may vary, and what each changes in the run config (:func:`apply_point`)
 SWEEP_AXES = ("overlap", "group_size", "thl_sigma", "sgt_weight", "lr")
 GRID_KEYS = ("base", "overrides", "axes")
 GRIDS_DIR = Path(__file__).parent / "grids"
+#: the most points a grid may have unless raised (``sweep --max-points``); the paper grids have 108
+DEFAULT_MAX_POINTS = 10_000
+
+
+def check_grid_size(axes: Mapping[str, Any], max_points: int, *, where: str) -> int:
+    """The number of points of ``axes``' full product, computed without building it; more than ``max_points`` is a
+    :class:`ConfigError` giving the number and the flag that raises the limit."""
+    n = math.prod(len(v) for v in axes.values())
+    if n > max_points:
+        sizes = " x ".join(str(len(v)) for v in axes.values())
+        raise ConfigError(f"{where}: {sizes} = {n} points, more than the limit of {max_points} (each point is a whole "
+                          f"run); shorten the axes, or pass --max-points {n} to run them all")
+    return n
 
 
 @dataclass(frozen=True)
@@ -68,13 +83,20 @@ def apply_point(base: SimConfig, point: Mapping[str, float]) -> SimConfig:
     which no generator makes) or that is not finite / whole where it must be is a :class:`ConfigError`."""
     cfg = base
     for name, v in point.items():
-        if not math.isfinite(v):
-            raise ConfigError(f"axis {name}: {v} is not a finite number")
+        try:
+            finite = math.isfinite(v)
+        except OverflowError:  # an integer beyond any float
+            finite = False
+        if not finite:
+            shown = v if not isinstance(v, int) or v.bit_length() <= 256 else f"an integer of {v.bit_length()} bits"
+            raise ConfigError(f"axis {name}: {shown} is not a finite number")
         if name == "overlap" and cfg.scenario is not None:
             raise ConfigError(f"axis overlap changes the generated scenario, but the config reads scenario "
                               f"{cfg.scenario}; remove the overlap axis or the scenario override")
         if name == "group_size" and v != int(v):
             raise ConfigError(f"axis group_size: {v} is not a whole number")
+        if name == "group_size" and not INT_MIN <= v <= INT_MAX:
+            raise ConfigError(f"axis group_size: {v} does not fit a signed 64-bit integer (|value| < 2**63)")
         if name == "overlap":
             gen = cfg.generator
             cfg = replace(cfg, generator=replace(gen, overlap=float(v), unsolved=min(gen.unsolved, 1.0 - float(v))))
@@ -89,7 +111,7 @@ def apply_point(base: SimConfig, point: Mapping[str, float]) -> SimConfig:
     return cfg
 
 
-def grid_from_mapping(data: Any, *, where: str = "sweep grid") -> SweepGrid:
+def grid_from_mapping(data: Any, *, where: str = "sweep grid", max_points: int = DEFAULT_MAX_POINTS) -> SweepGrid:
     """A :class:`SweepGrid` from a parsed YAML mapping (module docstring); errors name the key."""
     if not isinstance(data, Mapping):
         raise ConfigError(f"{where}: expected a mapping with keys {list(GRID_KEYS)}, got {type(data).__name__}")
@@ -119,6 +141,7 @@ def grid_from_mapping(data: Any, *, where: str = "sweep grid") -> SweepGrid:
         if len(set(values)) != len(values):
             raise ConfigError(f"{where}: axis {axis} lists a value twice: {list(values)}")
         axes[str(axis)] = tuple(values)
+    check_grid_size(axes, max_points, where=where)  # before the product is built
     grid = SweepGrid(base, axes, name=where)
     for point in grid.points():
         try:
@@ -132,16 +155,17 @@ def named_grids() -> list[str]:
     return sorted(p.stem for p in GRIDS_DIR.glob("*.yaml"))
 
 
-def load_grid(name_or_path: str | Path) -> SweepGrid:
-    """A named grid (``paper``, ``paper-full``, ``smoke``) or a YAML file."""
+def load_grid(name_or_path: str | Path, *, max_points: int = DEFAULT_MAX_POINTS) -> SweepGrid:
+    """A named grid (``paper``, ``paper-full``, ``smoke``) or a YAML file, of at most ``max_points`` points."""
     p = Path(name_or_path)
     if p.suffix in (".yaml", ".yml"):
         if not p.is_file():
             raise ConfigError(f"sweep grid file {p} does not exist")
-        grid = grid_from_mapping(load_yaml(p), where=f"sweep grid {p}")
+        grid = grid_from_mapping(load_yaml(p), where=f"sweep grid {p}", max_points=max_points)
         return replace(grid, name=str(p))
     path = GRIDS_DIR / f"{name_or_path}.yaml"
     if not path.is_file():
         raise ConfigError(f"unknown sweep grid {str(name_or_path)!r}; named grids: {named_grids()}, or give a "
                           "YAML file (base + axes)")
-    return replace(grid_from_mapping(load_yaml(path), where=f"sweep grid {name_or_path}"), name=str(name_or_path))
+    grid = grid_from_mapping(load_yaml(path), where=f"sweep grid {name_or_path}", max_points=max_points)
+    return replace(grid, name=str(name_or_path))

@@ -171,7 +171,7 @@ def check_run_configs(cfg: Any, mapping_of: Any) -> None:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from mrl_llm.demo.run import run_demo
+    from mrl_llm.demo.run import check_out_dir, run_demo
     from mrl_llm.demo.setup import DemoConfig, run_config
 
     over = {k: getattr(args, k) for k in ("seeds", "first_seed", "steps", "prompts_per_step", "group_size", "lr",
@@ -183,6 +183,7 @@ def _demo(args: argparse.Namespace) -> int:
         over["regimes"] = tuple(parse_regime(r.strip()).name for r in args.regimes.split(",") if r.strip())
     cfg = DemoConfig(**over)
     check_run_configs(cfg, run_config)
+    check_out_dir(args.out, "demo")  # (run_demo checks it too; here: before anything is imported or made)
     run_demo(cfg, args.out, jobs=args.jobs)
     return 0
 
@@ -212,6 +213,7 @@ def _name_lr(text: str) -> tuple[str, float]:
 
 
 def _study(args: argparse.Namespace) -> int:
+    from mrl_llm.demo.run import check_out_dir
     from mrl_llm.demo.study import StudyConfig, run_study, study_run_config
 
     over = {k: getattr(args, k) for k in ("seeds", "first_seed", "steps", "prompts_per_step", "group_size", "lr",
@@ -237,6 +239,7 @@ def _study(args: argparse.Namespace) -> int:
         over["sft_steps_per_policy"] = ()
     cfg = StudyConfig(**over)
     check_run_configs(cfg, study_run_config)
+    check_out_dir(args.out, "study")
     run_study(cfg, args.out, jobs=args.jobs)
     return 0
 

@@ -2,7 +2,8 @@
 failure is one :class:`~shared_interfaces.config_io.ConfigError` (or :class:`~mrl_llm.data.DataError`)
 naming the policy and the key, prompt or file, instead of a traceback minutes into the run.
 
-* :func:`check_model_configs` — every policy's tokenizer loads, a ``model_dir`` holds a ``config.json``,
+* :func:`check_model_configs` — every policy's tokenizer loads, a ``model_dir`` holds a ``config.json`` (a hub
+  id: offline, the hub cache holds it; online, ``from_pretrained`` may download it),
   a ``model_config`` suits its model type and tokenizer (:func:`mrl_llm.models.fresh_config`), a vLLM
   policy on the CPU has a head size vLLM's CPU attention supports.
 * :func:`fit_prompts` — every prompt, rendered with each policy's template and counted with that
@@ -26,6 +27,7 @@ from typing import Any
 
 from mrl_llm.config import PolicyConfig, RunConfig
 from mrl_llm.data import DataError, Problem
+from mrl_llm.hub import cached_file, hub_hint, is_hub_id, offline
 from mrl_llm.models import ModelLoadError, fresh_config, load_tokenizer, resolve_device
 from mrl_llm.templates import PromptTemplate
 from shared_interfaces.config_io import ConfigError
@@ -47,7 +49,10 @@ def check_model_configs(config: RunConfig) -> dict[str, Any]:
     tokenizers by policy name."""
     tokenizers = {}
     for pol in config.policies:
-        if pol.model_dir is not None and not (Path(pol.model_dir) / "config.json").is_file():
+        if pol.model_dir is not None and is_hub_id(pol.model_dir):
+            if offline() and cached_file(pol.model_dir) is None:
+                raise ModelLoadError(f"model {pol.model_dir!r} of policy {pol.name!r}: {hub_hint(pol.model_dir)}")
+        elif pol.model_dir is not None and not (Path(pol.model_dir) / "config.json").is_file():
             raise ModelLoadError(f"model directory {pol.model_dir} for policy {pol.name!r} not found (no config.json "
                                  "there); put the model's Hugging Face files there or set policies[].model_dir")
         tok = load_tokenizer(pol)
@@ -65,7 +70,8 @@ _CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length"
 def hf_config_of(pol: PolicyConfig) -> dict[str, Any]:
     """The transformers config a policy's model will have, as a plain dict, without building the model: its
     ``model_config`` over its model type's defaults, or its ``model_dir``'s ``config.json`` (a multimodal
-    config's ``text_config``); ``{}`` where unknown (a hub id, an unreadable file: the model load names it)."""
+    config's ``text_config``), a hub id's cached one (:func:`mrl_llm.hub.cached_file`); ``{}`` where unknown (a
+    hub id not in the cache, an unreadable file: the model load names it)."""
     from transformers import AutoConfig
 
     if pol.model_config is not None:
@@ -74,9 +80,9 @@ def hf_config_of(pol: PolicyConfig) -> dict[str, Any]:
             hf = vars(AutoConfig.for_model(mc.pop("model_type"), **mc))
         except Exception:  # noqa: BLE001 - an unknown model type or key: check_model_configs names it
             hf = mc
-    elif pol.model_dir is not None and (Path(pol.model_dir) / "config.json").is_file():
+    elif pol.model_dir is not None and (path := _config_json(pol.model_dir)) is not None:
         try:
-            hf = json.loads((Path(pol.model_dir) / "config.json").read_text(encoding="utf-8"))
+            hf = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             hf = {}
     else:
@@ -85,8 +91,16 @@ def hf_config_of(pol: PolicyConfig) -> dict[str, Any]:
     return hf["text_config"] if isinstance(hf.get("text_config"), dict) else hf
 
 
+def _config_json(model_dir: str) -> Path | None:
+    """``model_dir``'s ``config.json``: in the directory, or a hub id's in the hub cache; None if neither."""
+    if is_hub_id(model_dir):
+        return cached_file(model_dir)
+    path = Path(model_dir) / "config.json"
+    return path if path.is_file() else None
+
+
 def context_lengths(config: RunConfig) -> dict[str, int | None]:
-    """Each policy's context length in tokens (:func:`hf_config_of`; None where unknown: a hub id, or a config
+    """Each policy's context length in tokens (:func:`hf_config_of`; None where unknown: an uncached hub id, a config
     without one of :data:`_CONTEXT_KEYS`)."""
     out: dict[str, int | None] = {}
     for pol in config.policies:

@@ -48,7 +48,8 @@ from typing import Any
 
 import numpy as np
 
-from shared_interfaces.config_io import ConfigError
+from shared_interfaces.config_io import INT_MAX, ConfigError
+from shared_interfaces.regimes import parse_regime
 
 FORMAT = "mrl-success-matrix"
 VERSION = 1
@@ -112,10 +113,16 @@ def _names(data: dict, key: str, where: str) -> list[str]:
     v = data.get(key)
     if not isinstance(v, list) or not v or not all(isinstance(x, str) and x for x in v):
         raise _fail(where, f"'{key}' must be a non-empty list of non-empty strings")
-    dup = sorted({x for x in v if v.count(x) > 1})
+    seen: set[str] = set()
+    dup = sorted({x for x in v if x in seen or seen.add(x)})  # one pass: 200,000 prompts in milliseconds
     if dup:
         raise _fail(where, f"'{key}' lists {dup[:3]} more than once; names must be distinct")
     return v
+
+
+def _is_int(x: Any, lo: int = 0) -> bool:
+    """``x`` an integer (not a bool) in ``[lo, INT_MAX]`` (what an int64 array holds)."""
+    return isinstance(x, int) and not isinstance(x, bool) and lo <= x <= INT_MAX
 
 
 def _matrix(data: dict, key: str, shape: tuple[int, int], where: str, *, allow_null: bool = False,
@@ -130,10 +137,11 @@ def _matrix(data: dict, key: str, shape: tuple[int, int], where: str, *, allow_n
         for c, x in enumerate(row):
             if x is None and allow_null:
                 continue
-            ok = isinstance(x, bool) if kind == "bool" else (isinstance(x, int) and not isinstance(x, bool))
+            ok = isinstance(x, bool) if kind == "bool" else _is_int(x, -INT_MAX - 1)  # (the range checks follow)
             if not ok:
                 want = "true, false or null" if kind == "bool" else "an integer"
-                raise _fail(where, f"'{key}'[{i}][{c}] must be {want}, got {x!r}")
+                bound = "" if kind == "bool" else " (a count below 2**63)"
+                raise _fail(where, f"'{key}'[{i}][{c}] must be {want}, got {_short(x)}{bound}")
             out[i, c] = float(x)
     return out
 
@@ -181,21 +189,34 @@ def _check_run(run: Any, where: str) -> None:
         raise _fail(where, "'run' must be null or an object of the run's settings")
     for key in ("steps", "prompts_per_step", "group_size"):
         v = run.get(key)
-        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-            raise _fail(where, f"run.{key} must be a positive integer, got {v!r}")
+        if not _is_int(v, 1):
+            raise _fail(where, f"run.{key} must be a positive integer (below 2**63), got {_short(v)}")
     k = run.get("eval_k")
-    if k is not None and (not isinstance(k, int) or isinstance(k, bool) or k < 1):
-        raise _fail(where, f"run.eval_k must be a positive integer or null, got {k!r}")
+    if k is not None and not _is_int(k, 1):
+        raise _fail(where, f"run.eval_k must be a positive integer or null, got {_short(k)}")
+    seed = run.get("seed", 0)
+    if not _is_int(seed):
+        raise _fail(where, f"run.seed must be an integer in [0, 2**63), got {_short(seed)}")
     if not isinstance(run.get("regime"), dict) or not isinstance(run["regime"].get("name"), str):
         raise _fail(where, "run.regime must be the run's regime section (an object with a 'name')")
+    if run.get("loss") is not None and not isinstance(run["loss"], dict):
+        raise _fail(where, f"run.loss must be null or the run's loss section (an object), got {_short(run['loss'])}")
+
+
+def _short(v: Any) -> str:
+    """``repr(v)`` cut to 60 characters (an integer of more digits than Python prints is named by its size)."""
+    if isinstance(v, int) and v.bit_length() > 200:
+        return f"an integer of {v.bit_length()} bits"
+    r = repr(v)
+    return r if len(r) <= 60 else r[:57] + "..."
 
 
 def _check_curve(curve: Any, P: int, where: str) -> None:
     if not isinstance(curve, dict) or set(curve) != {"steps", "accuracy"}:
         raise _fail(where, "'curve' must be null or an object with exactly 'steps' and 'accuracy'")
     steps = curve["steps"]
-    if not isinstance(steps, list) or not steps or not all(isinstance(t, int) and not isinstance(t, bool) for t in steps):
-        raise _fail(where, "curve.steps must be a non-empty list of integers")
+    if not isinstance(steps, list) or not steps or not all(_is_int(t) for t in steps):
+        raise _fail(where, "curve.steps must be a non-empty list of integers in [0, 2**63)")
     if steps != sorted(set(steps)) or steps[0] != 0:
         raise _fail(where, f"curve.steps must be increasing and start at 0, got {steps[:5]}")
     acc = curve["accuracy"]
@@ -211,8 +232,16 @@ def validate_outcomes(outcomes: Any, P: int, *, where: str = "outcomes") -> None
     """Check an ``outcomes`` object (module docstring) for ``P`` policies."""
     if not isinstance(outcomes, dict):
         raise _fail(where, "'outcomes' must be null or an object {regime: {final_accuracy, ...}}")
+    named: dict[str, str] = {}
     for reg, o in outcomes.items():
         w = f"outcomes.{reg}"
+        try:
+            canon = parse_regime(reg).name
+        except ConfigError as err:
+            raise _fail(where, f"{w}: {err}") from err
+        if canon in named:
+            raise _fail(where, f"outcomes {named[canon]!r} and {reg!r} name one regime ({canon}); keep one of them")
+        named[canon] = reg
         if not isinstance(o, dict):
             raise _fail(where, f"{w} must be an object with keys {list(OUTCOME_KEYS)}")
         unknown = sorted(set(o) - set(OUTCOME_KEYS))
@@ -226,8 +255,11 @@ def validate_outcomes(outcomes: Any, P: int, *, where: str = "outcomes") -> None
             if x is not None and (isinstance(x, bool) or not isinstance(x, int | float) or not 0 <= x <= 1):
                 raise _fail(where, f"{w}.{key} must be null or a number in [0, 1], got {x!r}")
         seeds = o.get("seeds", 1)
-        if not isinstance(seeds, int) or seeds < 1:
-            raise _fail(where, f"{w}.seeds must be a positive integer, got {seeds!r}")
+        if not _is_int(seeds, 1):
+            raise _fail(where, f"{w}.seeds must be a positive integer, got {_short(seeds)}")
+        size = o.get("rescue_set")
+        if size is not None and not _is_int(size):
+            raise _fail(where, f"{w}.rescue_set must be null or a count, got {_short(size)}")
 
 
 def from_dict(data: Any, *, where: str = "success matrix") -> SuccessMatrix:
@@ -259,8 +291,11 @@ def read_success_matrix(path: str | Path) -> SuccessMatrix:
                                  "--run RUN_DIR`")
     try:
         data = json.loads(p.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+    except (ValueError, UnicodeDecodeError) as err:  # (JSONDecodeError, an integer of over 4300 digits)
         raise SuccessMatrixError(f"success matrix {p} is not valid JSON: {err}") from err
+    except RecursionError as err:
+        raise SuccessMatrixError(f"success matrix {p} is nested too deeply to read; write it again from the run "
+                                 "(`python -m mrl_llm success-matrix --run RUN_DIR`)") from err
     return from_dict(data, where=f"success matrix {p}")
 
 

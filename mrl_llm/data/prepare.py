@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from mrl_llm.data.jsonl import DataConfig, DataError, decode_line, parse_json, row_to_problem
-from mrl_llm.hub import hub_hint, is_hub_id
+from mrl_llm.hub import hub_hint, is_hub_id, looks_like_path
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +86,10 @@ def prepare(data: DataConfig, source: str, *, out: str | Path | None = None, spl
     rows: Iterable[tuple[str, Any]]
     if local.is_file():
         rows, name = read_local(local), local.stem
+    elif looks_like_path(source) or local.exists():
+        what = "is a directory, not a file" if local.exists() else "does not exist"
+        raise DataError(f"--source {source!r}: {local.absolute()} {what} (it reads as a path, not a hub dataset id "
+                        "owner/name); give an existing .jsonl / .json file")
     elif is_hub_id(source):
         rows = ((f"{source} row {i}", r) for i, r in enumerate(read_hub(source, split=split, subset=subset)))
         name = source

@@ -15,6 +15,11 @@ The SFTs and runs are independent processes (one torch thread each) on a pool of
 ``jobs = 0`` runs everything in this process (tests). A finished step whose recorded settings equal the
 requested ones is reused, so ``--seeds 5`` after ``--seeds 3`` in the same ``DIR`` runs two more
 seeds; a directory that holds something else is an error. Nothing is read from ``../shared``.
+
+``DIR`` follows ``train --out``'s rules (:func:`check_out_dir`, before any work): a new or empty directory,
+or a demo's own — marked by ``mrl-demo.json`` (``{"kind": "demo" | "study"}``, written before anything else;
+a directory from before the marker counts by its ``results.json`` / ``study.json``). A file, or a non-empty
+directory that is not a demo's (of this kind), is refused: nothing of a user's there is overwritten.
 """
 
 from __future__ import annotations
@@ -48,6 +53,52 @@ def _quiet(threads: int = 1) -> None:
     hf_logging.set_verbosity_error()
     torch.set_num_threads(threads)
     logging.getLogger("mrl_llm").setLevel(logging.WARNING)
+
+
+#: The file that marks a directory as a demo's or a study's (:func:`check_out_dir`).
+DIR_MARKER = "mrl-demo.json"
+#: What marks a demo's / a study's directory made before :data:`DIR_MARKER` existed.
+_OLD_MARKERS = {"demo": "results.json", "study": "study.json"}
+
+
+def check_out_dir(out: str | Path, kind: str = "demo") -> Path:
+    """``out`` as a demo's (``kind``: ``demo`` or ``study``) directory, checked before any work (module docstring);
+    a :class:`~shared_interfaces.config_io.ConfigError` saying what to give otherwise."""
+    from shared_interfaces.config_io import ConfigError
+    from shared_interfaces.out_paths import check_creatable
+
+    if not str(out).strip():
+        raise ConfigError(f"--out is empty; give a directory for the {kind}")
+    d = Path(out)
+    if d.exists() and not d.is_dir():
+        raise ConfigError(f"--out {d} is a file, not a directory; choose a new --out directory for the {kind}")
+    if d.is_dir() and any(d.iterdir()):
+        marker = d / DIR_MARKER
+        if marker.is_file():
+            try:
+                theirs = json.loads(marker.read_text(encoding="utf-8")).get("kind")
+            except (OSError, ValueError, AttributeError):
+                theirs = None
+            if theirs == kind:
+                return d
+            raise ConfigError(f"--out {d} is {'a ' + theirs if isinstance(theirs, str) else 'an unreadable'} "
+                              f"directory ({marker}), not a {kind}'s; choose a new --out directory")
+        if (d / _OLD_MARKERS[kind]).is_file():
+            return d
+        some = sorted(p.name for p in d.iterdir())[:3]
+        raise ConfigError(f"--out {d} is not empty (it holds {', '.join(some)}, ...) and is not a {kind} directory "
+                          f"(no {DIR_MARKER}); a {kind} needs a new or empty directory or its own earlier one, so "
+                          "nothing there is overwritten")
+    check_creatable(d, flag="--out", dest=d)
+    return d
+
+
+def _claim(out: Path, kind: str) -> None:
+    """Make ``out`` (checked by :func:`check_out_dir`) and mark it as a ``kind``'s directory."""
+    out.mkdir(parents=True, exist_ok=True)
+    marker = out / DIR_MARKER
+    if not marker.is_file():
+        marker.write_text(json.dumps({"kind": kind}) + "\n", encoding="utf-8")
 
 
 def _same(path: Path, settings: dict[str, Any]) -> bool:
@@ -148,17 +199,18 @@ class _Inline:
 
 def run_demo(cfg: DemoConfig, out: str | Path, *, jobs: int = 5, say: Callable[[str], None] = print,
              progress_every: float = 30.0, run_fn: Callable[..., dict[str, Any]] | None = None,
-             finish_fn: Callable[..., dict[str, Any]] | None = None) -> dict[str, Any]:
+             finish_fn: Callable[..., dict[str, Any]] | None = None, kind: str = "demo") -> dict[str, Any]:
     """Run the demo into ``out`` (module docstring) and return ``results.json``'s content. While runs are in
     flight, one progress line (steps logged per run, :mod:`mrl_llm.demo.progress`) every ``progress_every`` s.
     ``run_fn`` / ``finish_fn`` replace :func:`run_job` / :func:`finish` (the study's, :mod:`mrl_llm.demo.study`:
-    same driver, SFTs and reuse rules; ``run_fn`` must be a top-level function, it runs in worker processes)."""
+    same driver, SFTs and reuse rules; ``run_fn`` must be a top-level function, it runs in worker processes).
+    ``out`` is checked first (:func:`check_out_dir`, for ``kind``), before any tokenizer or SFT."""
     run_fn = run_fn or run_job
     finish_fn = finish_fn or finish
     from mrl_llm.demo.tokenizers import save_demo_tokenizers
 
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = check_out_dir(out, kind)
+    _claim(out, kind)
     t0 = time.perf_counter()
     load0 = os.getloadavg()
     tok_dirs = save_demo_tokenizers(out / "tokenizers", cfg.task(), kinds=tuple(dict.fromkeys(p.tokenizer for p in cfg.policies)))

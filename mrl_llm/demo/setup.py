@@ -76,8 +76,7 @@ class DemoConfig:
     policies: tuple[DemoPolicy, ...] = POLICIES
 
     def __post_init__(self) -> None:
-        if self.seeds < 1 or self.steps < 1 or self.sft_steps < 1:
-            raise ValueError("demo: --seeds, --steps and --sft-steps must be >= 1")
+        check_settings(self, "demo")
         if len(self.policies) != 2 or len({p.family for p in self.policies}) != 2:
             raise ValueError("demo: two policies with different SFT families")
         missing = sorted({p.family for p in self.policies} - set(self.task().family_names))
@@ -102,6 +101,39 @@ class DemoConfig:
 
     def task(self) -> ArithmeticTask:
         return ArithmeticTask(families=self.families)
+
+
+#: The most rollouts a demo step may draw per policy (``prompts_per_step x group_size``; the defaults draw 128):
+#: a CPU demo past it would run for days, and the trainer would only find out after the SFTs.
+MAX_ROLLOUTS_PER_STEP = 4096
+#: The most seeds one invocation runs (each seed runs every regime).
+MAX_SEEDS = 1000
+
+
+def check_settings(cfg: DemoConfig, what: str) -> None:
+    """The flag-level checks of a demo or study (``what``), before any work: counts >= 1 (``--eval-k``: the
+    rescue sets need sampled evaluations), at least one regime, each once, and the sizes bounded
+    (:data:`MAX_ROLLOUTS_PER_STEP`, :data:`MAX_SEEDS`); a :class:`ValueError` naming the flag."""
+    for key in ("seeds", "steps", "sft_steps", "prompts_per_step", "group_size", "eval_k", "pool_per_family",
+                "max_new_tokens", "sft_batch"):
+        v = getattr(cfg, key)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            extra = " (the rescue sets are the prompts a peer solves in its k samples)" if key == "eval_k" else ""
+            raise ValueError(f"{what}: --{key.replace('_', '-')} must be an integer >= 1, got {v!r}{extra}")
+    if isinstance(cfg.eval_every, bool) or not isinstance(cfg.eval_every, int) or cfg.eval_every < 0:
+        raise ValueError(f"{what}: --eval-every must be an integer >= 0, got {cfg.eval_every!r}")
+    if cfg.seeds > MAX_SEEDS:
+        raise ValueError(f"{what}: --seeds {cfg.seeds} is more than {MAX_SEEDS} (each seed runs every regime)")
+    rollouts = cfg.prompts_per_step * cfg.group_size
+    if rollouts > MAX_ROLLOUTS_PER_STEP:
+        raise ValueError(f"{what}: --prompts-per-step {cfg.prompts_per_step} x --group-size {cfg.group_size} = "
+                         f"{rollouts} rollouts per step and policy, more than this CPU {what} runs "
+                         f"({MAX_ROLLOUTS_PER_STEP}); lower --group-size or --prompts-per-step")
+    if not cfg.regimes:
+        raise ValueError(f"{what}: --regimes names no regime; give a comma-separated list, e.g. grpo,sgt")
+    twice = sorted({r for i, r in enumerate(cfg.regimes) if r in cfg.regimes[:i]})
+    if twice:
+        raise ValueError(f"{what}: --regimes lists {twice} more than once (one run directory per regime)")
 
 
 def rl_pool(task: ArithmeticTask, per_family: int, seed: int) -> list[Problem]:

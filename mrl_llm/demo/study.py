@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from mrl_llm.demo.run import _fresh, _quiet, _same, portable_run, run_demo, sft_settings
-from mrl_llm.demo.setup import DemoConfig, DemoPolicy, rl_pool, run_config
+from mrl_llm.demo.setup import DemoConfig, DemoPolicy, check_settings, rl_pool, run_config
 from mrl_llm.demo.sft import ArchSize, SFTConfig
 from mrl_llm.rewards.arithmetic import Family
 
@@ -112,8 +112,7 @@ class StudyConfig(DemoConfig):
     lr_per_policy: tuple[tuple[str, float], ...] = ()
 
     def __post_init__(self) -> None:
-        if self.seeds < 1 or self.steps < 1 or self.sft_steps < 1:
-            raise ValueError("study: --seeds, --steps and --sft-steps must be >= 1")
+        check_settings(self, "study")
         if len(self.policies) < 2 or len({p.family for p in self.policies}) != len(self.policies):
             raise ValueError("study: at least two policies, each with its own SFT family")
         missing = sorted({p.family for p in self.policies} - set(self.task().family_names))
@@ -243,4 +242,4 @@ def run_study(cfg: StudyConfig, out: str | Path, *, jobs: int = 5, say: Any = pr
               progress_every: float = 30.0) -> dict[str, Any]:
     """Run the study into ``out`` (module docstring); returns ``study.json``'s content."""
     return run_demo(cfg, out, jobs=jobs, say=say, progress_every=progress_every, run_fn=study_run_job,
-                    finish_fn=study_finish)
+                    finish_fn=study_finish, kind="study")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -17,7 +18,13 @@ from bandit_sim.calibrate import CalibrationConfig, Counts, calibrate
 from bandit_sim.cli import main
 from bandit_sim.predict import PredictOptions, observed_agreement, predict
 from bandit_sim.scenario import load_scenario
-from shared_interfaces.success_matrix import SuccessMatrixError, read_success_matrix, write_success_matrix
+from shared_interfaces.config_io import ConfigError
+from shared_interfaces.success_matrix import (
+    SuccessMatrixError,
+    read_success_matrix,
+    validate,
+    write_success_matrix,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURE = REPO / "tests" / "fixtures" / "demo"
@@ -152,3 +159,113 @@ def test_prompts_per_step_above_the_matrix_prompts_is_reported_as_capped(capsys)
     assert (res["run"]["prompts_per_step"], res["run"]["prompts_per_step_given"]) == (n, n + 50)
     res = predict(m, None, PredictOptions(seeds=2, regimes=("grpo",), steps=2, prompts_per_step=n))
     assert res["run"]["prompts_per_step"] == n and "prompts_per_step_given" not in res["run"]
+
+
+def _tiny(prompts=2, **run):
+    """A small valid success matrix (two policies), as a dict, with ``run`` keys over the defaults."""
+    ids = [f"p{i}" for i in range(prompts)]
+    return {"format": "mrl-success-matrix", "version": 1, "policies": ["a", "b"], "prompts": ids, "families": None,
+            "samples": [[4] * prompts, [4] * prompts], "successes": [[1] * prompts, [0] * prompts],
+            "greedy_correct": [[None] * prompts, [None] * prompts],
+            "run": {"steps": 4, "prompts_per_step": 2, "group_size": 4, "seed": 0, "eval_k": 4,
+                    "regime": {"name": "grpo"}, "loss": {}, **run}, "curve": None, "outcomes": None}
+
+
+def _bounded(args, timeout=120):
+    """``python ARGS`` in a subprocess that is killed after ``timeout`` s (the bugs here hung: a test must fail)."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    try:
+        return subprocess.run([sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True,
+                              timeout=timeout)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"python {' '.join(args)[:80]}... still running after {timeout} s")
+
+
+def _predict_cli(tmp_path, data, *flags):
+    f = tmp_path / "m.json"
+    f.write_text(json.dumps(data))
+    return main(["predict", "--success-matrix", str(f), "--seeds", "2", "--regimes", "grpo", *flags])
+
+
+def test_a_prediction_past_the_work_limit_is_refused_before_simulating(tmp_path, capsys):
+    """``run.steps: 10**12`` in a 478-byte matrix simulated forever with no output: the work is now estimated from
+    the settings and refused past --max-work, with the number and the flag."""
+    f = tmp_path / "huge.json"
+    f.write_text(json.dumps(_tiny(steps=10**12)))
+    assert len(f.read_bytes()) < 500
+    done = _bounded(["-m", "bandit_sim", "predict", "--success-matrix", str(f), "--seeds", "2", "--regimes", "grpo"])
+    err = done.stderr
+    assert done.returncode == 2 and err.count("\n") == 1, err
+    work = 1 * 2 * 2 * (10**12 * 1 * 2 * (16 + 4) + 2 * 16)  # R S P (steps epochs B (K + G) + C K)
+    assert f"about {work} arm draws" in err and f"more than --max-work {10**9}" in err
+    assert f"pass --max-work {work} to run it" in err
+    assert _predict_cli(tmp_path, _tiny(steps=10**12), "--steps", "5", "--max-work", "800") == 2
+    assert "more than --max-work 800" in capsys.readouterr().err
+    assert _predict_cli(tmp_path, _tiny(steps=10**12), "--steps", "5", "--max-work", str(2 * 2 * (5 * 2 * 20 + 32))) == 0
+    assert "use: grpo" in capsys.readouterr().out
+    m = read_success_matrix(FIXTURE / "seed0.json")  # a probe's fit over its grid of settings counts too
+    with pytest.raises(ConfigError, match="plus the probe fit"):
+        predict(m, m, PredictOptions(seeds=2, regimes=("grpo",), steps=1, max_work=10**6))
+    assert _predict_cli(tmp_path, _tiny(), "--steps", str(2**63)) == 2
+    assert "--steps 9223372036854775808 does not fit a signed 64-bit integer" in capsys.readouterr().err
+
+
+def test_a_matrix_of_200000_prompts_is_read_in_linear_time(tmp_path):
+    """The duplicate check counted each name in the whole list (quadratic): 200,000 prompts hung."""
+    code = ("import time; from tests.bandit.test_predict import _tiny; from shared_interfaces.success_matrix import "
+            "validate; d = _tiny(prompts=200_000); t = time.perf_counter(); validate(d); print(time.perf_counter() - t)")
+    done = _bounded(["-c", code], timeout=60)
+    assert done.returncode == 0, done.stderr
+    data = _tiny(prompts=200_000)
+    validate(data)
+    data["prompts"][-1] = data["prompts"][7]
+    with pytest.raises(SuccessMatrixError, match=r"'prompts' lists \['p7'\] more than once"):
+        validate(data)
+
+
+@pytest.mark.parametrize(("change", "msg"), [
+    (lambda d: d["samples"][0].__setitem__(1, 2**63), "'samples'[0][1] must be an integer, got 9223372036854775808 (a count below 2**63)"),
+    (lambda d: d["successes"][1].__setitem__(0, 2**70), "'successes'[1][0] must be an integer, got"),
+    (lambda d: d["run"].__setitem__("steps", 2**64), "run.steps must be a positive integer (below 2**63)"),
+    (lambda d: d["run"].__setitem__("seed", 2**63), "run.seed must be an integer in [0, 2**63)"),
+    (lambda d: d["run"].__setitem__("loss", [0.2]), "run.loss must be null or the run's loss section"),
+    (lambda d: d.__setitem__("curve", {"steps": [0, 2**63], "accuracy": [[0.1, 0.2], [0.1, 0.2]]}),
+     "curve.steps must be a non-empty list of integers in [0, 2**63)"),
+    (lambda d: d.__setitem__("outcomes", {r: {"final_accuracy": [0.5, 0.5], "rescue_rate": 0.1}
+                                          for r in ("sgt+xgrpo", "xgrpo+sgt")}),
+     "outcomes 'sgt+xgrpo' and 'xgrpo+sgt' name one regime (sgt+xgrpo); keep one of them"),
+    (lambda d: d.__setitem__("outcomes", {"magic": {"final_accuracy": [0.5, 0.5]}}), "outcomes.magic: "),
+    (lambda d: d["outcomes"]["grpo"].__setitem__("seeds", 2**63), "outcomes.grpo.seeds must be a positive integer"),
+], ids=["samples", "successes", "steps", "seed", "loss-list", "curve", "two-names", "unknown", "seeds"])
+def test_malformed_matrix_values_are_one_line_errors(tmp_path, capsys, change, msg):
+    """Integers >= 2**63 and a ``loss`` that is a list gave tracebacks (numpy's OverflowError, an AttributeError);
+    two outcome names of one regime silently kept one."""
+    data = _tiny()
+    data["outcomes"] = {"grpo": {"final_accuracy": [0.5, 0.5], "rescue_rate": 0.1}}
+    change(data)
+    assert _predict_cli(tmp_path, data, "--steps", "2") == 2  # (a run.steps of 2**64 would run forever unchecked)
+    err = capsys.readouterr().err
+    assert msg in err and err.count("\n") == 1 and "Traceback" not in err, err
+
+
+def test_deep_nesting_and_a_huge_integer_in_the_file_are_one_line_errors(tmp_path, capsys):
+    f = tmp_path / "deep.json"
+    f.write_text('{"run": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    assert main(["predict", "--success-matrix", str(f)]) == 2
+    err = capsys.readouterr().err
+    assert "is nested too deeply to read" in err and err.count("\n") == 1
+    f.write_text('{"version": ' + "9" * 5000 + "}")
+    assert main(["predict", "--success-matrix", str(f)]) == 2
+    err = capsys.readouterr().err
+    assert "is not valid JSON" in err and err.count("\n") == 1
+
+
+def test_outcomes_without_a_rescue_rate_are_reported_as_not_recorded(tmp_path, capsys):
+    """``rescue_rate`` is optional in an outcome; predict read it with [] and raised KeyError."""
+    data = _tiny()
+    data["outcomes"] = {r: {"final_accuracy": [0.5, 0.4]} for r in ("grpo", "sgt", "xgrpo")}
+    assert _predict_cli(tmp_path, data, "--regimes", "grpo,sgt,xgrpo") == 0
+    assert "observed rescue_rate: not recorded in the matrix's outcomes" in capsys.readouterr().out

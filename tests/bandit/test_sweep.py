@@ -234,3 +234,63 @@ def test_point_file_with_foreign_rows_names_itself(tmp_path, capsys, content):
     assert main(["sweep", "--resume", str(tmp_path / "a"), "--quiet"]) == 2
     err = capsys.readouterr().err
     assert "overlap=0.2,thl_sigma=0.json is not a sweep point's result of this grid" in err and "delete it" in err
+
+
+def _corrupt_copy(points):
+    (points / "overlap=0.2,thl_sigma=0.json").write_text((points / "overlap=0.8,thl_sigma=1.json").read_text())
+
+
+def _corrupt_bytes(points):
+    f = points / "overlap=0.2,thl_sigma=0.json"
+    f.write_bytes(f.read_bytes().replace(b'"rows"', b'"r\xffows"'))
+
+
+def _corrupt_value(value):
+    def corrupt(points):
+        f = points / "overlap=0.2,thl_sigma=0.json"
+        data = json.loads(f.read_text())
+        data["rows"][1]["accuracy"] = "0.5"
+        f.write_text(json.dumps(data).replace('"0.5"', value))
+    return corrupt
+
+
+def _corrupt_dir(points):
+    (points / "overlap=0.2,thl_sigma=0.json").unlink()
+    (points / "overlap=0.2,thl_sigma=0.json").mkdir()
+
+
+@pytest.mark.parametrize(("corrupt", "msg"), [
+    (_corrupt_copy, "holds the result of point 'overlap=0.8,thl_sigma=1'"),
+    (_corrupt_bytes, "is not valid JSON (not UTF-8 text"),
+    (_corrupt_value('"0.5"'), "rows[1].accuracy = '0.5' is not this point's value"),
+    (_corrupt_value("NaN"), "is not valid JSON (NaN is not a number JSON allows)"),
+    (_corrupt_value("Infinity"), "is not valid JSON (Infinity is not a number JSON allows)"),
+    (_corrupt_dir, "is not a file (a directory"),
+], ids=["copied", "bytes", "string", "nan", "inf", "dir"])
+def test_a_point_file_is_checked_against_its_name_before_anything_is_replaced(tmp_path, capsys, corrupt, msg):
+    """A point file copied over another point's name was taken as that point; non-UTF-8 bytes, a string or NaN
+    value, or a directory in a point file's place gave a traceback, after ``sweep.csv`` had been replaced."""
+    gf = grid_file(tmp_path, steps=2)
+    assert main(["sweep", "--grid", str(gf), "--out", str(tmp_path / "a"), "--quiet"]) == 0
+    before = {n: (tmp_path / "a" / n).read_bytes() for n in ("sweep.csv", "sweep.json", "sweep.png")}
+    corrupt(tmp_path / "a" / "points")
+    capsys.readouterr()
+    assert main(["sweep", "--resume", str(tmp_path / "a"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "overlap=0.2,thl_sigma=0.json" in err and msg in err and "Traceback" not in err, err
+    assert err.count("\n") == 1 and ("delete it" in err or "remove it" in err)
+    assert {n: (tmp_path / "a" / n).read_bytes() for n in before} == before
+
+
+def test_a_point_file_of_a_point_not_in_the_grid_is_refused(tmp_path, capsys):
+    gf = grid_file(tmp_path, steps=2)
+    assert main(["sweep", "--grid", str(gf), "--out", str(tmp_path / "a"), "--quiet"]) == 0
+    points = tmp_path / "a" / "points"
+    data = json.loads((points / "overlap=0.2,thl_sigma=0.json").read_text())
+    data["point"]["overlap"], data["key"] = 0.3, "overlap=0.3,thl_sigma=0"
+    for r in data["rows"]:
+        r["overlap"] = 0.3
+    (points / "overlap=0.3,thl_sigma=0.json").write_text(json.dumps(data))
+    capsys.readouterr()
+    assert main(["sweep", "--resume", str(tmp_path / "a"), "--quiet"]) == 2
+    assert "overlap=0.3,thl_sigma=0 is not a point of this grid" in capsys.readouterr().err

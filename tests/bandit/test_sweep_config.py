@@ -73,3 +73,50 @@ def test_missing_and_unknown_grid_files(tmp_path):
     (tmp_path / "empty.yaml").write_text("")
     with pytest.raises(ConfigError, match="'base' must name a run preset"):
         load_grid(tmp_path / "empty.yaml")
+
+
+def test_a_grid_past_the_point_limit_is_refused_before_its_product_is_built(tmp_path, capsys):
+    """A 1.2 KB grid of 4 axes x 32 values (about a million points) was still loading after 90 s, and one of
+    5 x 200 values exhausted memory: the whole product was built and validated before any size check."""
+    import time
+
+    from bandit_sim.cli import main
+
+    axes = {"overlap": [round(0.01 * i, 2) for i in range(1, 201)], "group_size": list(range(2, 202)),
+            "thl_sigma": [0.01 * i for i in range(200)], "sgt_weight": [0.01 * i for i in range(200)],
+            "lr": [0.1 * (i + 1) for i in range(200)]}
+    small = {k: v[:3] for k, v in list(axes.items())[:2]}
+    with pytest.raises(ConfigError, match="3 x 3 = 9 points, more than the limit of 8"):
+        grid_from_mapping({"base": "smoke", "axes": small}, max_points=8)
+    assert len(grid_from_mapping({"base": "smoke", "axes": small}, max_points=9).points()) == 9
+    t0 = time.perf_counter()
+    with pytest.raises(ConfigError, match=r"200 x 200 x 200 x 200 x 200 = 320000000000 points, more than the limit "
+                                          r"of 10000 .*pass --max-points 320000000000"):
+        grid_from_mapping({"base": "smoke", "axes": axes})
+    assert time.perf_counter() - t0 < 5
+    f = tmp_path / "g.yaml"
+    f.write_text("base: smoke\naxes:\n" + "".join(f"  {k}: {v[:32]}\n" for k, v in list(axes.items())[:4]))
+    assert main(["sweep", "--grid", str(f), "--out", str(tmp_path / "s"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "32 x 32 x 32 x 32 = 1048576 points" in err and "--max-points 1048576" in err and not (tmp_path / "s").exists()
+    with pytest.raises(SystemExit):
+        main(["sweep", "--grid", str(f), "--out", str(tmp_path / "s"), "--quiet", "--max-points", "0"])
+    assert "--max-points: must be >= 1, got 0" in capsys.readouterr().err
+
+
+def test_a_recorded_grid_past_the_point_limit_is_refused(tmp_path, capsys):
+    from bandit_sim.cli import main
+
+    f = tmp_path / "g.yaml"
+    f.write_text("base: smoke\noverrides: {steps: 2, seeds: 1, regimes: [grpo]}\naxes: {lr: [1.0, 2.0, 3.0]}\n")
+    assert main(["sweep", "--grid", str(f), "--out", str(tmp_path / "s"), "--quiet"]) == 0
+    assert main(["sweep", "--resume", str(tmp_path / "s"), "--quiet", "--max-points", "2"]) == 2
+    assert "3 = 3 points, more than the limit of 2" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("axes", "msg"), [({"group_size": [2**64]}, "does not fit a signed 64-bit integer"),
+                                           ({"lr": [10**400]}, "is not a finite number")])
+def test_axis_integers_past_64_bits_are_refused_at_load(axes, msg):
+    """An lr of 10**400 raised OverflowError (a traceback); a group_size of 2**64 loaded and failed in every run."""
+    with pytest.raises(ConfigError, match=msg):
+        grid_from_mapping({"base": "smoke", "axes": axes})

@@ -138,4 +138,82 @@ def test_data_prepare_from_a_hub_id_goes_through_datasets(tmp_path, capsys, monk
         assert cli_main(["data", "prepare", "--config", str(cfg), "--source", "EleutherAI/hendrycks_math"]) == 2
         assert "needs the datasets package" in capsys.readouterr().err
     assert cli_main(["data", "prepare", "--config", str(cfg), "--source", "no-such-file.jsonl"]) == 2
-    assert "neither a file nor a hub dataset id" in capsys.readouterr().err
+    assert "no-such-file.jsonl does not exist (it reads as a path" in capsys.readouterr().err
+
+
+# A hub id as model_dir through `train` itself (preflight, model load, one step), offline, from a cache made here.
+TRAIN_CHILD = CHILD.split("from mrl_llm.config import PolicyConfig")[0] + r"""
+import yaml
+from mrl_llm.cli import main
+from mrl_llm.config import load_config
+from mrl_llm.preflight import check_model_configs, context_lengths
+data = Path(sys.argv[2])
+cfg = {"name": "hub", "seed": 1, "steps": 1, "prompts_per_step": 2, "regime": {"name": "grpo"},
+       "data": {"path": str(data / "train.jsonl"), "verifier": "arithmetic"}, "tensorboard": False, "progress": False,
+       "policies": [{"name": "hubby", "model_dir": "tiny-org/tiny-llama", "group_size": 2, "max_prompt_len": 64,
+                     "sampling": {"max_new_tokens": 4}, "train": {"lr": 1e-3}},
+                    {"name": "b", "model_config": {"model_type": "llama", "vocab_size": 300, "hidden_size": 32,
+                                                   "intermediate_size": 64, "num_hidden_layers": 1,
+                                                   "num_attention_heads": 2, "num_key_value_heads": 1},
+                     "tokenizer_dir": "utf8-bytes", "group_size": 2, "sampling": {"max_new_tokens": 4},
+                     "train": {"lr": 1e-3}}]}
+(root / "cfg.yaml").write_text(yaml.safe_dump(cfg))
+out = {"rc": main(["train", "--config", str(root / "cfg.yaml"), "--out", str(root / "run")]),
+       "context": context_lengths(load_config(root / "cfg.yaml"))["hubby"]}
+cfg["policies"][0]["model_dir"] = "tiny-org/absent"
+(root / "absent.yaml").write_text(yaml.safe_dump(cfg))
+try:
+    check_model_configs(load_config(root / "absent.yaml"))
+except Exception as err:
+    out["absent"] = f"{type(err).__name__}: {err}"
+print(json.dumps(out))
+"""
+
+
+def test_a_hub_id_model_dir_trains_from_the_hub_cache(tmp_path):
+    """Preflight required ``model_dir/config.json`` before the hub branch of the model load, so a model in the hub
+    cache was refused as "not found"; an absent one offline was not said to be offline."""
+    env = dict(os.environ, HF_HUB_CACHE=str(tmp_path / "hub"), HF_HUB_OFFLINE="1", PYTHONPATH=str(REPO),
+               OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    env.pop("HF_HOME", None)
+    data = REPO / "experiments" / "data" / "arithmetic"
+    res = subprocess.run([sys.executable, "-c", TRAIN_CHILD, str(tmp_path), str(data)], env=env, cwd=tmp_path,
+                         capture_output=True, text=True, timeout=500)
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    assert out["rc"] == 0, res.stderr[-3000:]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["steps"] == 1 and [p["name"] for p in summary["policies"]] == ["hubby", "b"]
+    assert out["context"] == 128  # the cached config.json is read as a local one
+    absent = out["absent"]
+    assert absent.startswith("ModelLoadError: model 'tiny-org/absent' of policy 'hubby'") and "offline" in absent
+    assert str(tmp_path / "hub") in absent and "HF_HUB_OFFLINE" in absent and "not found" not in absent
+
+
+@pytest.mark.parametrize("source", ["data/mat.jsonl", "./data/math", "~/nowhere/x", "a/b/c", "mydata/train.parquet",
+                                    "dir"])
+def test_data_prepare_refuses_a_missing_path_instead_of_asking_the_hub(tmp_path, capsys, monkeypatch, source):
+    """A mistyped local path of the form ``a/b`` was taken for a hub dataset id (and sent to ``datasets``)."""
+    import mrl_llm.data.prepare as prepare
+
+    def no_hub(*a, **k):
+        raise AssertionError("the hub was asked")
+
+    monkeypatch.setattr(prepare, "read_hub", no_hub)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "dir").mkdir()
+    assert cli_main(["data", "prepare", "--config", str(_config(tmp_path)), "--source", source]) == 2
+    err = capsys.readouterr().err
+    assert f"--source {source!r}: " in err and ("does not exist" in err or "is a directory" in err), err
+    assert "reads as a path" in err and len(err.strip().splitlines()) == 1
+
+
+def test_looks_like_path_and_cached_file_empty_cases(tmp_path, monkeypatch):
+    from mrl_llm.hub import cached_file, looks_like_path
+
+    for v in ("./a", "/abs/x", "~/x", "a/b/c", "data/train.jsonl", "x.parquet", "d/rows.JSON"):
+        assert looks_like_path(v), v
+    for v in ("", "EleutherAI/hendrycks_math", "openai/gsm8k", "name"):
+        assert not looks_like_path(v), v
+    assert cached_file("tiny-org/not-cached-anywhere-here") is None  # (nothing is fetched: the cache is only read)
