@@ -1,11 +1,11 @@
 """The checks ``experiments/gpu/smoke.sh`` runs on one policy (random weights, a real vocabulary width): memory
 measured against the planner, bf16 against fp32 on one batch, and the weights each mini-batch sees under bf16.
 
-* :func:`measure` — one phase (``sample``: one HF ``generate`` call over ``rows`` prompts; ``update``: one
-  ``PolicyModel.update`` on ``rows`` random rows) of a policy built here, and the planner's bytes for it
-  (:func:`planned`). On CUDA the peak is ``torch.cuda.max_memory_reserved`` of the whole process; on the CPU it is the
-  growth of peak RSS (``ru_maxrss``) over a baseline process that imports, builds the same policy and batch and
-  stops (:func:`rss_growth`: each phase in a fresh interpreter).
+* :func:`run_phase` — one phase (``sample``: one HF ``generate`` call over ``rows`` prompts; ``update``: one
+  ``PolicyModel.update`` on ``rows`` random rows; ``step``: an update, then a sample and an update as in a run) of a
+  policy built here, in a fresh interpreter (:func:`measure_in_subprocess`, :func:`rss_growth`), and the planner's
+  bytes for it (:func:`planned`). On CUDA the peak is ``torch.cuda.max_memory_reserved`` of the whole process; on the
+  CPU the growth of peak RSS over the resident size when the phase begins (:func:`reset_peak_rss`).
 * :func:`planned` — the planner's terms (:mod:`mrl_llm.distributed.memory`): ``static`` (what the baseline holds:
   the masters), ``sample`` (:func:`~mrl_llm.distributed.memory.rollout_bytes` of the HF engine with ``rows`` in
   flight, plus the compute-dtype casts autocast keeps while it samples) and ``update`` (the rest of
@@ -16,8 +16,8 @@ measured against the planner, bf16 against fp32 on one batch, and the weights ea
   ``approx_kl_old`` under bf16 over fp32's, from the same weights and batch; near 1 when every mini-batch after the
   first sees the updated weights, near 0 when autocast served the start-of-step casts (issue 38, item 1).
 
-``python -m experiments.gpu.smoke_checks measure PHASE JSON_SIZE`` prints one :func:`measure` as JSON (what
-:func:`rss_growth` and the planner test run in subprocesses).
+``python -m experiments.gpu.smoke_checks measure PHASE JSON_SIZE`` prints one :func:`run_phase` as JSON (what
+:func:`rss_growth` and :func:`measure_in_subprocess` run).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import resource
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -158,47 +158,66 @@ def loss_config(size: ProbeSize) -> Any:
     return LossConfig(kl_coef=0.0, max_response_len=size.response_len)
 
 
+PHASES = ("baseline", "sample", "update", "step")
+
+
 def run_phase(phase: str, size: ProbeSize) -> dict[str, Any]:
-    """Build the policy and the batch, then run ``phase`` (``baseline``: nothing; ``sample``; ``update``) and
-    return its tokens/s and this process's peak memory (``peak_bytes``: CUDA reserved, or ``ru_maxrss``)."""
+    """Build the policy and the batch, then run ``phase`` (``baseline``: nothing; ``sample``; ``update``; ``step``:
+    one update, so that AdamW's moments exist, then a step of a run: sample, update) and return its token rates and this process's peak memory:
+    ``peak_bytes`` (CUDA: ``max_memory_reserved`` since the process began, the model's build included; CPU:
+    ``ru_maxrss``) and on the CPU ``growth_bytes`` (:func:`reset_peak_rss`)."""
     import torch
 
-    from mrl_llm.rank.engine import RankEngine
-    from mrl_llm.rollout import HFEngine, SamplingConfig
-
-    if phase not in ("baseline", "sample", "update"):
-        raise ValueError(f"phase must be baseline, sample or update, got {phase!r}")
+    if phase not in PHASES:
+        raise ValueError(f"phase must be one of {', '.join(PHASES)}, got {phase!r}")
     torch.manual_seed(size.seed)
     pm, pol = build(size)
-    vocab = int(size.model_config["vocab_size"])
-    batch = random_batch(size, vocab)
+    batch = random_batch(size, int(size.model_config["vocab_size"]))
     cuda = size.device.startswith("cuda")
-    out: dict[str, Any] = {"phase": phase}
-    if cuda:
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
+    out: dict[str, Any] = {"phase": phase, "device": size.device}
     base = reset_peak_rss() if not cuda else None
-    t0 = time.perf_counter()
-    if phase == "sample":
-        from mrl_llm.byte_tokenizer import byte_tokenizer
-
-        engine = RankEngine(HFEngine(pm.rollout_model, byte_tokenizer(), max_batch_size=size.rows), trained=pm.model,
-                            rollout=pm.rollout_model, precision=pm.precision, device=pm.device)
-        sp = SamplingConfig(temperature=1.0, max_new_tokens=size.response_len, seed=size.seed)
-        samples, _ = engine.sample(batch.prompts, 1, sp)
-        out["tokens"] = sum(len(s[0].token_ids) for s in samples)
-    elif phase == "update":
-        res = pm.update(batch, pol, loss_cfg=loss_config(size), pad_id=0)
-        out["tokens"] = res.tokens
-    if cuda:
-        torch.cuda.synchronize()
-    out["seconds"] = time.perf_counter() - t0
-    out["tokens_per_s"] = out["tokens"] / out["seconds"] if out.get("tokens") else 0.0
+    update = lambda: pm.update(batch, pol, loss_cfg=loss_config(size), pad_id=0).tokens  # noqa: E731
+    if phase == "step":  # a step of a run: AdamW's moments exist through the update's forward and backward
+        update()
+    if phase in ("sample", "step"):
+        out["sample_tokens"], out["sample_s"] = _timed(cuda, lambda: _sample(pm, batch, size))
+        out["decode_tokens_per_s"] = out["sample_tokens"] / out["sample_s"]
+    if phase in ("update", "step"):
+        out["train_tokens"], out["update_s"] = _timed(cuda, update)
+        out["train_tokens_per_s"] = out["train_tokens"] / out["update_s"]
     out["peak_bytes"] = (torch.cuda.max_memory_reserved() if cuda
                          else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+    if cuda:
+        out["peak_allocated_bytes"] = torch.cuda.max_memory_allocated()
     if base is not None:  # the peak RSS of the phase alone, over what was resident when it began
         out["growth_bytes"] = proc_status_bytes("VmHWM") - base
     return out
+
+
+def _timed(cuda: bool, fn: Any) -> tuple[Any, float]:
+    import torch
+
+    if cuda:
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    got = fn()
+    if cuda:
+        torch.cuda.synchronize()
+    return got, time.perf_counter() - t0
+
+
+def _sample(pm: Any, batch: Any, size: ProbeSize) -> int:
+    """One HF ``generate`` call over the batch's prompts, one sample each (the rank's engine part, under the
+    precision's autocast as in a run); the sampled tokens."""
+    from mrl_llm.byte_tokenizer import byte_tokenizer
+    from mrl_llm.rank.engine import RankEngine
+    from mrl_llm.rollout import HFEngine, SamplingConfig
+
+    engine = RankEngine(HFEngine(pm.rollout_model, byte_tokenizer(), max_batch_size=size.rows), trained=pm.model,
+                        rollout=pm.rollout_model, precision=pm.precision, device=pm.device)
+    sp = SamplingConfig(temperature=1.0, max_new_tokens=size.response_len, seed=size.seed)
+    samples, _ = engine.sample(batch.prompts, 1, sp)
+    return sum(len(s[0].token_ids) for s in samples)
 
 
 def proc_status_bytes(key: str) -> int:
@@ -244,6 +263,17 @@ def rss_growth(phase: str, size: ProbeSize, *, timeout: float = 600) -> dict[str
     return {**got[phase], "growth_bytes": got[phase]["peak_bytes"] - got["baseline"]["peak_bytes"]}
 
 
+def release(size: ProbeSize) -> None:
+    """Free what a finished model left (reference cycles, the CUDA allocator's cache) before the next is built."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    if size.device.startswith("cuda"):
+        torch.cuda.empty_cache()
+
+
 def parity(size: ProbeSize) -> dict[str, float]:
     """bf16 against fp32 from the same fp32 weights on the same batch (module docstring): ``loss_rel``,
     ``nll_rel`` (relative differences) and ``grad_cos``."""
@@ -271,7 +301,8 @@ def parity(size: ProbeSize) -> dict[str, float]:
         mask = packed.response_mask.to(logp.device)
         nll = float(-(logp.float() * mask).sum() / mask.sum())
         got[dtype] = (res.metrics["loss"], nll, pm.optimizer.grad)
-        del pm
+        del pm, logp
+        release(size)
     (l32, n32, g32), (l16, n16, g16) = got["fp32"], got["bf16"]
     return {"loss_fp32": l32, "loss_bf16": l16, "loss_rel": abs(l16 - l32) / max(abs(l32), 1e-12),
             "nll_fp32": n32, "nll_bf16": n16, "nll_rel": abs(n16 - n32) / max(abs(n32), 1e-12),
@@ -290,12 +321,84 @@ def stale_check(size: ProbeSize) -> dict[str, float]:
         res = pm.update(batch, pol, loss_cfg=loss_config(size), pad_id=0)
         kl[dtype] = float(res.metrics["approx_kl_old"])
         del pm
+        release(size)
     return {"kl_fp32": kl["fp32"], "kl_bf16": kl["bf16"], "ratio": kl["bf16"] / kl["fp32"] if kl["fp32"] else 0.0}
+
+
+#: The GPU checks' sizes (issue 38): Qwen2.5-1.5B's shape, 64 rows of 512 response tokens, bf16.
+GPU_CHECK = ProbeSize(model_config=dict(QWEN25_15B), dtype="bf16", device="cuda", rows=64, prompt_len=64,
+                      response_len=512, micro_batch=8, logprob_chunk=1024)
+#: The CPU mode's: the same architecture at a tiny width with the real vocabulary (one-token prompts: see
+#: tests/distributed/test_memory_measured.py).
+CPU_CHECK = ProbeSize(model_config=dict(QWEN2_TINY), dtype="bf16", device="cpu", rows=8, prompt_len=1,
+                      response_len=16, micro_batch=8, logprob_chunk=32)
+#: The bounds: CUDA planned / reserved peak; CPU RSS growth / planned (the planner test's band); parity; stale ratio.
+GPU_PLAN_BAND, CPU_RSS_BAND = (1.0, 1.3), (0.8, 1.5)
+PARITY_REL, PARITY_COS, STALE_BAND, STALE_MIN_KL = 1e-2, 0.99, (0.5, 2.0), 1e-4
+
+
+def measure_in_subprocess(phase: str, size: ProbeSize, *, timeout: float = 600) -> dict[str, Any]:
+    """:func:`run_phase` in a fresh interpreter (on CUDA: its reserved peak is the phase's alone)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    res = subprocess.run([sys.executable, "-m", "experiments.gpu.smoke_checks", "measure", phase,
+                          json.dumps(asdict(size))], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    if res.returncode != 0:
+        raise RuntimeError(f"smoke_checks measure {phase} failed: {res.stderr[-2000:]}")
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def run_checks(*, cpu: bool, stale_lr: float | None = None) -> tuple[dict[str, Any], list[str]]:
+    """The smoke's checks (module docstring) at the GPU or CPU sizes: ``(results, failures)``, one line per failed
+    check. On CUDA the planner's total for the policy's one GPU must be within :data:`GPU_PLAN_BAND` of the step's
+    reserved peak; on the CPU, which has no reserved peak, each phase's RSS growth within :data:`CPU_RSS_BAND` of
+    the planner's terms for it."""
+    size = CPU_CHECK if cpu else GPU_CHECK
+    fails: list[str] = []
+    out: dict[str, Any] = {"size": asdict(size)}
+    want = planned(size)
+    if cpu:
+        step: dict[str, Any] = {}
+        for phase in ("update", "sample"):
+            got = rss_growth(phase, size)
+            step.update(got)
+            ratio = got["growth_bytes"] / want[phase]
+            out[f"memory_{phase}"] = {"growth_gib": got["growth_bytes"] / 2**30, "planned_gib": want[phase] / 2**30,
+                                      "measured_over_planned": ratio}
+            if not CPU_RSS_BAND[0] <= ratio <= CPU_RSS_BAND[1]:
+                fails.append(f"memory ({phase}): RSS growth / planned = {ratio:.2f}, outside {CPU_RSS_BAND}")
+    else:
+        step = measure_in_subprocess("step", size)
+        ratio = want["total"] / step["peak_bytes"]
+        out["memory_step"] = {"reserved_peak_gib": step["peak_bytes"] / 2**30,
+                              "allocated_peak_gib": step["peak_allocated_bytes"] / 2**30,
+                              "planned_gib": want["total"] / 2**30, "planned_over_reserved": ratio}
+        if not GPU_PLAN_BAND[0] <= ratio <= GPU_PLAN_BAND[1]:
+            fails.append(f"memory: planned {want['total'] / 2**30:.2f} GiB / reserved peak "
+                         f"{step['peak_bytes'] / 2**30:.2f} GiB = {ratio:.2f}, outside {GPU_PLAN_BAND}")
+    out["decode_tokens_per_s"], out["train_tokens_per_s"] = step["decode_tokens_per_s"], step["train_tokens_per_s"]
+    par = parity(replace(size, rows=min(size.rows, 16)))
+    out["parity"] = par
+    for key in ("loss_rel", "nll_rel"):
+        if not par[key] <= PARITY_REL:
+            fails.append(f"bf16 vs fp32: {key} = {par[key]:.2e} > {PARITY_REL:g}")
+    if not par["grad_cos"] >= PARITY_COS:
+        fails.append(f"bf16 vs fp32: gradient cosine {par['grad_cos']:.4f} < {PARITY_COS}")
+    stale = stale_check(replace(size, rows=4 * min(size.micro_batch, 8), micro_batch=min(size.micro_batch, 8),
+                                grad_accum=1, lr=stale_lr if stale_lr is not None else (1e-2 if cpu else 1e-4)))
+    out["stale"] = stale
+    if not stale["kl_fp32"] >= STALE_MIN_KL:
+        fails.append(f"stale weights: fp32 approx_kl_old {stale['kl_fp32']:.2e} < {STALE_MIN_KL:g}, too small to "
+                     "compare; raise --stale-lr")
+    elif not STALE_BAND[0] <= stale["ratio"] <= STALE_BAND[1]:
+        fails.append(f"stale weights: bf16 / fp32 approx_kl_old = {stale['ratio']:.2f} (bf16 {stale['kl_bf16']:.2e}, "
+                     f"fp32 {stale['kl_fp32']:.2e}), outside {STALE_BAND}: mini-batches after the first ran on "
+                     "start-of-step weights")
+    return out, fails
 
 
 def main(argv: list[str]) -> int:
     if len(argv) != 3 or argv[0] != "measure":
-        print("usage: python -m experiments.gpu.smoke_checks measure baseline|sample|update JSON_SIZE", file=sys.stderr)
+        print(f"usage: python -m experiments.gpu.smoke_checks measure {'|'.join(PHASES)} JSON_SIZE", file=sys.stderr)
         return 2
     size = ProbeSize(**json.loads(argv[2]))
     print(json.dumps(run_phase(argv[1], size)))

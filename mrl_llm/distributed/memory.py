@@ -62,8 +62,10 @@ Host RAM: a checkpoint of ``k > 1`` FSDP ranks gathers the optimizer state to ra
 (:mod:`mrl_llm.parallel.checkpoint`): ``8 N`` (AdamW) on rank 0's node (:func:`checkpoint_host_bytes`).
 
 Not counted: the CUDA caching allocator's fragmentation beyond the overhead, NCCL's buffers, a vLLM engine's CUDA
-graphs and its own activations (inside its ``gpu_memory_utilization`` share), the HF prefill's logits at every
-prompt position (an engine that asks for them needs ``B P V e`` more), and host copies of a sync's buckets.
+graphs and its own activations (inside its ``gpu_memory_utilization`` share), K and V repeated to the query heads
+where a padded micro-batch keeps SDPA from its native grouped-query path (``2 e h_q`` more per token and layer), the HF
+prefill's logits at every prompt position (an engine that asks for them needs ``B P V e`` more), and host copies of a
+sync's buckets.
 """
 
 from __future__ import annotations
