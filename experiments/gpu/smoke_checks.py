@@ -6,10 +6,10 @@ measured against the planner, bf16 against fp32 on one batch, and the weights ea
   policy built here, in a fresh interpreter (:func:`measure_in_subprocess`, :func:`rss_growth`), and the planner's
   bytes for it (:func:`planned`). On CUDA the peak is ``torch.cuda.max_memory_reserved`` of the whole process; on the
   CPU the growth of peak RSS over the resident size when the phase begins (:func:`reset_peak_rss`).
-* :func:`planned` — the planner's terms (:mod:`mrl_llm.distributed.memory`): ``static`` (what the baseline holds:
-  the masters), ``sample`` (:func:`~mrl_llm.distributed.memory.rollout_bytes` of the HF engine with ``rows`` in
+* :func:`planned` — the planner's terms (:mod:`mrl_llm.distributed.memory`): ``static`` (what a phase begins
+  with: the masters), ``sample`` (:func:`~mrl_llm.distributed.memory.rollout_bytes` of the HF engine with ``rows`` in
   flight, plus the compute-dtype casts autocast keeps while it samples) and ``update`` (the rest of
-  :func:`~mrl_llm.distributed.memory.training_bytes`: gradients, AdamW moments, activations, casts).
+  :func:`~mrl_llm.distributed.memory.training_bytes`: gradients, AdamW's moments, activations and casts or its step).
 * :func:`parity` — bf16 (fp32 masters under autocast) against fp32 on the same batch and weights: the update's loss
   and the mean response NLL (relative difference) and the cosine of the two gradients.
 * :func:`stale_check` — ``train.grad_accum: 1`` (one optimizer step per micro-batch, several a step): the mean
@@ -107,7 +107,7 @@ def planned(size: ProbeSize) -> dict[str, float]:
 
     fp = footprint(size)
     train = training_bytes(fp)
-    static = fp.n_params * 4.0  # the fp32 masters (the baseline process holds them)
+    static = fp.n_params * 4.0  # the fp32 masters (a phase begins with them; AdamW's moments come at its first step)
     roll = rollout_bytes(fp, size.rows, own_weights=False)
     cast = autocast_cache_bytes(fp)
     return {"static": static, "update": train.total - static, "sample": roll.total + cast,
@@ -162,8 +162,9 @@ PHASES = ("baseline", "sample", "update", "step")
 
 
 def run_phase(phase: str, size: ProbeSize) -> dict[str, Any]:
-    """Build the policy and the batch, then run ``phase`` (``baseline``: nothing; ``sample``; ``update``; ``step``:
-    one update, so that AdamW's moments exist, then a step of a run: sample, update) and return its token rates and this process's peak memory:
+    """Build the policy and the batch (and for ``step`` run a first update, so that AdamW's moments exist as in a
+    run), then run ``phase`` (``baseline``: nothing; ``sample``; ``update``; ``step``:
+    sample, update) and return its token rates and this process's peak memory:
     ``peak_bytes`` (CUDA: ``max_memory_reserved`` since the process began, the model's build included; CPU:
     ``ru_maxrss``) and on the CPU ``growth_bytes`` (:func:`reset_peak_rss`)."""
     import torch
@@ -175,10 +176,10 @@ def run_phase(phase: str, size: ProbeSize) -> dict[str, Any]:
     batch = random_batch(size, int(size.model_config["vocab_size"]))
     cuda = size.device.startswith("cuda")
     out: dict[str, Any] = {"phase": phase, "device": size.device}
-    base = reset_peak_rss() if not cuda else None
     update = lambda: pm.update(batch, pol, loss_cfg=loss_config(size), pad_id=0).tokens  # noqa: E731
     if phase == "step":  # a step of a run: AdamW's moments exist through the update's forward and backward
         update()
+    base = reset_peak_rss() if not cuda else None
     if phase in ("sample", "step"):
         out["sample_tokens"], out["sample_s"] = _timed(cuda, lambda: _sample(pm, batch, size))
         out["decode_tokens_per_s"] = out["sample_tokens"] / out["sample_s"]

@@ -36,9 +36,11 @@ with its gradient ``2 * 4 c V`` over ``c`` positions: all ``b s`` of the micro-b
 ``max_tokens_per_micro_batch`` when one is set. Under mixed precision autocast keeps a compute-dtype cast of every
 weight a matmul reads for the region of a micro-batch's forward (its backward holds them too) and of an HF engine's
 ``generate`` call: ``N_c e`` (:func:`autocast_cache_bytes`; ``N_c``: ``N`` less an untied input embedding, which is
-looked up, not multiplied). AdamW's multi-tensor step allocates ``sqrt(v)`` for every parameter, ``4 N / k``, while
-the gradients are alive and the activations are gone: the activations term is
-``max(casts + L A + logits, 4 N / k)`` (:func:`training_bytes`).
+looked up, not multiplied). The backward adds one layer's activation gradients (about ``A``) and the LM head's
+weight gradient as it arrives, before it is added to the accumulated one (:func:`backward_grad_bytes`). AdamW's
+multi-tensor step allocates ``sqrt(v)`` for every parameter, ``4 N / k``, while the gradients are alive and the
+activations are gone: the activations term is ``max(casts + (L + 1) A + logits + head gradient, 4 N / k)``
+(:func:`training_bytes`).
 
 A whole model in one process, ``N w`` (:func:`full_model_bytes`): with ``k > 1`` FSDP ranks every trainer rank keeps one
 beside its shards — the unsharded rollout copy the gathered weights land in after each update
@@ -331,6 +333,13 @@ def autocast_cache_bytes(p: PolicyFootprint) -> float:
     return float((p.n_params - looked_up) * DTYPE_BYTES[p.dtype])
 
 
+def backward_grad_bytes(p: PolicyFootprint) -> float:
+    """``(e + 4) V h`` under mixed precision (``e V h`` otherwise): the LM head's weight gradient as the backward makes
+    it, in the compute dtype and cast to the fp32 master's, before it is added to the accumulated one."""
+    sh, e = p.shape, DTYPE_BYTES[p.dtype]
+    return float((e + (4 if mixed(p) else 0)) * sh.vocab_size * sh.hidden_size)
+
+
 def optimizer_step_bytes(p: PolicyFootprint, shards: int = 1) -> float:
     """``4 N / k``: the ``sqrt(v)`` AdamW's multi-tensor step allocates for every parameter (0 for SGD)."""
     return 4.0 * p.n_params / shards if p.optimizer == "adamw" else 0.0
@@ -361,6 +370,7 @@ def training_bytes(p: PolicyFootprint, shards: int = 1) -> MemoryBreakdown:
         acts = sh.n_layers * layer
     c = p.logits_positions
     acts += e * c * sh.vocab_size + 2 * 4 * c * sh.vocab_size
+    acts += layer + backward_grad_bytes(p)  # a layer's activation gradients; the largest weight's gradient arriving
     # FSDP2 gathers compute-dtype units (MixedPrecisionPolicy): autocast has nothing to cast on sharded models
     casts = autocast_cache_bytes(p) if shards == 1 else 0.0
     acts = max(casts + acts, optimizer_step_bytes(p, shards))

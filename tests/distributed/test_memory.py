@@ -13,6 +13,7 @@ from mrl_llm.distributed.memory import (
     PolicyFootprint,
     ShapeError,
     autocast_cache_bytes,
+    backward_grad_bytes,
     checkpoint_host_bytes,
     known_shape,
     kv_bytes_per_sequence,
@@ -92,23 +93,26 @@ def test_training_bytes_hand_computed() -> None:
     logits = 2 * 16 * 10 + 8 * 16 * 10
     casts = 2 * (n - 80)  # every matmul's weight in bf16; the untied input embedding is looked up, not cast
     assert autocast_cache_bytes(p) == casts
+    # the backward: one layer's activation gradients, and the head's weight gradient in bf16 and fp32 (V h = 80)
+    head = (2 + 4) * 80
+    assert backward_grad_bytes(p) == head and backward_grad_bytes(_tiny(dtype="fp32")) == 4 * 80
     m = training_bytes(p)
     # bf16 with master weights: fp32 weights and grads (the masters), fp32 AdamW moments
     assert (m.weights, m.gradients, m.optimizer) == (4 * n, 4 * n, 8 * n)
-    assert m.activations == casts + 2 * 16 * 384 + logits
+    assert m.activations == casts + 3 * 16 * 384 + logits + head
     pure = training_bytes(_tiny(master_weights=False))
     assert (pure.weights, pure.gradients, pure.optimizer) == (2 * n, 2 * n, 8 * n)
-    assert pure.activations == 2 * 2 * 16 * 144 + logits  # no autocast, no casts
+    assert pure.activations == 3 * 2 * 16 * 144 + logits + 2 * 80  # no autocast, no casts
     ck = training_bytes(_tiny(grad_checkpointing=True))
     # each layer keeps its input from the fp32 residual stream (4 B under autocast), one layer is recomputed
-    assert ck.activations == casts + 2 * 4 * 16 * 8 + 16 * 384 + logits
+    assert ck.activations == casts + 2 * 4 * 16 * 8 + 2 * 16 * 384 + logits + head
     assert training_bytes(_tiny(grad_checkpointing=True, master_weights=False)).activations == (
-        2 * 2 * 16 * 8 + 2 * 16 * 144 + logits)
+        2 * 2 * 16 * 8 + 2 * 2 * 16 * 144 + logits + 2 * 80)
     fp32 = training_bytes(_tiny(dtype="fp32", optimizer="sgd"))
     assert (fp32.gradients, fp32.optimizer) == (4 * n, 0)
     sharded = training_bytes(_tiny(kl_coef=0.01), shards=4)
     # FSDP2 gathers bf16 units: nothing for autocast to cast
-    assert sharded.activations == 2 * 16 * 384 + logits
+    assert sharded.activations == 3 * 16 * 384 + logits + head
     # fp32 master shard + the gathered layer and root unit (embed 80 + head 80 + norm 8) in bf16 + the bf16
     # reference copy's shard
     assert n - 2 * p.shape.layer_params == 80 + 80 + 8
@@ -176,7 +180,7 @@ def test_what_runs_beside_the_update_casts_sync_copy_step_and_checkpoint() -> No
     # AdamW's multi-tensor step: sqrt(v) for every parameter (of this rank's shard); SGD none
     assert optimizer_step_bytes(p) == 4 * n and optimizer_step_bytes(p, 4) == n
     assert optimizer_step_bytes(_tiny(optimizer="sgd")) == 0
-    tiny_acts = _tiny(prompt_len=1, max_response_len=1, micro_batch=1, logprob_chunk=1)
+    tiny_acts = _tiny(prompt_len=1, max_response_len=1, micro_batch=1, logprob_chunk=1, dtype="fp32")
     assert training_bytes(tiny_acts).activations == optimizer_step_bytes(tiny_acts)  # the step is the larger
     # a checkpoint of k > 1 FSDP ranks gathers AdamW's 8 N to rank 0; one rank, replicas or SGD: nothing
     assert checkpoint_host_bytes(p, 2) == 8 * n
