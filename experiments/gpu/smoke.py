@@ -17,6 +17,22 @@ checkpointed chunks (``train.logprob_chunk``); ``--cpu`` keeps fp32 but uses the
 The two policies get two different tokenizers made here (``../shared`` does not travel): a byte-level
 BPE trained on the task's text and the built-in UTF-8 byte tokenizer, so THL does real work.
 
+Then the checks of :mod:`experiments.gpu.smoke_checks` on one Qwen2.5-1.5B-shaped policy (random weights, 28
+layers, the real vocabulary of 151,936, 64 rows of 512 response tokens, bf16 with fp32 masters); the script exits 1
+unless each holds, naming what failed:
+
+(a) memory: the planner's estimate for that policy on its GPU (:mod:`mrl_llm.distributed.memory`: training state,
+    activations, autocast's casts, KV cache, sampling logits and the process overhead) is >= the reserved peak
+    (``torch.cuda.max_memory_reserved``) of one sample + update step in a fresh process and <= 1.3x it. ``--cpu``
+    has no reserved peak: it checks each phase's peak RSS growth within 0.8-1.5x of the planner's terms for it (the
+    band of ``tests/distributed/test_memory_measured.py``);
+(b) bf16 against fp32 on one batch from the same weights: the loss and the mean response NLL within 1e-2 relative,
+    the gradients' cosine >= 0.99;
+(c) stale weights (issue 38, item 1): with ``train.grad_accum: 1`` (four optimizer steps a step) bf16's mean
+    ``approx_kl_old`` within 0.5-2x of fp32's (``--stale-lr``: the learning rate that moves the weights).
+
+It prints HF decode tokens/s and training tokens/s of that step. ``--checks-only`` skips the pair's run.
+
 Engine: vLLM when it is installed, else the HF engine (``--engine`` to force one). ``--cpu`` runs the
 same script with tiny sizes on the CPU (what CI runs). Output: ``OUT/smoke.json`` and a printed table
 with, per policy, generation tokens/s (sampled tokens / sampling time), training tokens/s (trained
@@ -25,7 +41,7 @@ the trainer; a vLLM engine's own memory is its configured share, ``gpu_memory_ut
 own process; on CPU the peak RSS of this process and its children).
 
     experiments/gpu/smoke.sh [--cpu] [--steps 4] [--out DIR] [--engine auto|hf|vllm] [--ranks K]
-        [--fsdp-unit layer|model|none] [--grad-sync micro_batch|mini_batch]
+        [--fsdp-unit layer|model|none] [--grad-sync micro_batch|mini_batch] [--checks-only] [--stale-lr LR]
 
 ``--ranks K`` (K > 1) runs :mod:`experiments.gpu.smoke_ranks` instead: the pair's ``qwen2.5-like`` policy as a
 worker group of K FSDP2 ranks (one GPU each; gloo processes with ``--cpu``) against one rank, in the same
@@ -187,7 +203,13 @@ def main(argv: list[str] | None = None) -> int:
                     help="with --ranks K: train.fsdp_unit of the K ranks (none: whole replicas)")
     ap.add_argument("--grad-sync", choices=["micro_batch", "mini_batch"], default="micro_batch",
                     help="with --ranks K: train.grad_sync of the K ranks (mini_batch: units kept gathered, one reduce-scatter)")
+    ap.add_argument("--checks-only", action="store_true", help="run the checks (a)-(c) alone, not the pair's training run")
+    ap.add_argument("--stale-lr", type=float, default=None,
+                    help="learning rate of check (c) (default: 1e-4 on the GPU, 1e-2 with --cpu)")
     args = ap.parse_args(argv)
+    if args.stale_lr is not None and not args.stale_lr > 0:
+        print(f"smoke: --stale-lr must be > 0, got {args.stale_lr}", file=sys.stderr)
+        return 2
     if args.ranks < 1:
         print(f"smoke: --ranks must be >= 1, got {args.ranks}", file=sys.stderr)
         return 2
@@ -213,6 +235,47 @@ def main(argv: list[str] | None = None) -> int:
         ranks_main(args.ranks, smoke_config(out, cpu=args.cpu, steps=steps, engine="hf"), out, cuda=not args.cpu,
                    train={"fsdp_unit": args.fsdp_unit, "grad_sync": args.grad_sync})
         return 0
+    out.mkdir(parents=True, exist_ok=True)
+    result: dict[str, Any] = {}
+    if not args.checks_only:
+        result = pair_run(args, out, run_dir, engine, steps)
+        if not args.cpu:  # the pair's cached blocks: the checks' processes need the GPU
+            torch.cuda.empty_cache()
+    from experiments.gpu.smoke_checks import run_checks
+
+    t0 = time.perf_counter()
+    checks, failures = run_checks(cpu=args.cpu, stale_lr=args.stale_lr)
+    result |= {"checks": checks, "check_failures": failures, "checks_s": time.perf_counter() - t0,
+               "device": "cpu" if args.cpu else torch.cuda.get_device_name(0), "torch": torch.__version__}
+    (out / "smoke.json").write_text(json.dumps(result, indent=1))
+    print_checks(checks, failures, result["checks_s"])
+    print(f"written: {out / 'smoke.json'}")
+    return 1 if failures else 0
+
+
+def print_checks(checks: dict[str, Any], failures: list[str], seconds: float) -> None:
+    size = checks["size"]
+    print(f"checks on one {size['model_config']['num_hidden_layers']}-layer qwen2 policy (hidden "
+          f"{size['model_config']['hidden_size']}, vocabulary {size['model_config']['vocab_size']}), {size['rows']} "
+          f"rows x {size['response_len']} response tokens, {size['dtype']} ({seconds:.0f} s):")
+    print(f"  HF decode {checks['decode_tokens_per_s']:.1f} tokens/s, training {checks['train_tokens_per_s']:.1f} "
+          "tokens/s")
+    for key, m in checks.items():
+        if key.startswith("memory"):
+            print(f"  {key}: " + ", ".join(f"{k}={v:.3f}" for k, v in m.items()))
+    par, st = checks["parity"], checks["stale"]
+    print(f"  bf16 vs fp32: loss rel {par['loss_rel']:.2e}, NLL rel {par['nll_rel']:.2e}, gradient cosine "
+          f"{par['grad_cos']:.5f}")
+    print(f"  stale weights: approx_kl_old bf16 {st['kl_bf16']:.3e} / fp32 {st['kl_fp32']:.3e} = {st['ratio']:.2f}")
+    for f in failures:
+        print(f"CHECK FAILED: {f}", file=sys.stderr)
+    print("checks: " + ("all passed" if not failures else f"{len(failures)} failed"))
+
+
+def pair_run(args: argparse.Namespace, out: Path, run_dir: Path, engine: str, steps: int) -> dict[str, Any]:
+    """The reduced pair trained for ``steps`` steps (module docstring); its summary, printed."""
+    import torch
+
     if not args.cpu:
         torch.cuda.reset_peak_memory_stats()
 
@@ -230,7 +293,6 @@ def main(argv: list[str] | None = None) -> int:
     import transformers
 
     result["transformers"] = transformers.__version__
-    (out / "smoke.json").write_text(json.dumps(result, indent=1))
     print(f"smoke on {result['device']} with the {engine} engine: {steps} steps in {wall:.1f} s "
           f"({'within' if result['within_budget'] else 'OVER'} the {BUDGET_S:.0f} s budget)")
     print(f"{'policy':<14}{'gen tok/s':>12}{'train tok/s':>13}{'step s':>9}{'padded/real':>13}  weights ckpt / export")
@@ -239,8 +301,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:<14}{g:12.1f}{t:13.1f}{p['step_s_mean']:9.2f}{p['padding_waste_mean']:13.2f}  "
               f"{','.join(p['checkpoint_dtypes'])} / {','.join(p['export_dtypes'])}")
     print("peak memory: " + ", ".join(f"{k}={v:.2f}" for k, v in result["peak_memory"].items()))
-    print(f"written: {out / 'smoke.json'}")
-    return 0
+    return result
 
 
 if __name__ == "__main__":

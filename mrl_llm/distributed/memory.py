@@ -20,27 +20,54 @@ Training state, sharded FSDP-style over ``k`` devices (``k = 1``: unsharded):
   kept gathered, with ``k > 1`` and ``grad_sync: mini_batch``).
 
 Training activations, per device (Korthikanti et al. 2022, "Reducing Activation Recomputation",
-re-derived for attention computed by a fused kernel, so no ``s^2`` term, no dropout, and gated MLPs):
-one layer stores ``A = e s b (3h + 2h_q + 2h_kv + 4I)`` (``4I`` -> ``2I`` for ungated MLPs: GPT-2) — the
-inputs of the two norms and of QKV, Q/K/V, the attention output, the MLP's gate/up/act/product.
-Without gradient checkpointing all ``L`` layers keep ``A``; with it each keeps only its input
-``e s b h`` and one layer's ``A`` is live during recomputation. The LM head adds the logits
-``e c V`` and their fp32 log-softmax with its gradient ``2 * 4 c V`` over ``c`` positions: all ``b s``
-of the micro-batch unchunked, or one chunk ``c = min(logprob_chunk, b s)`` when log-probs are computed
-in checkpointed chunks (:func:`mrl_llm.logprobs.forward_logprobs`). ``b s`` is ``micro_batch * s``, or the
-token budget ``max_tokens_per_micro_batch`` when one is set.
+re-derived for what a Hugging Face decoder layer saves for its backward with attention in a fused kernel, so no
+``s^2`` term, no dropout, gated MLPs; counted from ``saved_tensors_hooks`` on a Qwen2 layer). In one precision
+(``e`` throughout) one layer stores ``A = e s b (7h + 2h_q + 2h_kv + 4I)``: per norm its input and normalised
+output (``2h`` each), the inputs of QKV and of the MLP (``h`` each; the ``3h`` of the norms' residual stream),
+Q/K/V and the attention output, the MLP's gate/up/act/product (``4I`` -> ``2I`` for ungated MLPs: GPT-2). Under
+mixed precision the residual stream stays fp32 (autocast leaves adds and norms in fp32), so the norms' tensors are
+fp32 and every projection saves its own bf16 cast of its input:
+``A = s b (16h + e (5h + 2h_q + 2h_kv + 4I))``. Without gradient checkpointing all ``L`` layers keep ``A``; with it
+each keeps only its input, ``r s b h`` (``r = 4`` under mixed precision: the fp32 residual stream, else ``e``), and
+one layer's ``A`` is live during recomputation. The LM head adds the logits ``e c V`` and their fp32 log-softmax
+with its gradient ``2 * 4 c V`` over ``c`` positions: all ``b s`` of the micro-batch unchunked, or one chunk
+``c = min(logprob_chunk, b s)`` when log-probs are computed in checkpointed chunks
+(:func:`mrl_llm.logprobs.forward_logprobs`). ``b s`` is ``micro_batch * s``, or the token budget
+``max_tokens_per_micro_batch`` when one is set. Under mixed precision autocast keeps a compute-dtype cast of every
+weight a matmul reads for the region of a micro-batch's forward (its backward holds them too) and of an HF engine's
+``generate`` call: ``N_c e`` (:func:`autocast_cache_bytes`; ``N_c``: ``N`` less an untied input embedding, which is
+looked up, not multiplied). The backward adds one layer's activation gradients (about ``A``) and the LM head's
+weight gradient as it arrives, before it is added to the accumulated one (:func:`backward_grad_bytes`). AdamW's
+multi-tensor step allocates ``sqrt(v)`` for every parameter, ``4 N / k``, while the gradients are alive and the
+activations are gone: the activations term is ``max(casts + (L + 1) A + logits + head gradient, 4 N / k)``
+(:func:`training_bytes`).
 
 A whole model in one process, ``N w`` (:func:`full_model_bytes`): with ``k > 1`` FSDP ranks every trainer rank keeps one
 beside its shards — the unsharded rollout copy the gathered weights land in after each update
 (:attr:`mrl_llm.rank.model.PolicyModel.rollout_model`): on the device when the rank's engine samples from
 it (``hf``) or reloads out of it (``vllm``), in host RAM on a split policy's trainer ranks, which have no
 engine and hand it to the rollout actors — and a split policy's rollout actor holds one (its whole policy,
-in fp32 like a trainer's masters).
+in fp32 like a trainer's masters). The HF engine samples from a fp32 copy under autocast: its casts, ``N_c e``,
+are counted with the engine when the copy is not the trained model (:mod:`mrl_llm.distributed.planner`).
 
 Rollout engine: its own weights copy ``N e`` unless it samples from a model of the same process (the
-``hf`` engine), the KV cache ``2 L h_kv e_kv (prompt_len + max_response_len)`` per sequence in
-flight, and the sampling logits ``2 * 4 V`` per sequence. Each process adds a fixed runtime overhead
-(CUDA context, allocator slack, Python + torch), :attr:`MemoryModel.process_overhead_gib`.
+``hf`` engine), the KV cache ``2 L h_kv e (prompt_len + max_response_len)`` per sequence in
+flight, and the sampling logits per sequence (:func:`sampling_bytes_per_sequence`): vLLM's ``2 * 4 V``; the HF
+engine's step logits at the last position ``e V`` and three fp32 ``[V]`` working tensors (tempered logits,
+log-softmax, the draw's) ``12 V``, plus its prefill's transients over the prompt (one layer's MLP in the compute
+dtype and the fp32 residual stream, ``prompt_len (3 e I + 8 h)``). A ``vllm`` engine beside its trainer (colocated,
+or a CPU slot) also gets, at each sync, the trainer's whole state dict cast to the engine's dtype, ``N e`` when
+``e < 4``. Each process adds a fixed runtime overhead (CUDA context, allocator slack, Python + torch),
+:attr:`MemoryModel.process_overhead_gib`.
+
+Host RAM: a checkpoint of ``k > 1`` FSDP ranks gathers the optimizer state to rank 0 alone
+(:mod:`mrl_llm.parallel.checkpoint`): ``8 N`` (AdamW) on rank 0's node (:func:`checkpoint_host_bytes`).
+
+Not counted: the CUDA caching allocator's fragmentation beyond the overhead, NCCL's buffers, a vLLM engine's CUDA
+graphs and its own activations (inside its ``gpu_memory_utilization`` share), K and V repeated to the query heads
+where a padded micro-batch keeps SDPA from its native grouped-query path (``2 e h_q`` more per token and layer), the HF
+prefill's logits at every prompt position (an engine that asks for them needs ``B P V e`` more), and host copies of a
+sync's buckets.
 """
 
 from __future__ import annotations
@@ -280,11 +307,42 @@ class MemoryBreakdown:
         return d
 
 
+def mixed(p: PolicyFootprint) -> bool:
+    """Whether ``p`` trains fp32 masters under autocast (:mod:`mrl_llm.precision`)."""
+    return DTYPE_BYTES[p.dtype] < 4 and p.master_weights
+
+
 def layer_activation_bytes(p: PolicyFootprint) -> float:
-    """``A = e s b (3h + 2h_q + 2h_kv + 4I)`` (``2I`` for ungated MLPs): one layer's saved activations."""
+    """One layer's saved activations (module docstring): ``A = e s b (7h + 2h_q + 2h_kv + 4I)`` in one precision,
+    ``s b (16h + e (5h + 2h_q + 2h_kv + 4I))`` under mixed precision (``2I`` for ungated MLPs)."""
     sh, e = p.shape, DTYPE_BYTES[p.dtype]
     mlp = (4 if sh.gated_mlp else 2) * sh.intermediate_size
-    return e * p.micro_tokens * (3 * sh.hidden_size + 2 * sh.q_width + 2 * sh.kv_width + mlp)
+    attn = 2 * sh.q_width + 2 * sh.kv_width
+    if mixed(p):
+        return p.micro_tokens * (16 * sh.hidden_size + e * (5 * sh.hidden_size + attn + mlp))
+    return e * p.micro_tokens * (7 * sh.hidden_size + attn + mlp)
+
+
+def autocast_cache_bytes(p: PolicyFootprint) -> float:
+    """``N_c e``: autocast's compute-dtype casts of the weights a matmul reads (module docstring); 0 without
+    mixed precision."""
+    if not mixed(p):
+        return 0.0
+    sh = p.shape
+    looked_up = sh.learned_positions * sh.hidden_size + (0 if sh.tie_embeddings else sh.vocab_size * sh.hidden_size)
+    return float((p.n_params - looked_up) * DTYPE_BYTES[p.dtype])
+
+
+def backward_grad_bytes(p: PolicyFootprint) -> float:
+    """``(e + 4) V h`` under mixed precision (``e V h`` otherwise): the LM head's weight gradient as the backward makes
+    it, in the compute dtype and cast to the fp32 master's, before it is added to the accumulated one."""
+    sh, e = p.shape, DTYPE_BYTES[p.dtype]
+    return float((e + (4 if mixed(p) else 0)) * sh.vocab_size * sh.hidden_size)
+
+
+def optimizer_step_bytes(p: PolicyFootprint, shards: int = 1) -> float:
+    """``4 N / k``: the ``sqrt(v)`` AdamW's multi-tensor step allocates for every parameter (0 for SGD)."""
+    return 4.0 * p.n_params / shards if p.optimizer == "adamw" else 0.0
 
 
 def training_bytes(p: PolicyFootprint, shards: int = 1) -> MemoryBreakdown:
@@ -307,11 +365,15 @@ def training_bytes(p: PolicyFootprint, shards: int = 1) -> MemoryBreakdown:
     layer = layer_activation_bytes(p)
     tokens = p.micro_tokens
     if p.grad_checkpointing:
-        acts = sh.n_layers * e * tokens * sh.hidden_size + layer
+        acts = sh.n_layers * (4 if mixed(p) else e) * tokens * sh.hidden_size + layer
     else:
         acts = sh.n_layers * layer
     c = p.logits_positions
     acts += e * c * sh.vocab_size + 2 * 4 * c * sh.vocab_size
+    acts += layer + backward_grad_bytes(p)  # a layer's activation gradients; the largest weight's gradient arriving
+    # FSDP2 gathers compute-dtype units (MixedPrecisionPolicy): autocast has nothing to cast on sharded models
+    casts = autocast_cache_bytes(p) if shards == 1 else 0.0
+    acts = max(casts + acts, optimizer_step_bytes(p, shards))
     return MemoryBreakdown(weights=weights, gradients=gradients, optimizer=n * moments / shards, activations=acts)
 
 
@@ -326,11 +388,33 @@ def kv_bytes_per_sequence(p: PolicyFootprint) -> float:
     return 2 * p.shape.n_layers * p.shape.kv_width * DTYPE_BYTES[p.dtype] * p.seq_len
 
 
+def sampling_bytes_per_sequence(p: PolicyFootprint) -> float:
+    """One sequence's sampling working memory (module docstring): vLLM ``8 V``; the HF engine
+    ``(e + 12) V + prompt_len (3 e I + 8 h)``."""
+    sh, e = p.shape, DTYPE_BYTES[p.dtype]
+    if p.engine == "vllm":
+        return 2 * 4 * sh.vocab_size
+    return (e + 12) * sh.vocab_size + p.prompt_len * (3 * e * sh.intermediate_size + 8 * sh.hidden_size)
+
+
+def sync_copy_bytes(p: PolicyFootprint) -> float:
+    """``N e``: the trainer's state dict cast to a low-precision ``vllm`` engine's dtype at each sync (0 otherwise)."""
+    return float(p.n_params * DTYPE_BYTES[p.dtype]) if p.engine == "vllm" and DTYPE_BYTES[p.dtype] < 4 else 0.0
+
+
+def checkpoint_host_bytes(p: PolicyFootprint, n_train: int) -> float:
+    """``8 N``: the AdamW state a checkpoint of ``n_train > 1`` FSDP ranks gathers into rank 0's host RAM (0 for one
+    rank, whole replicas, or SGD)."""
+    if n_train <= 1 or p.fsdp_unit == "none" or p.optimizer != "adamw":
+        return 0.0
+    return 8.0 * p.n_params
+
+
 def rollout_bytes(p: PolicyFootprint, concurrent_seqs: int, *, own_weights: bool) -> MemoryBreakdown:
     """The rollout engine's footprint on one device with ``concurrent_seqs`` sequences in flight;
     ``own_weights=False`` when it samples from a model of the same process (the ``hf`` engine)."""
     return MemoryBreakdown(
         weights=p.n_params * DTYPE_BYTES[p.dtype] if own_weights else 0.0,
-        activations=2 * 4 * p.shape.vocab_size * concurrent_seqs,
+        activations=sampling_bytes_per_sequence(p) * concurrent_seqs,
         kv_cache=kv_bytes_per_sequence(p) * concurrent_seqs,
     )

@@ -41,9 +41,13 @@ from mrl_llm.distributed.memory import (
     GiB,
     MemoryBreakdown,
     PolicyFootprint,
+    autocast_cache_bytes,
+    checkpoint_host_bytes,
     full_model_bytes,
     kv_bytes_per_sequence,
     rollout_bytes,
+    sampling_bytes_per_sequence,
+    sync_copy_bytes,
     training_bytes,
 )
 from shared_interfaces.mwra import AllocationError, AllocationPlan, PolicyAllocation
@@ -195,21 +199,34 @@ def _slot_memory(fp: PolicyFootprint, slot: _Slot, n_train: int, seqs: int, clus
     """One policy's bytes on one slot's device (:mod:`mrl_llm.distributed.memory`): a trainer's shard of the
     training state plus, with ``n_train > 1`` FSDP ranks (not replicas, ``fsdp_unit: none``), its whole rollout copy (a split trainer keeps it in host
     RAM: counted here on a CPU slot, by :func:`_host_loads` on a GPU node); a rollout actor's whole
-    model; the engine's own weights copy only for ``vllm`` (``hf`` samples from the process's whole model)."""
+    model; the engine's own weights copy only for ``vllm`` (``hf`` samples from the process's whole model, under
+    autocast: its compute-dtype casts, unless the whole model is the trained one, whose casts the training state
+    counts); a ``vllm`` engine's sync copy in its dtype."""
     mm = cluster.memory_model
     over = MemoryBreakdown(overhead=mm.process_overhead_gib * GiB)
     if slot.device.kind == "ram":  # a CPU process: its own host overhead
         over = MemoryBreakdown(overhead=mm.host_process_gib * GiB)
     engine = rollout_bytes(fp, seqs, own_weights=fp.engine == "vllm")
+    engine += MemoryBreakdown(weights=sync_copy_bytes(fp))
+    casts = MemoryBreakdown(weights=autocast_cache_bytes(fp) if fp.engine == "hf" else 0.0)
     if slot.role == "rollout":
-        return full_model_bytes(fp) + engine + over
+        return full_model_bytes(fp) + engine + casts + over
     copied = n_train > 1 and fp.fsdp_unit != "none"  # FSDP shards: a whole rollout copy beside them (replicas: none)
     if slot.role == "train":  # its rollout copy is in host RAM: this slot's on a CPU, else the node's
         on_host = copied and slot.device.kind == "ram"
         return training_bytes(fp, n_train) + (full_model_bytes(fp) if on_host else MemoryBreakdown()) + over
     # colocated (a GPU) or cpu (host RAM): trainer (sharded over the policy's ranks) and engine in one process
-    copy = full_model_bytes(fp) if copied else MemoryBreakdown()
+    copy = full_model_bytes(fp) + casts if copied else MemoryBreakdown()
     return training_bytes(fp, n_train) + copy + engine + over
+
+
+def _rank0_slots(slots: list[_Slot]) -> set[int]:
+    """The index of each policy's first trainer slot (its rank 0: where a checkpoint gathers the optimizer state)."""
+    first: dict[int, int] = {}
+    for k, s in enumerate(slots):
+        if s.role in ("colocated", "train", "cpu"):
+            first.setdefault(s.policy, k)
+    return set(first.values())
 
 
 def _evaluate(
@@ -227,7 +244,7 @@ def _evaluate(
     for slist in by_dev.values():
         cap = slist[0].device.capacity_bytes * usable
         base = sum(_slot_memory(fps[s.policy], s, n_train[s.policy], 0, cluster).total for s in slist)
-        per_seq = {s.policy: kv_bytes_per_sequence(fps[s.policy]) + 8 * fps[s.policy].shape.vocab_size
+        per_seq = {s.policy: kv_bytes_per_sequence(fps[s.policy]) + sampling_bytes_per_sequence(fps[s.policy])
                    for s in slist if s.role != "train"}
         want = sum(req[i] * c for i, c in per_seq.items())
         if base + want <= cap:
@@ -246,20 +263,33 @@ def _evaluate(
         for i in per_seq:
             conc[i] = min(conc[i], math.floor(req[i] * factor))
     loads = []
+    rank0 = {id(slots[k]) for k in _rank0_slots(slots)}
     for slist in by_dev.values():
         parts = tuple(
             DevicePart(fps[s.policy].name, s.role, _slot_memory(fps[s.policy], s, n_train[s.policy],
-                                                                 0 if s.role == "train" else conc[s.policy], cluster))
+                                                                 0 if s.role == "train" else conc[s.policy], cluster)
+                       + _checkpoint_part(fps[s.policy], s, n_train[s.policy], id(s) in rank0))
             for s in slist
         )
         loads.append(DeviceLoad(slist[0].device, slist[0].device.capacity_bytes * usable, parts))
     return loads, conc
 
 
+def _checkpoint_part(fp: PolicyFootprint, slot: _Slot, n_train: int, rank0: bool) -> MemoryBreakdown:
+    """A CPU slot's share of a checkpoint: the gathered optimizer state on the policy's rank 0 (GPU nodes:
+    :func:`_host_loads`)."""
+    if not rank0 or slot.device.kind != "ram":
+        return MemoryBreakdown()
+    return MemoryBreakdown(optimizer=checkpoint_host_bytes(fp, n_train))
+
+
 def _host_loads(fps: Sequence[PolicyFootprint], slots: list[_Slot], cluster: ClusterSpec) -> list[DeviceLoad]:
-    """Host RAM on GPU nodes: one process per GPU slot, a staging copy of each policy's weights, and the whole
-    rollout copy of each split trainer rank of a policy trained on more than one (:func:`_slot_memory`)."""
+    """Host RAM on GPU nodes: one process per GPU slot, a staging copy of each policy's weights, the whole
+    rollout copy of each split trainer rank of a policy trained on more than one (:func:`_slot_memory`), and on
+    the node of a sharded policy's rank 0 the optimizer state a checkpoint gathers there
+    (:func:`~mrl_llm.distributed.memory.checkpoint_host_bytes`)."""
     mm, out = cluster.memory_model, []
+    rank0 = _rank0_slots(slots)
     for ram in cluster.rams():
         parts = []
         for i, fp in enumerate(fps):
@@ -269,7 +299,10 @@ def _host_loads(fps: Sequence[PolicyFootprint], slots: list[_Slot], cluster: Clu
             copies = sum(s.device.node == ram.node for s in trainers) if copied else 0
             if procs:
                 staging = fp.n_params * DTYPE_BYTES[fp.dtype]
+                n_train = sum(s.policy == i and s.role != "rollout" for s in slots)
+                here0 = any(slots[k].policy == i and slots[k].device.node == ram.node for k in rank0)
                 mem = MemoryBreakdown(weights=staging + copies * full_model_bytes(fp).weights,
+                                      optimizer=checkpoint_host_bytes(fp, n_train) if here0 else 0.0,
                                       overhead=procs * mm.host_process_gib * GiB)
                 parts.append(DevicePart(fp.name, "host", mem))
         if parts:

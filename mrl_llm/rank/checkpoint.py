@@ -3,8 +3,8 @@
 * :func:`export_policy` — the policy as an HF model directory (model + tokenizer + ``mrl_policy.json``),
   in the policy's compute dtype, or the fp32 masters with ``master=True``; rank 0 writes from the full rollout
   model (it holds the current weights), the other ranks of a group write nothing.
-* :func:`save_checkpoint` — ``model/`` (the fp32 masters), ``optimizer.pt`` (gathered to one process's
-  layout: any k resumes it, :mod:`mrl_llm.parallel.checkpoint`), ``rng.pt`` (torch, Python and NumPy global
+* :func:`save_checkpoint` — ``model/`` (the fp32 masters), ``optimizer.pt`` (gathered to rank 0 alone, in one
+  process's layout: any k resumes it, :mod:`mrl_llm.parallel.checkpoint`), ``rng.pt`` (torch, Python and NumPy global
   RNG states) and ``worker.json`` (``version``, ``nan_streak``, ``counters``, ``tokenizer_id``). Every rank
   calls it (the gathers are collectives); rank 0 writes. The actor writes the manifest of digests over them.
 * :func:`load_checkpoint` — the reverse, each rank its shard: ``worker.json`` is checked first (the keys,

@@ -8,8 +8,8 @@
 * :class:`RankEngine` — :meth:`~RankEngine.sample` runs the engine under the precision's autocast (the HF
   engine samples from the fp32 master model in the compute dtype); :meth:`~RankEngine.sync` gives the engine
   the trained weights after an update: for k > 1 gathered from the shards into the full rollout copy first
-  (a collective: every rank calls it), then ``engine.sync_weights`` (vLLM reloads in place and runs its
-  drift check); :meth:`~RankEngine.drift_metrics` reports that check. A rank without an engine (``engine
+  (a collective: every rank calls it), torch's cached CUDA blocks released, then ``engine.sync_weights`` (vLLM
+  reloads in place and runs its drift check); :meth:`~RankEngine.drift_metrics` reports that check. A rank without an engine (``engine
   None``: a split policy's trainer, ``WorkerConfig.rollout_engine: false``) still gathers its rollout copy in
   :meth:`~RankEngine.sync` (what :meth:`mrl_llm.worker.LLMPolicyWorker.state` hashes) and refuses to sample.
 """
@@ -28,6 +28,7 @@ from mrl_llm.parallel.fsdp import gather_into
 from mrl_llm.precision import Precision
 from mrl_llm.rank.seeds import derive_seed
 from mrl_llm.rollout import HFEngine, Sample, SamplingConfig
+from mrl_llm.rollout.base import release_cached_device_memory
 from shared_interfaces.config_io import ConfigError
 
 
@@ -90,6 +91,7 @@ class RankEngine:
         the shards into the full rollout copy first, bucket by bucket (a collective: every rank calls it)."""
         if self.rollout is not self.trained:
             gather_into(self.trained, self.rollout)
+        release_cached_device_memory()  # the update's activations and gradients, before the engine needs the room
         if self.engine is None:
             return
         with self.precision.autocast(self.device):

@@ -18,6 +18,13 @@ from typing import Literal
 import torch
 
 
+def release_cached_device_memory() -> None:
+    """Hand the CUDA caching allocator's unused blocks back to the driver (``torch.cuda.empty_cache``; nothing where
+    CUDA is not initialised, e.g. on the CPU), where verl does: after an update before sampling, and around a vLLM
+    engine's sleep and wake-up, so that memory one side freed is not still held from the other."""
+    torch.cuda.empty_cache()
+
+
 def generation_eos_ids(model_dir: str | Path | None) -> tuple[int, ...]:
     """The ``eos_token_id`` ids (one or a list) of ``model_dir/generation_config.json``, sorted; () when the
     directory or the file is absent or names none. The engines stop on these besides the tokenizer's EOS

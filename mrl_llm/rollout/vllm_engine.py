@@ -23,7 +23,8 @@ buckets of safetensors files under ``/dev/shm``, vLLM's worker extension
 (:class:`~mrl_llm.rollout.vllm_worker.WeightSyncExtension`) reloads them in place through vLLM's
 ``reload_weights``, and the prefix cache is reset. On a GPU with sleep mode the engine sleeps
 (level 1: weights offloaded, KV cache freed) between generations so that the trainer has the memory,
-and wakes its weights before a sync. vLLM is imported here only when an engine is built.
+and wakes its weights before a sync; torch's cached blocks are released before each wake-up and after each sleep
+(:func:`~mrl_llm.rollout.base.release_cached_device_memory`, as verl does). vLLM is imported here only when an engine is built.
 """
 
 from __future__ import annotations
@@ -41,7 +42,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from mrl_llm.rollout.base import RolloutEngine, Sample, SamplingConfig, check_prompts, generation_eos_ids
+from mrl_llm.rollout.base import (
+    RolloutEngine,
+    Sample,
+    SamplingConfig,
+    check_prompts,
+    generation_eos_ids,
+    release_cached_device_memory,
+)
 
 log = logging.getLogger(__name__)
 
@@ -337,6 +345,7 @@ class VLLMEngine(RolloutEngine):
     def _wake(self, tags: Sequence[str] = ("weights", "kv_cache")) -> None:
         todo = [t for t in tags if t in self._sleeping]
         if todo:
+            release_cached_device_memory()  # the trainer's cached blocks, before vLLM maps its memory back
             self._llm.wake_up(tags=todo)
             self._sleeping.difference_update(todo)
 
@@ -344,6 +353,7 @@ class VLLMEngine(RolloutEngine):
         if self.sleep_mode and not self._sleeping:
             self._llm.sleep(level=1)
             self._sleeping = {"weights", "kv_cache"}
+            release_cached_device_memory()
 
     def close(self) -> None:
         llm, self._llm = getattr(self, "_llm", None), None

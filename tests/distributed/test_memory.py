@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -10,10 +12,16 @@ from mrl_llm.distributed.memory import (
     ModelShape,
     PolicyFootprint,
     ShapeError,
+    autocast_cache_bytes,
+    backward_grad_bytes,
+    checkpoint_host_bytes,
     known_shape,
     kv_bytes_per_sequence,
     layer_activation_bytes,
+    optimizer_step_bytes,
     rollout_bytes,
+    sampling_bytes_per_sequence,
+    sync_copy_bytes,
     training_bytes,
 )
 
@@ -77,20 +85,34 @@ def test_training_bytes_hand_computed() -> None:
     n = p.n_params
     # 2 layers x (attn 8*8 + 2*8*4 + 8*8 = 192, mlp 3*8*16 = 384, norms 16) + embed 80 + head 80 + norm 8
     assert n == 2 * (192 + 384 + 16) + 80 + 80 + 8
-    # one layer: e s b (3h + 2h_q + 2h_kv + 4I) = 2 * 8 * 2 * (24 + 16 + 8 + 64)
-    assert layer_activation_bytes(p) == 2 * 8 * 2 * 112
+    # one layer under mixed precision: s b (16h + e (5h + 2h_q + 2h_kv + 4I)) = 16 * (128 + 2 * (40 + 16 + 8 + 64))
+    assert layer_activation_bytes(p) == 16 * (128 + 2 * 128)
+    # in one precision: e s b (7h + 2h_q + 2h_kv + 4I) = 2 * 16 * (56 + 16 + 8 + 64)
+    assert layer_activation_bytes(_tiny(master_weights=False)) == 2 * 16 * 144
+    assert layer_activation_bytes(_tiny(dtype="fp32")) == 4 * 16 * 144
     logits = 2 * 16 * 10 + 8 * 16 * 10
+    casts = 2 * (n - 80)  # every matmul's weight in bf16; the untied input embedding is looked up, not cast
+    assert autocast_cache_bytes(p) == casts
+    # the backward: one layer's activation gradients, and the head's weight gradient in bf16 and fp32 (V h = 80)
+    head = (2 + 4) * 80
+    assert backward_grad_bytes(p) == head and backward_grad_bytes(_tiny(dtype="fp32")) == 4 * 80
     m = training_bytes(p)
     # bf16 with master weights: fp32 weights and grads (the masters), fp32 AdamW moments
     assert (m.weights, m.gradients, m.optimizer) == (4 * n, 4 * n, 8 * n)
-    assert m.activations == 2 * 2 * 8 * 2 * 112 + logits
+    assert m.activations == casts + 3 * 16 * 384 + logits + head
     pure = training_bytes(_tiny(master_weights=False))
     assert (pure.weights, pure.gradients, pure.optimizer) == (2 * n, 2 * n, 8 * n)
+    assert pure.activations == 3 * 2 * 16 * 144 + logits + 2 * 80  # no autocast, no casts
     ck = training_bytes(_tiny(grad_checkpointing=True))
-    assert ck.activations == 2 * 2 * 16 * 8 + 2 * 8 * 2 * 112 + logits
+    # each layer keeps its input from the fp32 residual stream (4 B under autocast), one layer is recomputed
+    assert ck.activations == casts + 2 * 4 * 16 * 8 + 2 * 16 * 384 + logits + head
+    assert training_bytes(_tiny(grad_checkpointing=True, master_weights=False)).activations == (
+        2 * 2 * 16 * 8 + 2 * 2 * 16 * 144 + logits + 2 * 80)
     fp32 = training_bytes(_tiny(dtype="fp32", optimizer="sgd"))
     assert (fp32.gradients, fp32.optimizer) == (4 * n, 0)
     sharded = training_bytes(_tiny(kl_coef=0.01), shards=4)
+    # FSDP2 gathers bf16 units: nothing for autocast to cast
+    assert sharded.activations == 3 * 16 * 384 + logits + head
     # fp32 master shard + the gathered layer and root unit (embed 80 + head 80 + norm 8) in bf16 + the bf16
     # reference copy's shard
     assert n - 2 * p.shape.layer_params == 80 + 80 + 8
@@ -121,7 +143,7 @@ def test_logits_term_follows_the_chunk_and_the_token_budget() -> None:
     assert base - chunked == (2 + 8) * (16 - 4) * 10
     assert training_bytes(_tiny(logprob_chunk=1000)).activations == base  # a chunk above b s changes nothing
     budget = _tiny(max_tokens_per_micro_batch=8)
-    assert budget.micro_tokens == 8 and layer_activation_bytes(budget) == 2 * 8 * 112
+    assert budget.micro_tokens == 8 and layer_activation_bytes(budget) == 8 * 384
 
 
 def test_kv_and_rollout_bytes() -> None:
@@ -130,9 +152,40 @@ def test_kv_and_rollout_bytes() -> None:
     r = rollout_bytes(p, 3, own_weights=True)
     assert r.kv_cache == 3 * kv_bytes_per_sequence(p)
     assert r.weights == 2 * p.n_params
+    assert r.activations == 3 * 8 * 10  # vLLM: 2 x 4 V per sequence
     assert rollout_bytes(p, 3, own_weights=False).weights == 0
+    assert rollout_bytes(p, 0, own_weights=False).total == 0  # nothing in flight, nothing held
     with pytest.raises(ValueError, match="micro_batch must be >= 1"):
         _tiny(micro_batch=0)
+
+
+def test_hf_sampling_counts_the_last_position_logits_and_the_prefill() -> None:
+    # the step's logits at the last position (e V), three fp32 [V] working tensors (12 V), and the prefill's
+    # transients over the prompt: prompt_len (3 e I + 8 h)
+    hf = _tiny(engine="hf")
+    assert sampling_bytes_per_sequence(hf) == (2 + 12) * 10 + 3 * (3 * 2 * 16 + 8 * 8)
+    assert sampling_bytes_per_sequence(_tiny(engine="hf", dtype="fp32")) == (4 + 12) * 10 + 3 * (3 * 4 * 16 + 64)
+    assert rollout_bytes(hf, 4, own_weights=False).activations == 4 * sampling_bytes_per_sequence(hf)
+
+
+def test_what_runs_beside_the_update_casts_sync_copy_step_and_checkpoint() -> None:
+    p = _tiny()
+    n = p.n_params
+    tied = _tiny(shape=replace(p.shape, tie_embeddings=True))
+    assert autocast_cache_bytes(tied) == 2 * tied.n_params  # the tied embedding is cast for the LM head
+    assert autocast_cache_bytes(_tiny(dtype="fp32")) == autocast_cache_bytes(_tiny(master_weights=False)) == 0
+    # the vLLM sync casts the whole fp32 state dict to the engine's bf16; an fp32 engine or the HF engine: none
+    assert sync_copy_bytes(p) == 2 * n
+    assert sync_copy_bytes(_tiny(dtype="fp32")) == sync_copy_bytes(_tiny(engine="hf")) == 0
+    # AdamW's multi-tensor step: sqrt(v) for every parameter (of this rank's shard); SGD none
+    assert optimizer_step_bytes(p) == 4 * n and optimizer_step_bytes(p, 4) == n
+    assert optimizer_step_bytes(_tiny(optimizer="sgd")) == 0
+    tiny_acts = _tiny(prompt_len=1, max_response_len=1, micro_batch=1, logprob_chunk=1, dtype="fp32")
+    assert training_bytes(tiny_acts).activations == optimizer_step_bytes(tiny_acts)  # the step is the larger
+    # a checkpoint of k > 1 FSDP ranks gathers AdamW's 8 N to rank 0; one rank, replicas or SGD: nothing
+    assert checkpoint_host_bytes(p, 2) == 8 * n
+    assert checkpoint_host_bytes(p, 1) == checkpoint_host_bytes(_tiny(fsdp_unit="none"), 4) == 0
+    assert checkpoint_host_bytes(_tiny(optimizer="sgd"), 4) == 0
 
 
 def test_the_root_unit_is_gathered_beside_a_layer_with_tied_and_untied_embeddings() -> None:

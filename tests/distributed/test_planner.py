@@ -13,6 +13,7 @@ from mrl_llm.distributed.memory import (
     full_model_bytes,
     kv_bytes_per_sequence,
     rollout_bytes,
+    sync_copy_bytes,
     training_bytes,
 )
 from mrl_llm.distributed.planner import PlacementPlan, apportion, plan_placement
@@ -56,7 +57,9 @@ def test_paper_pair_on_8xA100_80GB() -> None:
     expect = (training_bytes(fp, k).total + rollout_bytes(fp, c, own_weights=True).total
               + cluster.memory_model.process_overhead_gib * GiB)
     assert k > 1  # ... so each rank also holds the whole rollout copy the gathered weights land in
-    assert math.isclose(load.used_bytes, expect + full_model_bytes(fp).total)
+    # ... and the bf16 state dict a sync to the bf16 vLLM engine makes from it
+    assert fp.engine == "vllm" and sync_copy_bytes(fp) == 2 * fp.n_params
+    assert math.isclose(load.used_bytes, expect + full_model_bytes(fp).total + sync_copy_bytes(fp))
     text = plan.render()
     assert "mode=colocated" in text and "kv_cache" in text and "node0/gpu7" in text
     # asynchronous training prefers split pools when they fit
@@ -67,7 +70,7 @@ def test_paper_pair_on_8xA100_80GB() -> None:
         assert set(p.train_devices).isdisjoint(p.rollout_devices) and p.rollout_devices
     # a split trainer rank: its shard on the GPU; the whole rollout copy it hands the rollout actors (k > 1)
     # in host RAM, one per trainer rank beside the node's staging copy; a rollout actor: a whole model (fp32,
-    # like the masters) plus vLLM's own bf16 copy and its KV cache
+    # like the masters) plus vLLM's own bf16 copy, the bf16 state dict each sync casts from the fp32 one, and its KV cache
     parts = {ld.device.name: ld.parts for ld in split.devices}
     host = {pt.policy: pt.memory for pt in parts["node0/ram"]}
     for p, fp in zip(split.policies, paper_pair(), strict=True):
@@ -79,7 +82,7 @@ def test_paper_pair_on_8xA100_80GB() -> None:
                             + cluster.memory_model.process_overhead_gib * GiB)
         (roll,) = parts[p.rollout_devices[0]]
         assert roll.role == "rollout"
-        assert math.isclose(roll.memory.weights, fp.n_params * (4 + 2))
+        assert math.isclose(roll.memory.weights, fp.n_params * (4 + 2 + 2))
         assert math.isclose(host[fp.name].weights, fp.n_params * 2 + k * full_model_bytes(fp).weights)
 
 
@@ -127,7 +130,7 @@ def test_paper_pair_refused_on_the_cpu_machine_with_the_shortfall() -> None:
     msg = str(info.value)
     assert "node0/ram" in msg and "qwen2.5-math-1.5b" in msg and "qwen3-1.7b-base" in msg
     need = sum(
-        training_bytes(fp).total + rollout_bytes(fp, 1, own_weights=True).total
+        training_bytes(fp).total + rollout_bytes(fp, 1, own_weights=True).total + sync_copy_bytes(fp)
         + cluster.memory_model.host_process_gib * GiB
         for fp in paper_pair()
     )

@@ -12,7 +12,7 @@ import pytest
 
 from mrl_llm.config import PolicyConfig
 from mrl_llm.distributed.cluster import ClusterSpec, NodeSpec
-from mrl_llm.distributed.memory import PolicyFootprint
+from mrl_llm.distributed.memory import PolicyFootprint, checkpoint_host_bytes
 from mrl_llm.distributed.plan_cli import footprints_from_config
 from mrl_llm.distributed.planner import HINTS, hints, plan_placement
 from shared_interfaces.config_io import ConfigError
@@ -109,8 +109,14 @@ def test_split_on_cpus_plans_trainer_and_rollout_slots_per_rank():
     name = plan.policies[0].policy
     assert parts[(name, "train")].kv_cache == 0 and parts[(name, "rollout")].optimizer == 0  # each pool its own state
     cpu = plan_placement(fps, EIGHT_CPUS, mode="cpu")
-    cpu_part = next(part for load in cpu.devices for part in load.parts if part.policy == name)
-    assert parts[(name, "train")].optimizer == pytest.approx(cpu_part.memory.optimizer)  # the same 2-way sharding
+    rank0, rank1 = [part for load in cpu.devices for part in load.parts if part.policy == name]
+    assert parts[(name, "train")].optimizer == pytest.approx(rank1.memory.optimizer)  # the same 2-way sharding
+    # rank 0 alone also holds the AdamW state a checkpoint gathers there (8 N bytes), in both layouts
+    fp = fps[0]
+    assert rank0.memory.optimizer - rank1.memory.optimizer == pytest.approx(checkpoint_host_bytes(fp, 2))
+    assert checkpoint_host_bytes(fp, 2) == 8 * fp.n_params
+    trains = [part for load in plan.devices for part in load.parts if part.policy == name and part.role == "train"]
+    assert [t.memory.optimizer for t in trains] == [rank0.memory.optimizer, rank1.memory.optimizer]
     small = plan_placement(cpu_demo(), TWO_CPUS, mode="split")  # 4 slots on 2 CPUs: fractions, one thread
     assert [p.bundle_roles for p in small.policies] == [("train", "rollout")] * 2
     assert math.isclose(sum(b["CPU"] for p in small.policies for b in p.bundles), 2.0)

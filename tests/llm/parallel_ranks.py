@@ -5,6 +5,7 @@ update on a group of k ranks."""
 from __future__ import annotations
 
 import faulthandler
+import json
 import os
 import random
 import sys
@@ -262,10 +263,13 @@ def policy_rank_main(rank: int, spec: GroupSpec, out: str, ckpt: str) -> None:
     w.save_checkpoint(ckpt)
     if rank == 0:
         write_manifest(ckpt)
+    held = w.policy_model.optimizer_state()  # the checkpoint's gather (a collective): what each rank is left with
+    if rank != 0:
+        Path(f"{out}.rank{rank}").write_text(json.dumps(None if held is None else sorted(held)))
     policy_step(w, 1)
     if rank == 0:
         torch.save({"after0": after0, "after1": w.rollout_model.state_dict(), "state": w.state(),
-                    "sharded": w.group.sharded}, Path(out))
+                    "sharded": w.group.sharded, "optimizer_rank0": held}, Path(out))
     w.close()
     rank_done()
 

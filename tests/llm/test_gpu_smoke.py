@@ -76,6 +76,12 @@ def test_smoke_sh_cpu_mode_runs_end_to_end_without_them(tmp_path):
         assert p["padding_waste_mean"] >= 1.0 and p["checkpoint_dtypes"] == p["export_dtypes"] == ["F32"]
     assert got["peak_memory"]["host_max_rss_gib"] > 0
     assert "gen tok/s" in res.stdout and "written:" in res.stdout
+    # the checks on one tiny-width policy with the real vocabulary: memory, bf16 vs fp32, stale weights
+    checks = got["checks"]
+    assert checks["size"]["model_config"]["vocab_size"] == 151936 and checks["size"]["dtype"] == "bf16"
+    assert got["check_failures"] == [] and "checks: all passed" in res.stdout
+    assert checks["decode_tokens_per_s"] > 0 and checks["train_tokens_per_s"] > 0
+    assert {"memory_update", "memory_sample"} <= checks.keys() and checks["stale"]["kl_fp32"] > 1e-4
 
 
 @pytest.mark.slow
@@ -108,3 +114,66 @@ def test_smoke_refuses_bad_ranks(tmp_path):
                           "step", "--out", str(tmp_path / "o")], env=env, cwd=tmp_path,
                          capture_output=True, text=True, timeout=300)
     assert res.returncode == 2 and "--grad-sync: invalid choice: 'step'" in res.stderr
+
+
+def _fake_checks(monkeypatch, *, growth: float, reserved: float, par: dict, stale: dict) -> None:
+    """``smoke_checks`` with its measurements replaced: RSS growth and the reserved peak as multiples of the
+    planned bytes, the parity and stale results as given."""
+    import experiments.gpu.smoke_checks as sc
+
+    def fake_rss(phase, size, **kw):
+        return {"growth_bytes": growth * sc.planned(size)[phase], "decode_tokens_per_s": 1.0, "train_tokens_per_s": 2.0}
+
+    def fake_sub(phase, size, **kw):
+        peak = sc.planned(size)["total"] / reserved
+        return {"peak_bytes": peak, "peak_allocated_bytes": peak, "decode_tokens_per_s": 1.0, "train_tokens_per_s": 2.0}
+
+    monkeypatch.setattr(sc, "rss_growth", fake_rss)
+    monkeypatch.setattr(sc, "measure_in_subprocess", fake_sub)
+    monkeypatch.setattr(sc, "parity", lambda size: par)
+    monkeypatch.setattr(sc, "stale_check", lambda size: stale)
+
+
+GOOD_PARITY = {"loss_rel": 0.0, "nll_rel": 1e-4, "grad_cos": 0.999}
+GOOD_STALE = {"kl_bf16": 0.08, "kl_fp32": 0.08, "ratio": 1.0}
+
+
+@pytest.mark.parametrize("cpu", [True, False])
+def test_smoke_checks_pass_within_their_bounds(monkeypatch, cpu):
+    from experiments.gpu.smoke_checks import run_checks
+
+    _fake_checks(monkeypatch, growth=1.2, reserved=1.2, par=GOOD_PARITY, stale=GOOD_STALE)
+    out, fails = run_checks(cpu=cpu)
+    assert fails == [] and out["decode_tokens_per_s"] == 1.0 and out["train_tokens_per_s"] == 2.0
+    size = out["size"]
+    assert (size["rows"], size["response_len"], size["model_config"]["num_hidden_layers"]) == (
+        (8, 16, 2) if cpu else (64, 512, 28))
+    assert size["model_config"]["vocab_size"] == 151936 and size["dtype"] == "bf16"
+
+
+def test_smoke_checks_name_each_failure(monkeypatch):
+    from experiments.gpu.smoke_checks import run_checks
+
+    _fake_checks(monkeypatch, growth=2.0, reserved=0.9, par={"loss_rel": 0.02, "nll_rel": 0.0, "grad_cos": 0.9},
+                 stale={"kl_bf16": 0.008, "kl_fp32": 0.08, "ratio": 0.1})
+    _, fails = run_checks(cpu=True)
+    assert fails == ["memory (update): RSS growth / planned = 2.00, outside (0.8, 1.5)",
+                     "memory (sample): RSS growth / planned = 2.00, outside (0.8, 1.5)",
+                     "bf16 vs fp32: loss_rel = 2.00e-02 > 0.01",
+                     "bf16 vs fp32: gradient cosine 0.9000 < 0.99",
+                     "stale weights: bf16 / fp32 approx_kl_old = 0.10 (bf16 8.00e-03, fp32 8.00e-02), outside "
+                     "(0.5, 2.0): mini-batches after the first ran on start-of-step weights"]
+    _, fails = run_checks(cpu=False)  # the planner below the reserved peak; over 1.3x it
+    assert fails[0].startswith("memory: planned") and fails[0].endswith("= 0.90, outside (1.0, 1.3)")
+    _fake_checks(monkeypatch, growth=1.0, reserved=1.4, par=GOOD_PARITY, stale={"kl_bf16": 0, "kl_fp32": 0, "ratio": 0})
+    _, fails = run_checks(cpu=False)
+    assert fails == [fails[0], "stale weights: fp32 approx_kl_old 0.00e+00 < 0.0001, too small to compare; raise "
+                               "--stale-lr"]
+    assert fails[0].endswith("= 1.40, outside (1.0, 1.3)")
+
+
+def test_smoke_refuses_a_bad_stale_lr(tmp_path):
+    res = subprocess.run([str(REPO / "experiments" / "gpu" / "smoke.sh"), "--cpu", "--stale-lr", "0", "--out",
+                          str(tmp_path / "o")], env=_env(tmp_path), cwd=tmp_path, capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 2 and "--stale-lr must be > 0, got 0.0" in res.stderr

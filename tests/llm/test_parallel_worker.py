@@ -5,6 +5,7 @@ layout, the optimizer state gathered, every file in the sha256 manifest) resumes
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -56,6 +57,32 @@ def test_two_rank_policy_steps_equal_one_process_and_its_checkpoint_resumes_on_o
     assert _max_diff(resumed.model.state_dict(), one.model.state_dict()) < 1e-6
     for w in (one, resumed):
         w.close()
+
+
+def test_a_checkpoint_gathers_the_optimizer_state_to_rank_0_alone(two_ranks):
+    res, ckpt = two_ranks
+    # rank 1 holds nothing after the gather; rank 0 the full moments, in one process's layout, what it wrote
+    assert json.loads(Path(f"{ckpt.parent / 'out.pt'}.rank1").read_text()) is None
+    full, saved = res["optimizer_rank0"], torch.load(ckpt / "optimizer.pt", weights_only=True)
+    assert full["state"].keys() == saved["state"].keys() and len(full["state"]) > 0
+    for i, st in full["state"].items():
+        assert st["exp_avg"].device.type == "cpu" and st["exp_avg"].shape == saved["state"][i]["exp_avg"].shape
+        assert torch.equal(st["exp_avg_sq"], saved["state"][i]["exp_avg_sq"])
+    assert tuple(full["state"][0]["exp_avg"].shape) == (258, 64)  # gathered: the embedding's full rows
+
+
+def test_gathered_optimizer_state_outside_a_group_and_of_an_empty_optimizer():
+    from mrl_llm.parallel.checkpoint import gathered_optimizer_state
+
+    lin = torch.nn.Linear(3, 2)
+    opt = torch.optim.AdamW(lin.parameters())
+    assert gathered_optimizer_state(opt) == {"state": {}, "param_groups": opt.state_dict()["param_groups"]}
+    lin(torch.ones(1, 3)).sum().backward()
+    opt.step()
+    got = gathered_optimizer_state(opt)
+    assert torch.equal(got["state"][0]["exp_avg"], opt.state[lin.weight]["exp_avg"])
+    assert got["state"][0]["exp_avg"].data_ptr() != opt.state[lin.weight]["exp_avg"].data_ptr()  # a copy
+    assert gathered_optimizer_state(opt, rank=1) is None
 
 
 def test_a_checkpoint_of_another_model_is_refused_naming_the_parameter(two_ranks):

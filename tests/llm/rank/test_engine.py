@@ -54,6 +54,50 @@ def test_sync_copies_the_trained_weights_into_the_rollout_copy_then_the_engine()
         assert torch.equal(weights[k], v) and torch.equal(rollout.state_dict()[k], v)
 
 
+def test_sync_releases_the_updates_cached_device_memory_before_the_engine_takes_the_weights(monkeypatch):
+    log = []
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: log.append("empty_cache"))
+    eng = RecordingEngine()
+    eng.sync_weights = lambda model: log.append("sync_weights")
+    part(eng, linear(0), linear(1)).sync()
+    assert log == ["empty_cache", "sync_weights"]
+    log.clear()
+    part(None, linear(0), linear(1)).sync()  # a rank without an engine releases it too (a split trainer)
+    assert log == ["empty_cache"]
+
+
+def test_release_is_a_no_op_without_cuda():
+    from mrl_llm.rollout.base import release_cached_device_memory
+
+    release_cached_device_memory()  # the CPU build: nothing initialised, nothing to release, no error
+
+
+def test_vllm_sleep_and_wake_release_torchs_cached_blocks_around_vllms(monkeypatch):
+    from mrl_llm.rollout.vllm_engine import VLLMEngine
+
+    log = []
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: log.append("empty_cache"))
+
+    class FakeLLM:
+        def sleep(self, level):
+            log.append(f"sleep {level}")
+
+        def wake_up(self, tags):
+            log.append(f"wake_up {','.join(tags)}")
+
+    eng = object.__new__(VLLMEngine)  # _sleep / _wake need only these
+    eng._llm, eng.sleep_mode, eng._sleeping = FakeLLM(), True, set()
+    eng._sleep()
+    eng._wake(["weights"])
+    eng._wake()
+    eng._wake()  # awake: nothing to do
+    assert log == ["sleep 1", "empty_cache", "empty_cache", "wake_up weights", "empty_cache", "wake_up kv_cache"]
+    log.clear()
+    eng.sleep_mode = False
+    eng._sleep()  # no sleep mode (the CPU): neither sleeps nor releases
+    assert log == []
+
+
 def test_sync_of_a_group_of_one_hands_the_trained_model_itself():
     trained, eng = linear(0), RecordingEngine()
     before = {k: v.clone() for k, v in trained.state_dict().items()}
