@@ -113,7 +113,8 @@ def check_model_config(mc: Mapping[str, Any], where: str) -> None:
 
 @dataclass(frozen=True)
 class SamplingSection:
-    """Rollout sampling of one policy. ``max_batch_size``: sequences per engine forward."""
+    """Rollout sampling of one policy. ``max_batch_size``: the most sequences in flight in one engine forward;
+    the HF engine sizes its batch from memory (:mod:`mrl_llm.rollout.hf_batch`) and this caps it."""
 
     temperature: float = 1.0
     top_p: float = 1.0
