@@ -120,9 +120,10 @@ class SamplingSection:
     top_p: float = 1.0
     max_new_tokens: int = 256
     max_batch_size: int = 64
-    # call: one seed per engine call (the samples depend on the call's prompts); sample: one seed per (prompt,
-    # sample index), so a record does not depend on how a worker group splits the step's prompts over its ranks
-    seeding: Literal["call", "sample"] = "call"
+    # sample (the default): one seed per (prompt, sample index), so a record does not depend on how a worker group
+    # splits the step's prompts over its ranks (k ranks equal one); call: one seed per engine call (the samples
+    # depend on the call's prompts, so rank 0 samples the whole step while the other ranks wait)
+    seeding: Literal["call", "sample"] = "sample"
 
     def __post_init__(self) -> None:
         if not self.temperature > 0:
