@@ -116,6 +116,10 @@ class HFEngine(RolloutEngine):
         #: the model's positions (prompt + response); None when its config names none
         self.max_positions = int(positions) if positions else None
         self._keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
+        if not self._keeps_logits and not (hasattr(model, "get_decoder") and hasattr(model, "get_output_embeddings")):
+            raise ValueError(f"{type(model).__name__}: its forward takes no logits_to_keep and it has no get_decoder() "
+                             "and get_output_embeddings(), so the HF engine cannot compute the prefill's logits at the "
+                             "last position only; pass a transformers causal LM")
 
     def sync_weights(self, model: torch.nn.Module) -> None:
         if model is self.model:

@@ -155,6 +155,19 @@ def test_a_forward_without_logits_to_keep_gets_the_last_hidden_state_through_the
     assert [[s.token_ids for s in o] for o in got] == [[s.token_ids for s in o] for o in want]
 
 
+def test_a_model_without_last_position_logits_is_refused():
+    class Bare(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = torch.nn.Linear(2, 2)
+
+        def forward(self, input_ids, attention_mask=None):
+            return self.w(input_ids.float())
+
+    with pytest.raises(ValueError, match="Bare: its forward takes no logits_to_keep .* pass a transformers causal LM"):
+        HFEngine(Bare(), _Tok())
+
+
 def test_finished_rows_leave_the_batch_and_its_cache(model):
     schedule = [1, 2, 3, 9, 9, 9]  # sequence k ends with EOS after schedule[k] tokens
     eng = HFEngine(model, _Tok(), max_batch_size=64, logits_hook=_eos_at(schedule))
