@@ -216,3 +216,26 @@ def test_empty_cases(model):
     assert eng.generate([], 4, SamplingConfig(seed=1)) == []
     assert eng.generate([], 1, SamplingConfig(row_seeds=())) == []
     assert inverse_cdf(torch.zeros((0, 40)), torch.zeros(0)).shape == (0,)
+
+
+def test_a_sliding_window_cache_drops_rows_and_refills_only_an_empty_batch():
+    """A cache of sliding-window layers is not merged: finished rows still leave it, and the next group is
+    admitted when the batch is empty; the samples equal one batch's."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from mrl_llm.rollout.hf_batch import mergeable
+
+    torch.manual_seed(0)
+    cfg = Qwen2Config(vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                      num_key_value_heads=1, max_position_embeddings=128, eos_token_id=3, pad_token_id=0,
+                      use_sliding_window=True, sliding_window=4, layer_types=["sliding_attention"] * 2)
+    m = Qwen2ForCausalLM(cfg).eval()
+    assert not mergeable(m(torch.tensor([[1, 2]]), use_cache=True).past_key_values)
+    schedule = [2, 8, 1, 3, 2]
+    prompts, sp = [[1, 5], [1, 6, 7], [1, 8, 9, 10], [1, 2, 4], [1, 9]], SamplingConfig(max_new_tokens=12, seed=4)
+    out, decode, prefill = _decode_batches(m, HFEngine(m, _Tok(), max_batch_size=2, logits_hook=_eos_at(schedule)),
+                                           prompts, 1, sp)
+    assert prefill == [2, 2, 1] and decode == [2] + [1] * 9
+    whole = HFEngine(m, _Tok(), max_batch_size=64, logits_hook=_eos_at(schedule)).generate(prompts, 1, sp)
+    assert [o[0].token_ids for o in out] == [o[0].token_ids for o in whole]
+    assert [len(o[0].token_ids) for o in out] == schedule
