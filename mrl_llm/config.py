@@ -113,15 +113,17 @@ def check_model_config(mc: Mapping[str, Any], where: str) -> None:
 
 @dataclass(frozen=True)
 class SamplingSection:
-    """Rollout sampling of one policy. ``max_batch_size``: sequences per engine forward."""
+    """Rollout sampling of one policy. ``max_batch_size``: the most sequences in flight in one engine forward;
+    the HF engine sizes its batch from memory (:mod:`mrl_llm.rollout.hf_batch`) and this caps it."""
 
     temperature: float = 1.0
     top_p: float = 1.0
     max_new_tokens: int = 256
     max_batch_size: int = 64
-    # call: one seed per engine call (the samples depend on the call's prompts); sample: one seed per (prompt,
-    # sample index), so a record does not depend on how a worker group splits the step's prompts over its ranks
-    seeding: Literal["call", "sample"] = "call"
+    # sample (the default): one seed per (prompt, sample index), so a record does not depend on how a worker group
+    # splits the step's prompts over its ranks (k ranks equal one); call: one seed per engine call (the samples
+    # depend on the call's prompts, so rank 0 samples the whole step while the other ranks wait)
+    seeding: Literal["call", "sample"] = "sample"
 
     def __post_init__(self) -> None:
         if not self.temperature > 0:

@@ -238,9 +238,12 @@ class PolicyActor:
         limit_tokenizer_threads(spec.threads)
         self.spec = spec
         self.rank = int((spec.config.get("group") or {}).get("rank", 0))  # rank 0 writes checkpoints
-        # a worker group with per-sample seeds splits the step's prompts over its ranks; else rank 0 samples all
+        # a worker group with per-sample seeds (the default) splits the step's prompts over its ranks; else rank 0
+        # samples all
+        from mrl_llm.config import SamplingSection
+
         sampling = (spec.config.get("policy") or {}).get("sampling") or {}
-        self.sample_seeded = sampling.get("seeding") == "sample"
+        self.sample_seeded = sampling.get("seeding", SamplingSection.seeding) == "sample"
         self.split_rollouts = spec.ranks > 1 and self.sample_seeded
         self.exchange = exchange
         self.regime = parse_regime_config(dict(spec.regime))

@@ -6,7 +6,7 @@ node's address and a free port, :func:`mrl_llm.parallel.group.rendezvous`), then
 ``r`` with ``WorkerConfig.group = GroupSpec(r, k, addr, port, backend)`` (``nccl`` on a GPU bundle, ``gloo``
 otherwise); the ranks join one ``torch.distributed`` group while they build their workers.
 
-Rollouts: with ``sampling.seeding: sample`` each rank samples and publishes its share of the step's prompts
+Rollouts: with ``sampling.seeding: sample`` (the default) each rank samples and publishes its share of the step's prompts
 (one seed per (prompt, sample index): the records do not depend on the split); else rank 0 samples them all.
 
 :class:`RankGroup` has the actor's methods: ``group.train.remote(...)`` sends the call to every rank in

@@ -7,8 +7,8 @@ ranks, one ``torch.distributed`` group, FSDP2-sharded for ``k > 1``) and ``m`` r
 (unsharded) copy of the policy with its engine. :class:`SplitGroup` routes the driver's calls:
 
 * ``generate(problems, step)`` — the trainers render the prompts (``role: train`` samples nothing); rollout
-  actor ``r`` samples prompts ``r, r + m, ...`` with ``sampling.seeding: sample``, else rollout 0 samples them
-  all; they publish; the answer is the sum over all (``records``).
+  actor ``r`` samples prompts ``r, r + m, ...`` with ``sampling.seeding: sample`` (the default), else rollout 0
+  samples them all; they publish; the answer is the sum over all (``records``).
 * ``train(...)`` — the trainers (every rank: a collective), which fetch their own records from the exchange
   like the peers', and count the step's samples, tokens and generation FLOPs (the rollout actors' ``generate``
   answer of the step, passed as ``rollouts=``) in their compute counters, as a colocated actor counts its own:

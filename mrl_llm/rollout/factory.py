@@ -28,7 +28,7 @@ def make_engine(
     """Build a rollout engine.
 
     * ``"hf"``: :class:`~mrl_llm.rollout.hf_engine.HFEngine` over ``model`` and ``tokenizer``
-      (``options``: ``max_batch_size``).
+      (``options``: ``max_batch_size``, ``logits_hook``).
     * ``"vllm"``: :class:`~mrl_llm.rollout.vllm_engine.VLLMEngine` over ``model_dir``; without one, ``model``
       and ``tokenizer`` are saved to a temporary directory the engine removes on ``close()``
       (``options``: the engine's keyword arguments — ``dtype``, ``seed``, ``memory``, ``drift`` ...).

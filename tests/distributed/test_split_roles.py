@@ -12,8 +12,9 @@ from shared_interfaces.exchange import InMemoryExchange
 PROMPTS = ["p0", "p1", "p2", "p3", "p4"]
 
 
-def _actor(tmp_path, *, seeding: str = "call", config_group: dict | None = None, **kw) -> PolicyActor:
-    cfg = {"good_on": 0, "n_prompts": 6, "policy": {"sampling": {"seeding": seeding}}}
+def _actor(tmp_path, *, seeding: str | None = "call", config_group: dict | None = None, **kw) -> PolicyActor:
+    """``seeding=None``: the config leaves ``sampling.seeding`` to its default."""
+    cfg = {"good_on": 0, "n_prompts": 6, "policy": {"sampling": {} if seeding is None else {"seeding": seeding}}}
     if config_group is not None:  # the rank this actor believes it is (no process group is joined here)
         cfg["group"] = config_group
     spec = PolicyActorSpec(name="A", factory="tests.distributed.toy_worker:build", config=cfg, seed=1,
@@ -27,6 +28,7 @@ def _sampled(actor: PolicyActor) -> list[str]:
 
 
 @pytest.mark.parametrize("seeding,want", [("sample", [["p0", "p2", "p4"], ["p1", "p3"]]),
+                                          (None, [["p0", "p2", "p4"], ["p1", "p3"]]),  # the default: sample
                                           ("call", [PROMPTS, []])])
 def test_rollout_actors_share_the_prompts(tmp_path, seeding, want):
     got = [_sampled(_actor(tmp_path / str(r), seeding=seeding, role="rollout", rollouts=2, rollout_rank=r))

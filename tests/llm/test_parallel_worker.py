@@ -36,8 +36,11 @@ def test_two_rank_policy_steps_equal_one_process_and_its_checkpoint_resumes_on_o
     one0 = {k: v.clone() for k, v in one.model.state_dict().items()}
     policy_step(one, 1)
     assert _max_diff(start, one0) > 1e-4  # the step moved the weights
-    assert _max_diff(res["after0"], one0) < 1e-6
-    assert _max_diff(res["after1"], one.model.state_dict()) < 1e-6
+    # AdamW's first step moves a weight by lr * g / (|g| + eps): a gradient entry near eps (1e-6) that the ranks'
+    # reduction sums in another order (~1e-9 apart) moves it up to lr * 1e-9 / eps = 1e-6 apart; a wrong row or
+    # normalisation moves weights by ~lr (1e-3)
+    assert _max_diff(res["after0"], one0) < 1e-5
+    assert _max_diff(res["after1"], one.model.state_dict()) < 1e-5
     assert res["state"]["version"] == 2
 
     verify_manifest(ckpt)  # every file the 2 ranks wrote is in the manifest and matches it
@@ -51,10 +54,10 @@ def test_two_rank_policy_steps_equal_one_process_and_its_checkpoint_resumes_on_o
 
     resumed = policy_worker(None)  # k = 1 resumes the k = 2 checkpoint
     resumed.load_checkpoint(str(ckpt))
-    assert _max_diff(resumed.model.state_dict(), one0) < 1e-6
+    assert _max_diff(resumed.model.state_dict(), one0) < 1e-5
     assert resumed.version == 1
     policy_step(resumed, 1)
-    assert _max_diff(resumed.model.state_dict(), one.model.state_dict()) < 1e-6
+    assert _max_diff(resumed.model.state_dict(), one.model.state_dict()) < 1e-5  # (the bound above)
     for w in (one, resumed):
         w.close()
 

@@ -28,6 +28,15 @@ def test_rollout_sampling_is_seeded_per_step_and_with_seeding_sample_per_prompt_
     assert rollout_sampling(policy("sample"), [], seed=7, step=3).row_seeds == ()
 
 
+def test_seeding_defaults_to_one_seed_per_sample():
+    """The default (``sampling.seeding: sample``) gives every (prompt, sample index) its own seed, so a worker
+    group's k ranks sample the same records as one rank."""
+    assert SamplingSection().seeding == "sample"
+    pol = PolicyConfig(name="a", model_config=tiny("llama"), tokenizer_dir="utf8-bytes", group_size=2)
+    assert rollout_sampling(pol, problems(2), seed=7, step=3).row_seeds == rollout_sampling(
+        policy("sample"), problems(2), seed=7, step=3).row_seeds
+
+
 def test_records_carry_the_verdicts_and_a_skipped_sample_is_counted_not_recorded():
     probs = problems(2)
     rendered = [("Q0", [1, 2, 3]), ("Q1", [4, 5])]
