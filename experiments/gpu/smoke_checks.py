@@ -179,6 +179,8 @@ def run_phase(phase: str, size: ProbeSize) -> dict[str, Any]:
     update = lambda: pm.update(batch, pol, loss_cfg=loss_config(size), pad_id=0).tokens  # noqa: E731
     if phase == "step":  # a step of a run: AdamW's moments exist through the update's forward and backward
         update()
+    if phase == "sample" and not cuda:  # one row's token first: what the first call loads (code, kernels) is no growth
+        _sample(pm, batch, replace(size, rows=1, response_len=1))
     base = reset_peak_rss() if not cuda else None
     if phase in ("sample", "step"):
         out["sample_tokens"], out["sample_s"] = _timed(cuda, lambda: _sample(pm, batch, size))
