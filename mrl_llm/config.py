@@ -364,6 +364,15 @@ class RuntimeConfig:
     ``collective`` (a broadcast over the policy's weight bus, :mod:`mrl_llm.parallel.weight_bus`: nccl between
     GPUs, gloo on CPU), ``object_store`` (Ray's object store), ``auto`` (collective on GPUs, the object store
     on CPUs).
+    ``collective_timeout_s`` (default 1800): how long a worker group's collectives (and its rendezvous) wait for
+    the slowest rank before failing (:class:`mrl_llm.parallel.group.GroupSpec`); a rank that waits for another's
+    rollout waits outside any collective (:meth:`mrl_llm.parallel.group.WorkerGroup.wait_for_ranks`), so this
+    bounds one update's collectives, not a rollout. ``weight_bus_timeout_s`` (default 1800): the same for a
+    split policy's weight bus (:mod:`mrl_llm.parallel.weight_bus`), whose rollout actors wait in the broadcast
+    for the whole of the trainers' update: set it above one update's time. ``max_restarts`` (default 3): how
+    many times a policy's actor or worker group is restarted from the same checkpoint step without finishing a
+    step in between; one more failure stops the run with a line naming the policy, the step and the cause
+    (:class:`mrl_llm.distributed.driver.RestartLimit`).
     The workers of an existing cluster must be able to import this package (install it
     there); a local cluster inherits this process's environment."""
 
@@ -375,8 +384,18 @@ class RuntimeConfig:
     cluster: str | None = None
     placement: Literal["auto", "colocated", "split", "cpu"] = "auto"
     weight_transfer: Literal["auto", "object_store", "collective"] = "auto"
+    collective_timeout_s: float = 1800.0
+    weight_bus_timeout_s: float = 1800.0
+    max_restarts: int = 3
 
     def __post_init__(self) -> None:
+        for key in ("collective_timeout_s", "weight_bus_timeout_s"):
+            v = getattr(self, key)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+                raise ConfigError(f"runtime.{key} must be a number of seconds > 0 (default 1800), got {v!r}")
+        if isinstance(self.max_restarts, bool) or not isinstance(self.max_restarts, int) or self.max_restarts < 0:
+            raise ConfigError(f"runtime.max_restarts must be an integer >= 0 (0: never restart), "
+                              f"got {self.max_restarts!r}")
         if self.max_staleness < 0 or (self.mode == "sync" and self.max_staleness):
             raise ConfigError(f"runtime.max_staleness must be 0 with mode sync and >= 0 with mode async, "
                               f"got {self.max_staleness} with {self.mode}")

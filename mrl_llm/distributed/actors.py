@@ -269,7 +269,9 @@ class PolicyActor:
         rank renders all the step's prompts and keeps its problems for the peer check (``worker.prepare``), so
         the ranks' plans are equal; rank ``r`` samples and publishes prompts ``r, r + k, ...`` with
         ``sampling.seeding: sample`` (a record does not depend on the split), else rank 0 samples them all; then the
-        ranks all-gather their records (a collective), so that each trains on the policy's records in hand as a single
+        ranks meet at a store barrier (:meth:`~mrl_llm.parallel.group.WorkerGroup.wait_for_ranks`: a rank that
+        sampled nothing does not wait out rank 0's rollout inside a collective's timeout) and all-gather their
+        records (a collective), so that each trains on the policy's records in hand as a single
         rank does (fetching only the peers'; its own group's records are not re-checked). A split policy's trainer
         samples nothing; its rollout actors share the prompts the same way (module docstring)."""
         nothing = {"policy": self.spec.name, "step": step, "version": int(self.worker.version), "records": 0,
@@ -310,6 +312,9 @@ class PolicyActor:
         # rank of a worker group holds all of the policy's records of the step (one all-gather of the ranks' shares)
         if group is not None:
             t1 = time.perf_counter()
+            # the ranks that sampled less (all but rank 0 under seeding: call) wait here, outside any collective
+            # (a store barrier with no time limit): the all-gather then never waits out a rollout
+            group.wait_for_ranks(f"generate/{step}")
             self._own[step] = [r for part in group.gather_objects(recs) for r in part]
             timings["own_gather_s"] = time.perf_counter() - t1
         else:

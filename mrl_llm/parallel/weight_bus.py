@@ -15,6 +15,10 @@ broadcast per bucket. Both sides derive the buckets from the same names, shapes 
 config), so no other metadata crosses; a receiver whose model differs from the header's raises
 :class:`WeightBusError` naming both counts. A receiver copies each bucket into its model as it arrives, so it
 never holds a second whole model (on GPU, neither a host copy).
+
+Timeout: the rollout actors' receive is queued right behind the trainers' update, so they wait in the header's
+broadcast for a whole update; the bus's group (nccl or gloo) and store time out after ``spec.timeout_s``
+(``runtime.weight_bus_timeout_s``, default 1800 s), which must exceed one update.
 """
 
 from __future__ import annotations
@@ -55,8 +59,10 @@ class WeightBus:
         store = dist.TCPStore(spec.addr, spec.port, spec.world_size, is_master=spec.rank == 0, timeout=timeout,
                               wait_for_workers=False)
         prefixed = dist.PrefixStore("weight-bus", store)
-        if spec.backend == "nccl":
-            pg = dist.ProcessGroupNCCL(prefixed, spec.rank, spec.world_size)
+        if spec.backend == "nccl":  # the bus's own timeout, not nccl's default (a rollout actor waits an update)
+            opts = dist.ProcessGroupNCCL.Options()
+            opts._timeout = timeout
+            pg = dist.ProcessGroupNCCL(prefixed, spec.rank, spec.world_size, opts)
         else:
             pg = dist.ProcessGroupGloo(prefixed, spec.rank, spec.world_size, timeout)
         return cls(spec, store, pg)
