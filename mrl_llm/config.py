@@ -224,17 +224,25 @@ class DriftSection:
     tokens should stay <= ``threshold`` nats (fp32 engine and trainer: ~1e-6; bf16: ~1e-2). Above it,
     ``on_exceed: stop`` ends the run with an error and ``warn`` logs a warning and goes on (default:
     ``warn`` for a bf16 policy, whose short probe is noisy, ``stop`` for fp32). Logged every sync as
-    ``drift_mean_abs`` (and ``drift_exceeded``)."""
+    ``drift_mean_abs`` (and ``drift_exceeded``). The same settings drive the **reload check** of every engine or copy
+    that holds weights of its own (a vLLM engine, a k > 1 rank's HF rollout copy, a split policy's rollout
+    actors): the engine's log-prob movement over the sync must match the trainer's to within
+    ``max(reload_floor, 0.5 x the movement)`` on a fixed probe (:mod:`mrl_llm.rollout.drift`), so a reload that did
+    not take effect is caught even when one update moves the log-probs far less than the dtype's noise; logged as
+    ``drift_reload_err``, ``drift_reload_move`` (and ``drift_reload_exceeded``)."""
 
     threshold: float = 0.05
     probe_prompts: int = 2
     probe_tokens: int = 8
     enabled: bool = True
     on_exceed: Literal["warn", "stop"] | None = None
+    reload_floor: float = 1e-5
 
     def __post_init__(self) -> None:
         if not self.threshold > 0 or self.probe_prompts < 1 or self.probe_tokens < 1:
             raise ConfigError("drift: threshold must be > 0, probe_prompts and probe_tokens >= 1")
+        if not self.reload_floor > 0:
+            raise ConfigError(f"drift.reload_floor must be > 0 nats (default 1e-5), got {self.reload_floor}")
 
 
 def check_vllm_sampling(temperature: float, top_p: float, where: str) -> None:

@@ -48,7 +48,7 @@ from mrl_llm.precision import Precision
 from mrl_llm.rank import checkpoint as ckpt
 from mrl_llm.rank.alignment import PeerAlignment, run_tokenizers
 from mrl_llm.rank.config import WorkerConfig, learner_loss
-from mrl_llm.rank.engine import RankEngine, make_rollout_engine
+from mrl_llm.rank.engine import RankEngine, drift_config, make_rollout_engine
 from mrl_llm.rank.evaluation import eval_rows
 from mrl_llm.rank.model import PolicyModel, rollout_copy_device, step_metrics
 from mrl_llm.rank.prompts import PromptCache
@@ -111,7 +111,7 @@ class LLMPolicyWorker:
                                      max_positions=pm.max_positions,
                                      engine_args=config.engine_args) if config.rollout_engine else None
         self.sampler = RankEngine(engine, trained=pm.model, rollout=pm.rollout_model, precision=self.precision,
-                                  device=self.device)
+                                  device=self.device, drift=drift_config(pol))
         self.pad_id = int(self.tokenizer.pad_token_id)
         self.max_len = pm.max_positions
         self.version = 0

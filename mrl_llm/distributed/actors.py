@@ -407,7 +407,13 @@ class PolicyActor:
         if self.rank != 0:
             return None
         state = {n: t.detach().cpu() for n, t in self.worker.rollout_model.state_dict().items()}
-        return {"state": state, "version": int(self.worker.version)}
+        return {"state": state, "version": int(self.worker.version), "reference": self._reference()}
+
+    def _reference(self) -> Any:
+        """The trainers' probe log-probs of the previous and this sync, for the rollout actors' reload check
+        (:meth:`mrl_llm.rank.engine.RankEngine.check_received`); None when the policy runs no drift check."""
+        sampler = getattr(self.worker, "sampler", None)
+        return None if sampler is None else sampler.reference
 
     def load_weights(self, payload: Mapping[str, Any]) -> dict[str, Any]:
         """Take the trainers' weights (:meth:`weights`) into this rollout actor's model and engine (a vllm engine
@@ -415,7 +421,9 @@ class PolicyActor:
         its records then carry the trainers' version. Returns ``{"version", "metrics"}``: the metrics are
         ``sync_s`` (the load's seconds) and the engine's drift check (``worker.drift_metrics()``, when it has one)."""
         self._rollout_only("load_weights")
-        return self._take_weights(payload["state"], int(payload["version"]), time.perf_counter())
+        t0 = time.perf_counter()
+        before = self._probe_now(payload.get("reference"))
+        return self._take_weights(payload["state"], int(payload["version"]), t0, payload.get("reference"), before)
 
     # -- the weight bus (placement: split, runtime.weight_transfer: collective) -----------------------------
     def join_bus(self, bus: Mapping[str, Any]) -> bool:
@@ -440,9 +448,13 @@ class PolicyActor:
         over the bus, to every rollout actor's :meth:`pull_weights`; the other ranks answer ``None``."""
         if self.rank != 0:
             return None
+        import torch
+
         bus = self._bus("push_weights")
         t0 = time.perf_counter()
-        n = bus.send(self.worker.rollout_model.state_dict(), int(self.worker.version))
+        ref = self._reference()
+        extra = None if ref is None else torch.tensor([x for lps in ref for row in lps for x in row], dtype=torch.float64)
+        n = bus.send(self.worker.rollout_model.state_dict(), int(self.worker.version), extra=extra)
         return {"broadcasts": n, "push_s": time.perf_counter() - t0}
 
     def pull_weights(self) -> dict[str, Any]:
@@ -450,8 +462,31 @@ class PolicyActor:
         (same answer; ``sync_s`` includes the broadcast)."""
         self._rollout_only("pull_weights")
         t0 = time.perf_counter()
-        version = self._bus("pull_weights").recv_into(self.worker.model.state_dict())  # in place, bucket by bucket
-        return self._take_weights(None, version, t0)
+        bus = self._bus("pull_weights")
+        sampler = getattr(self.worker, "sampler", None)
+        before = None if sampler is None or sampler.probe is None else sampler.engine_logprobs()
+        version = bus.recv_into(self.worker.model.state_dict())  # in place, bucket by bucket
+        reference = None
+        if bus.last_extra is not None and before is not None:  # the trainers' probe log-probs: old, then new
+            flat = bus.last_extra.tolist()
+            shape = [len(row) for row in before]
+            if len(flat) != 2 * sum(shape):
+                raise RuntimeError(f"policy {self.spec.name!r}: the trainers sent {len(flat)} probe log-probs, this "
+                                   f"rollout actor's probe has 2 x {sum(shape)}: trainers and rollout actors must "
+                                   "share the policy's drift settings")
+            rows, at = [], 0
+            for n in shape * 2:
+                rows.append(flat[at:at + n])
+                at += n
+            reference = (rows[:len(shape)], rows[len(shape):])
+        return self._take_weights(None, version, t0, reference, before)
+
+    def _probe_now(self, reference: Any) -> list[list[float]] | None:
+        """This rollout actor's engine's probe log-probs before new weights arrive (None: nothing to check)."""
+        sampler = getattr(self.worker, "sampler", None)
+        if reference is None or sampler is None or sampler.probe is None:
+            return None
+        return sampler.engine_logprobs()
 
     def _bus(self, method: str) -> Any:
         bus = getattr(self, "bus", None)
@@ -465,14 +500,19 @@ class PolicyActor:
             raise RuntimeError(f"policy {self.spec.name!r}: {method} is for rollout actors, this one is "
                                f"{self.spec.role}")
 
-    def _take_weights(self, state: Mapping[str, Any] | None, version: int, t0: float) -> dict[str, Any]:
-        """Load ``state`` (None: the model has them already) and ``version``; sync the engine (drift check)."""
+    def _take_weights(self, state: Mapping[str, Any] | None, version: int, t0: float, reference: Any = None,
+                      before: list[list[float]] | None = None) -> dict[str, Any]:
+        """Load ``state`` (None: the model has them already) and ``version``; sync the engine (drift check); with the
+        trainers' probe log-probs ``reference`` and this engine's ``before`` the weights arrived, the reload check
+        of the engine against the trainers (:meth:`~mrl_llm.rank.engine.RankEngine.check_received`)."""
         from mrl_llm.parallel.fsdp import load_full_state_dict
 
         if state is not None:
             load_full_state_dict(self.worker.model, state)
         self.worker.version = version
         self.worker.sync_engine()
+        if reference is not None and before is not None:
+            self.worker.sampler.check_received(before, reference, version=version)
         drift = getattr(self.worker, "drift_metrics", None)
         metrics = {"sync_s": time.perf_counter() - t0, **(drift() if callable(drift) else {})}
         return {"version": int(self.worker.version), "metrics": metrics}

@@ -9,10 +9,11 @@ of ``1 + m`` members — the trainers' rank 0 (bus rank 0, the source) and the `
 default ``torch.distributed`` group; the bus is built on its own ``TCPStore``, never the default).
 
 One transfer (:meth:`WeightBus.send` on the source, :meth:`WeightBus.recv_into` on every other member, at the same
-time): a header ``[version, tensors, elements]`` (int64), then the tensors in model order, packed into flat
+time): a header ``[version, tensors, elements, extra]`` (int64), then the tensors in model order, packed into flat
 buckets of at most ``bucket_mb`` (a tensor larger than that is a bucket alone; a bucket holds one dtype), one
 broadcast per bucket. Both sides derive the buckets from the same names, shapes and dtypes (the same policy
-config), so no other metadata crosses; a receiver whose model differs from the header's raises
+config), so no other metadata crosses; ``extra`` float64 values (the trainers' drift-probe log-probs,
+:mod:`mrl_llm.rollout.drift`) follow in one more broadcast when the header counts any (:attr:`WeightBus.last_extra`); a receiver whose model differs from the header's raises
 :class:`WeightBusError` naming both counts. A receiver copies each bucket into its model as it arrives, so it
 never holds a second whole model (on GPU, neither a host copy).
 
@@ -48,6 +49,8 @@ class WeightBus:
 
     def __init__(self, spec: GroupSpec, store: dist.Store, pg: dist.ProcessGroup) -> None:
         self.spec, self._store, self._pg = spec, store, pg
+        #: the extra values of the last transfer received (float64, on the CPU), None when it had none
+        self.last_extra: torch.Tensor | None = None
 
     @classmethod
     def join(cls, spec: GroupSpec) -> WeightBus:
@@ -77,14 +80,20 @@ class WeightBus:
         opts.rootRank, opts.rootTensor = 0, 0
         self._pg.broadcast([t], opts).wait()
 
-    def send(self, state: Mapping[str, torch.Tensor], version: int, *, bucket_mb: float = 64.0) -> int:
-        """Broadcast ``state`` (any device) and ``version`` to every member (the source only); returns the
-        broadcasts made (the header's included)."""
+    def send(self, state: Mapping[str, torch.Tensor], version: int, *, bucket_mb: float = 64.0,
+             extra: torch.Tensor | None = None) -> int:
+        """Broadcast ``state`` (any device), ``version`` and the ``extra`` values (1-D, sent as float64) to every
+        member (the source only); returns the broadcasts made (the header's included)."""
         if self.spec.rank != 0:
             raise RuntimeError("WeightBus.send is the source's (bus rank 0); a rollout actor calls recv")
         elements = sum(t.numel() for t in state.values())
-        self._broadcast(torch.tensor([int(version), len(state), elements], dtype=torch.int64, device=self.device))
+        n_extra = 0 if extra is None else int(extra.numel())
+        self._broadcast(torch.tensor([int(version), len(state), elements, n_extra], dtype=torch.int64,
+                                     device=self.device))
         n = 1
+        if n_extra:
+            self._broadcast(extra.detach().reshape(-1).to(self.device, torch.float64))
+            n += 1
         for names in buckets(state, bucket_mb):
             flat = torch.cat([state[k].detach().reshape(-1).to(self.device) for k in names])
             self._broadcast(flat)
@@ -97,9 +106,14 @@ class WeightBus:
         their version."""
         if self.spec.rank == 0:
             raise RuntimeError("WeightBus.recv_into is a rollout actor's; the source (bus rank 0) calls send")
-        header = torch.zeros(3, dtype=torch.int64, device=self.device)
+        header = torch.zeros(4, dtype=torch.int64, device=self.device)
         self._broadcast(header)
-        version, count, elements = (int(v) for v in header.tolist())
+        version, count, elements, n_extra = (int(v) for v in header.tolist())
+        self.last_extra = None
+        if n_extra:
+            extra = torch.empty(n_extra, dtype=torch.float64, device=self.device)
+            self._broadcast(extra)
+            self.last_extra = extra.cpu()
         mine = sum(t.numel() for t in target.values())
         if (count, elements) != (len(target), mine):
             raise WeightBusError(f"the trainers sent {count} tensors of {elements} elements, this rollout actor's model "

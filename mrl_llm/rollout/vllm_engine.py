@@ -277,6 +277,30 @@ class VLLMEngine(RolloutEngine):
         text = self.tokenizer.decode(list(ids), skip_special_tokens=True)
         return Sample(token_ids=ids, logprobs=lps, finish_reason=reason, text=text)
 
+    def probe_logprobs(self, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]]) -> list[list[float]]:
+        """Each response's log-probs after its prompt at temperature 1 — vLLM's prompt log-probs of ``prompt +
+        response``, one token generated and dropped (the drift module's reload check scores a fixed probe)."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        if len(prompts) != len(responses):
+            raise ValueError(f"{len(prompts)} probe prompts but {len(responses)} responses")
+        if not prompts:
+            return []
+        rows = [list(map(int, p)) + list(map(int, r)) for p, r in zip(prompts, responses, strict=True)]
+        params = SamplingParams(temperature=1.0, top_p=1.0, max_tokens=1, prompt_logprobs=0, detokenize=False,
+                                seed=0)
+        self._wake()
+        try:
+            outs = self._llm.generate([TokensPrompt(prompt_token_ids=r) for r in rows], params, use_tqdm=False)
+        finally:
+            self._sleep()
+        out = []
+        for o, p, r in zip(outs, prompts, responses, strict=True):
+            steps = o.prompt_logprobs  # position i: {token: Logprob} of token i given tokens < i (None at 0)
+            out.append([float(steps[len(p) + j][int(t)].logprob) for j, t in enumerate(r)])
+        return out
+
     # -- weights ------------------------------------------------------------------------------------
 
     def sync_weights(self, model: torch.nn.Module) -> None:

@@ -265,7 +265,7 @@ def policy_rank_main(rank: int, spec: GroupSpec, out: str, ckpt: str) -> None:
     policy_step(w, 1)
     if rank == 0:
         torch.save({"after0": after0, "after1": w.rollout_model.state_dict(), "state": w.state(),
-                    "sharded": w.group.sharded}, Path(out))
+                    "sharded": w.group.sharded, "drift": w.drift_metrics()}, Path(out))
     w.close()
     rank_done()
 
