@@ -8,8 +8,8 @@ under the Ray driver. ``config`` is the plain mapping of :class:`WorkerConfig`. 
 * ``policy_model`` (:class:`~mrl_llm.rank.model.PolicyModel`): the fp32 masters (FSDP2-sharded over the
   rank's group for k > 1), the reference, the rollout copy, the optimizer, the update;
 * ``sampler`` (:class:`~mrl_llm.rank.engine.RankEngine`): the ``hf`` or ``vllm`` engine on ``device``, and the
-  weight sync after every update with the vllm engine's drift check (``policies[].drift``; metrics
-  ``sync_s``, ``drift_mean_abs``); no engine with ``WorkerConfig.rollout_engine: false`` (a split policy's
+  weight sync after every update with the vllm engine's drift check and the reload check of any engine or copy with
+  weights of its own (``policies[].drift``; metrics ``sync_s``, ``drift_mean_abs``, ``drift_reload_err``); no engine with ``WorkerConfig.rollout_engine: false`` (a split policy's
   trainer: its rollout actors sample);
 * ``prompts`` (:class:`~mrl_llm.rank.prompts.PromptCache`) and ``alignment``
   (:class:`~mrl_llm.rank.alignment.PeerAlignment`): the policy's rendered prompts, and THL of every peer
@@ -151,9 +151,10 @@ class LLMPolicyWorker:
         self.sampler.close()
         self.group.close()
 
-    def sync_engine(self) -> None:
-        """The engine gets the current weights (:meth:`~mrl_llm.rank.engine.RankEngine.sync`; a collective)."""
-        self.sampler.sync()
+    def sync_engine(self, state: Mapping[str, Any] | None = None) -> None:
+        """The engine gets the current weights (:meth:`~mrl_llm.rank.engine.RankEngine.sync`; a collective);
+        ``state``: the same weights as received in the engine's dtype (a rollout actor's), for a vLLM engine."""
+        self.sampler.sync(state)
 
     def drift_metrics(self) -> dict[str, float]:
         """The engine's last drift check (:meth:`~mrl_llm.rank.engine.RankEngine.drift_metrics`; empty: none)."""

@@ -401,13 +401,25 @@ class PolicyActor:
         return str(d)
 
     def weights(self) -> dict[str, Any] | None:
-        """The full current weights (CPU tensors) and version, for a split policy's rollout actors: rank 0's
-        rollout copy, which took the gathered weights right after the update (``sync_engine``; for k > 1 it
-        lives in host memory on a trainer rank), so no collective; the other ranks answer ``None``."""
+        """The full current weights (CPU tensors, floating-point ones in the rollout engine's dtype:
+        :meth:`_wire_dtype`) and version, for a split policy's rollout actors: rank 0's rollout copy, which took the
+        gathered weights right after the update (``sync_engine``; for k > 1 it lives in host memory on a trainer
+        rank), so no collective; the other ranks answer ``None``. ``reference``: the trainers' drift-probe
+        log-probs (:meth:`_reference`)."""
         if self.rank != 0:
             return None
-        state = {n: t.detach().cpu() for n, t in self.worker.rollout_model.state_dict().items()}
+        wire = self._wire_dtype()
+        state = {n: t.detach().to("cpu", wire if wire is not None and t.is_floating_point() else t.dtype)
+                 for n, t in self.worker.rollout_model.state_dict().items()}
         return {"state": state, "version": int(self.worker.version), "reference": self._reference()}
+
+    def _wire_dtype(self) -> Any:
+        """The dtype floating-point weights travel in to the rollout actors: their engine's
+        (:func:`mrl_llm.rank.engine.transfer_dtype`); None for a worker without a policy config (its own dtypes)."""
+        from mrl_llm.rank.engine import transfer_dtype
+
+        policy = getattr(self.worker, "policy", None)
+        return None if policy is None else transfer_dtype(policy)
 
     def _reference(self) -> Any:
         """The trainers' probe log-probs of the previous and this sync, for the rollout actors' reload check
@@ -423,7 +435,8 @@ class PolicyActor:
         self._rollout_only("load_weights")
         t0 = time.perf_counter()
         before = self._probe_now(payload.get("reference"))
-        return self._take_weights(payload["state"], int(payload["version"]), t0, payload.get("reference"), before)
+        return self._take_weights(payload["state"], int(payload["version"]), t0, payload.get("reference"), before,
+                                  engine_state=None if self._hf_engine() else payload["state"])
 
     # -- the weight bus (placement: split, runtime.weight_transfer: collective) -----------------------------
     def join_bus(self, bus: Mapping[str, Any]) -> bool:
@@ -454,7 +467,8 @@ class PolicyActor:
         t0 = time.perf_counter()
         ref = self._reference()
         extra = None if ref is None else torch.tensor([x for lps in ref for row in lps for x in row], dtype=torch.float64)
-        n = bus.send(self.worker.rollout_model.state_dict(), int(self.worker.version), extra=extra)
+        n = bus.send(self.worker.rollout_model.state_dict(), int(self.worker.version), extra=extra,
+                     dtype=self._wire_dtype())
         return {"broadcasts": n, "push_s": time.perf_counter() - t0}
 
     def pull_weights(self) -> dict[str, Any]:
@@ -465,7 +479,8 @@ class PolicyActor:
         bus = self._bus("pull_weights")
         sampler = getattr(self.worker, "sampler", None)
         before = None if sampler is None or sampler.probe is None else sampler.engine_logprobs()
-        version = bus.recv_into(self.worker.model.state_dict())  # in place, bucket by bucket
+        keep: dict[str, Any] | None = None if self._hf_engine() else {}  # a vLLM engine loads them as received
+        version = bus.recv_into(self.worker.model.state_dict(), dtype=self._wire_dtype(), keep=keep)  # in place
         reference = None
         if bus.last_extra is not None and before is not None:  # the trainers' probe log-probs: old, then new
             flat = bus.last_extra.tolist()
@@ -479,7 +494,12 @@ class PolicyActor:
                 rows.append(flat[at:at + n])
                 at += n
             reference = (rows[:len(shape)], rows[len(shape):])
-        return self._take_weights(None, version, t0, reference, before)
+        return self._take_weights(None, version, t0, reference, before, engine_state=keep)
+
+    def _hf_engine(self) -> bool:
+        """Whether this rollout actor's engine samples from its model (HF), not from weights of its own (vLLM)."""
+        sampler = getattr(self.worker, "sampler", None)
+        return sampler is None or sampler.engine is None or sampler.samples_rollout
 
     def _probe_now(self, reference: Any) -> list[list[float]] | None:
         """This rollout actor's engine's probe log-probs before new weights arrive (None: nothing to check)."""
@@ -501,16 +521,21 @@ class PolicyActor:
                                f"{self.spec.role}")
 
     def _take_weights(self, state: Mapping[str, Any] | None, version: int, t0: float, reference: Any = None,
-                      before: list[list[float]] | None = None) -> dict[str, Any]:
-        """Load ``state`` (None: the model has them already) and ``version``; sync the engine (drift check); with the
-        trainers' probe log-probs ``reference`` and this engine's ``before`` the weights arrived, the reload check
-        of the engine against the trainers (:meth:`~mrl_llm.rank.engine.RankEngine.check_received`)."""
+                      before: list[list[float]] | None = None, engine_state: Mapping[str, Any] | None = None
+                      ) -> dict[str, Any]:
+        """Load ``state`` (None: the model has them already) and ``version``; sync the engine (drift check) —
+        a vLLM engine straight from ``engine_state``, the weights as received in its dtype; with the trainers' probe
+        log-probs ``reference`` and this engine's ``before`` the weights arrived, the reload check of the engine
+        against the trainers (:meth:`~mrl_llm.rank.engine.RankEngine.check_received`)."""
         from mrl_llm.parallel.fsdp import load_full_state_dict
 
         if state is not None:
             load_full_state_dict(self.worker.model, state)
         self.worker.version = version
-        self.worker.sync_engine()
+        if engine_state is not None:
+            self.worker.sync_engine(engine_state)
+        else:
+            self.worker.sync_engine()
         if reference is not None and before is not None:
             self.worker.sampler.check_received(before, reference, version=version)
         drift = getattr(self.worker, "drift_metrics", None)

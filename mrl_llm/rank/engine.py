@@ -9,7 +9,9 @@
   engine samples from the fp32 master model in the compute dtype); :meth:`~RankEngine.sync` gives the engine
   the trained weights after an update: for k > 1 gathered from the shards into the full rollout copy first
   (a collective: every rank calls it), then ``engine.sync_weights`` (vLLM reloads in place and runs its
-  drift check); :meth:`~RankEngine.drift_metrics` reports that check. A rank without an engine (``engine
+  drift check), then the reload check of an engine that holds weights of its own (vLLM, or the HF engine over a
+  k > 1 rank's rollout copy: :func:`mrl_llm.rollout.drift.reload_check`); :meth:`~RankEngine.drift_metrics` reports
+  both. A rank without an engine (``engine
   None``: a split policy's trainer, ``WorkerConfig.rollout_engine: false``) still gathers its rollout copy in
   :meth:`~RankEngine.sync` (what :meth:`mrl_llm.worker.LLMPolicyWorker.state` hashes) and refuses to sample.
 """
@@ -18,7 +20,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +33,13 @@ from mrl_llm.rank.seeds import derive_seed
 from mrl_llm.rollout import DriftConfig, HFEngine, Sample, SamplingConfig
 from mrl_llm.rollout.drift import ReloadReport, model_vocab_size, probe_logprobs, reload_check, reload_probe
 from shared_interfaces.config_io import ConfigError
+
+
+def transfer_dtype(policy: PolicyConfig) -> torch.dtype:
+    """The dtype a split policy's trainers send floating-point weights in: its rollout engine's — the compute dtype
+    for ``engine: vllm`` (a bf16 engine holds bf16 weights), fp32 for ``engine: hf`` (it samples from fp32 weights
+    under the precision's autocast, so its copy takes the masters as they are)."""
+    return Precision(policy.dtype).compute_dtype if policy.engine == "vllm" else torch.float32
 
 
 def drift_config(policy: PolicyConfig) -> DriftConfig:
@@ -72,8 +81,10 @@ def make_rollout_engine(policy: PolicyConfig, model: torch.nn.Module, tokenizer:
 
 
 def reload_metrics(r: ReloadReport) -> dict[str, float]:
-    """A reload check's metrics row: ``drift_reload_err``, ``drift_reload_move``, ``drift_reload_exceeded``."""
-    return {"drift_reload_err": r.err, "drift_reload_move": r.move, "drift_reload_exceeded": float(r.exceeded)}
+    """A reload check's metrics row: ``drift_reload_err``, ``drift_reload_move``, ``drift_reload_engine_move``,
+    ``drift_reload_exceeded``."""
+    return {"drift_reload_err": r.err, "drift_reload_move": r.move, "drift_reload_engine_move": r.engine_move,
+            "drift_reload_exceeded": float(r.exceeded)}
 
 
 class RankEngine:
@@ -101,14 +112,29 @@ class RankEngine:
     def reloads(self) -> bool:
         """Whether the engine holds weights of its own that a sync must reload: a vLLM engine, or an HF engine over a
         k > 1 rank's rollout copy (at k = 1 the HF engine samples from the masters themselves)."""
-        return self.engine is not None and (self.rollout is not self.trained or not isinstance(self.engine, HFEngine))
+        return self.engine is not None and (self.rollout is not self.trained or not self.samples_rollout)
+
+    @property
+    def samples_rollout(self) -> bool:
+        """Whether the engine samples from the rollout model object itself (the HF engine), not from weights of
+        its own (vLLM)."""
+        return getattr(self.engine, "model", None) is self.rollout
+
+    @property
+    def exact(self) -> bool:
+        """Whether the engine computes the probe as the trainer's reference does (the reload check's exact bound): an
+        HF engine over a copy (the same code under the same autocast), or an engine of its own fp32 weights under an
+        fp32 policy; not a low-precision engine of its own (a bf16 vLLM engine)."""
+        if self.samples_rollout:
+            return True
+        return not self.precision.mixed and getattr(self.engine, "weight_dtype", None) == torch.float32
 
     def engine_logprobs(self) -> list[list[float]]:
         """The engine's log-probs of the reload probe: a vLLM engine scores it, an HF engine's model is run as it
         samples (under the precision's autocast)."""
         assert self.probe is not None
-        if isinstance(self.engine, HFEngine):
-            return probe_logprobs(self.engine.model, self.probe, self.autocast)
+        if self.samples_rollout:
+            return probe_logprobs(self.rollout, self.probe, self.autocast)
         return self.engine.probe_logprobs(self.probe.prompts, self.probe.responses)
 
     def sample(self, prompt_ids: Sequence[Sequence[int]], n: int, sp: SamplingConfig) -> tuple[list[list[Sample]], float]:
@@ -121,11 +147,12 @@ class RankEngine:
             out = self.engine.generate(prompt_ids, n, sp)
         return out, time.perf_counter() - t0
 
-    def sync(self) -> None:
+    def sync(self, state: Mapping[str, torch.Tensor] | None = None) -> None:
         """The engine gets the trained weights (the vllm engine runs its sample drift check); for k > 1 gathered from
         the shards into the full rollout copy first, bucket by bucket (a collective: every rank calls it). Then the
         reload check (:func:`~mrl_llm.rollout.drift.reload_check`) of an engine that holds its own weights
-        (:attr:`reloads`), and the trainer's probe log-probs move on (:attr:`reference`)."""
+        (:attr:`reloads`), and the trainer's probe log-probs move on (:attr:`reference`). ``state``: the weights as
+        received (a split policy's rollout actor, in the engine's dtype), which a vLLM engine loads as they are."""
         self.syncs += 1
         check = self.probe is not None and self.reloads
         engine_old = self.engine_logprobs() if check else None
@@ -133,26 +160,29 @@ class RankEngine:
             gather_into(self.trained, self.rollout)
         if self.engine is not None:
             with self.precision.autocast(self.device):
-                self.engine.sync_weights(self.rollout)
+                if state is not None and not self.samples_rollout:
+                    self.engine.sync_weights(self.rollout, state)
+                else:  # the HF engine samples from the model, which has them
+                    self.engine.sync_weights(self.rollout)
         if self.reference is None:
             return
         ref_new = probe_logprobs(self.trained, self.probe, self.autocast)
         self.reference = (self.reference[1], ref_new)
         if check:
             self.last_reload = reload_check(engine_old, self.engine_logprobs(), *self.reference, self.drift,
-                                            version=self.syncs, where=self.describe())
+                                            exact=self.exact, version=self.syncs, where=self.describe())
 
     def check_received(self, engine_old: list[list[float]], reference: Any, *, version: int) -> None:
         """A split policy's rollout actor, after it took the trainers' weights and synced its engine: the reload check
         of its engine (``engine_old``: its probe log-probs before the weights arrived) against the trainers' probe
         log-probs ``reference`` (:attr:`reference` of their :class:`RankEngine`: previous sync, this one)."""
         old, new = reference
-        self.last_reload = reload_check(engine_old, self.engine_logprobs(), old, new, self.drift, version=version,
-                                        where=f"this rollout actor's {type(self.engine).__name__}")
+        self.last_reload = reload_check(engine_old, self.engine_logprobs(), old, new, self.drift, exact=self.exact,
+                                        version=version, where=f"this rollout actor's {type(self.engine).__name__}")
 
     def describe(self) -> str:
         """The engine in words, for the reload check's message."""
-        if isinstance(self.engine, HFEngine):
+        if self.samples_rollout:
             return "the HF engine's rollout copy of this rank"
         return f"this rank's {type(self.engine).__name__}"
 

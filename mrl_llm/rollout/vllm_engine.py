@@ -303,13 +303,21 @@ class VLLMEngine(RolloutEngine):
 
     # -- weights ------------------------------------------------------------------------------------
 
-    def sync_weights(self, model: torch.nn.Module) -> None:
-        """Load ``model``'s current weights into the engine in place, reset the prefix cache, and run
-        the drift check when one is configured."""
-        state = state_dict_for_sync(model)
-        low = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(str(self.engine_args.get("dtype")))
-        if low is not None:  # the engine's own copy is low precision: send it that (fp32 masters stay here)
-            state = {k: v.to(low) if v.is_floating_point() else v for k, v in state.items()}
+    @property
+    def weight_dtype(self) -> torch.dtype | None:
+        """The dtype of the engine's weights (None: ``dtype: auto``, the checkpoint's)."""
+        return {"bfloat16": torch.bfloat16, "float16": torch.float16,
+                "float32": torch.float32}.get(str(self.engine_args.get("dtype")))
+
+    def sync_weights(self, model: torch.nn.Module, state: Mapping[str, torch.Tensor] | None = None) -> None:
+        """Load ``model``'s current weights into the engine in place — or ``state`` (HF names), tensors already at
+        hand (a rollout actor's received ones, in the engine's dtype) — reset the prefix cache, and run the drift
+        check when one is configured (against ``model``). Floating-point tensors go in the engine's dtype
+        (:attr:`weight_dtype`): a bf16 engine gets bf16, never the fp32 masters."""
+        state = state_dict_for_sync(model) if state is None else dict(state)
+        wire = self.weight_dtype
+        if wire is not None:  # a cast of a tensor already in the engine's dtype is the tensor itself
+            state = {k: v.to(wire) if v.is_floating_point() else v for k, v in state.items()}
         paths = self._write_buckets(state)
         try:
             self._wake(["weights"])

@@ -19,9 +19,9 @@ from shared_interfaces.regimes.config import LossConfig
 from tests.llm.helpers import tiny
 
 
-def _actor(tmp_path, role: str) -> PolicyActor:
+def _actor(tmp_path, role: str, engine: str = "hf") -> PolicyActor:
     pol = PolicyConfig(name="A", model_config=tiny("llama"), tokenizer_dir="utf8-bytes", group_size=2, device="cpu",
-                       dtype="bf16", sampling=SamplingSection(max_new_tokens=4), drift=DriftSection(on_exceed="stop"),
+                       dtype="bf16", engine=engine, sampling=SamplingSection(max_new_tokens=4), drift=DriftSection(on_exceed="stop"),
                        train=TrainSection(lr=1e-6, weight_decay=0.0))
     cfg = WorkerConfig(policy=pol, loss=LossConfig(kl_coef=0.0), rollout_engine=role != "train")
     spec = PolicyActorSpec(name="A", factory="mrl_llm.worker:build", config=to_mapping(cfg), seed=0,
@@ -57,3 +57,16 @@ def test_a_split_rollout_actor_checks_the_load_against_the_trainers(tmp_path, mo
     monkeypatch.setattr(fsdp, "load_full_state_dict", lambda model, state: None)  # the load does nothing
     with pytest.raises(DriftError, match="this rollout actor's HFEngine did not take weight sync v2"):
         rollout.load_weights(trainer.weights())
+
+
+def test_the_trainers_send_in_the_rollout_engines_dtype(tmp_path):
+    """Issue 38 item 6: a bf16 vLLM policy's trainers send bf16 (the masters cast), an HF policy's the fp32 masters
+    (its rollout actors sample from fp32 weights under autocast). A trainer builds no engine, so no vLLM here."""
+    for engine, dtype in (("vllm", torch.bfloat16), ("hf", torch.float32)):
+        trainer = _actor(tmp_path / engine, "train", engine=engine)
+        _update(trainer)
+        state = trainer.weights()["state"]
+        masters = trainer.worker.model.state_dict()
+        assert state.keys() == masters.keys()
+        for k, v in masters.items():
+            assert state[k].dtype == dtype and torch.equal(state[k], v.detach().to(dtype)), (engine, k)

@@ -25,6 +25,7 @@ def bus_main(rank: int, spec: GroupSpec, out: str) -> None:
     if rank == 0:
         res["n"] = [bus.send(tiny_model(0).state_dict(), 7), bus.send(tiny_model(0).state_dict(), 8, bucket_mb=0.01),
                     bus.send({}, 9, extra=torch.tensor([0.5, -1.25, 3.0]))]
+        res["n"].append(bus.send(tiny_model(0).state_dict(), 11, dtype=torch.bfloat16))  # in a bf16 engine's dtype
         try:
             bus.send(tiny_model(0, vocab=97).state_dict(), 10)
         except RuntimeError as err:  # a receiver refused: the bucket may not be taken
@@ -37,6 +38,9 @@ def bus_main(rank: int, spec: GroupSpec, out: str) -> None:
             got.append(({k: v.clone() for k, v in model.state_dict().items()}, version))
         got.append(({}, bus.recv_into({})))
         res["extra"] = bus.last_extra
+        model, keep = tiny_model(1), {}
+        res["bf16"] = (bus.recv_into(model.state_dict(), dtype=torch.bfloat16, keep=keep),
+                       {k: v.clone() for k, v in model.state_dict().items()}, keep)
         res["got"] = got
         try:
             bus.recv_into(tiny_model(1).state_dict())
@@ -102,3 +106,17 @@ def test_the_bus_refuses_a_lone_member_and_the_wrong_direction():
         WeightBus(spec, None, None).send({}, 0)  # type: ignore[arg-type]
     with pytest.raises(RuntimeError, match="a rollout actor's"):
         WeightBus(spec.for_rank(0), None, None).recv_into({})  # type: ignore[arg-type]
+
+
+def test_weights_cross_in_the_engines_dtype_and_land_as_the_masters_cast(bus_results):
+    """``dtype=bf16`` (a bf16 vLLM engine's): the tensors arrive in bf16 (``keep``: what the engine loads as it is),
+    equal to the fp32 masters cast; the receiver's fp32 copy holds that cast, upcast."""
+    want = tiny_model(0).state_dict()
+    for r in (1, 2):
+        version, target, keep = bus_results[r]["bf16"]
+        assert version == 11 and keep.keys() == want.keys()
+        for k, v in want.items():
+            assert keep[k].dtype == torch.bfloat16 and torch.equal(keep[k], v.to(torch.bfloat16)), k
+            assert target[k].dtype == torch.float32 and torch.equal(target[k], v.to(torch.bfloat16).float()), k
+    assert bus_results[0]["n"][3] == 2  # the header and one bucket (of half the fp32 bytes)
+    assert buckets(want, 0.01, torch.bfloat16) != buckets(want, 0.01)  # bf16 sizes: fewer, larger buckets

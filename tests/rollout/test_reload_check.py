@@ -91,6 +91,13 @@ def test_reload_check_bounds_and_refusals():
     with pytest.raises(DriftError, match="did not take weight sync v3"):  # engine still, trainer moved 0.1
         reload_check(one, one, one, [[-1.1, -2.1]], cfg, version=3)
     assert not reload_check(one, [[-1.1, -2.1]], one, [[-1.12, -2.08]], cfg).exceeded  # within half the movement
+    # a low-precision engine of its own weights: the right size of movement in its own direction passes, none fails
+    moved = [[-1.1, -2.1]]
+    lowp = reload_check(one, [[-0.95, -2.06]], one, moved, cfg, exact=False)
+    assert not lowp.exceeded and not lowp.exact and lowp.engine_move == pytest.approx(0.055)
+    with pytest.raises(DriftError, match=r"moved 0 nats per token where the trainer's moved 0.1"):
+        reload_check(one, one, one, moved, cfg, exact=False, version=4)
+    assert not reload_check(one, one, one, [[-1.0004, -2.0]], cfg, exact=False).exceeded  # below the floor
     with pytest.raises(DriftError, match="not all finite"):
         reload_check(one, [[math.nan, -2.0]], one, [[-1.1, -2.1]], cfg)
     with pytest.raises(ValueError, match="ref_new holds 1 log-probs, the others 2"):
