@@ -29,7 +29,7 @@ for the restarted actor, logs ``rejoin`` with the checkpoint step and the ``lost
 the checkpoint that are gone), resets the policy's baseline lag, and lets it rejoin at the current step.
 A policy restarted ``max_restarts`` times (``runtime.max_restarts``; a worker group's own restarts counted) without
 finishing a step in between — every restart back to the same checkpoint step — is not restarted again: the run
-stops with :class:`RestartLimit`, one line naming the policy, the step, that checkpoint step and the cause.
+stops with :class:`RestartLimit`, one line naming the policy, the step it failed at and the cause.
 The train rows of the steps the dead process had trained after its checkpoint (``rolled_back_steps``
 of the ``rejoin`` event) are marked ``"rolled_back": true`` in ``metrics.jsonl``
 (:func:`mrl_llm.metrics.mark_rolled_back`), so the metrics describe the weights; readers skip them.
@@ -108,7 +108,10 @@ class RestartLimit(RuntimeError):
 
 
 def _cause(err: BaseException) -> str:
-    """``err`` in one short line: its type and its message's first line."""
+    """``err`` in one short line: its type and its message's first line (a Ray task's error: the error it wraps)."""
+    cause = getattr(err, "cause", None)
+    if isinstance(cause, BaseException):
+        err = cause
     text = str(err).strip().splitlines()
     return f"{type(err).__name__}: {text[0][:200]}" if text else type(err).__name__
 

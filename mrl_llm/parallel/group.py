@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import ipaddress
 import socket
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
@@ -75,7 +76,7 @@ def _hostname_ip() -> str | None:
         return None
 
 
-def node_address(candidates: tuple = (_ray_node_ip, _route_ip, _hostname_ip)) -> str:
+def node_address(candidates: Sequence[Callable[[], str | None]] = (_ray_node_ip, _route_ip, _hostname_ip)) -> str:
     """This node's address for other nodes to reach rank 0's store: the first of ``candidates`` (Ray's node
     address when in Ray, then the default route's source address, then the host name's) that answers one that
     is not a loopback address (``127.0.1.1``, which Debian maps the host name to, is loopback); ``127.0.0.1``
@@ -133,6 +134,7 @@ class WorkerGroup:
     def __init__(self, spec: GroupSpec, store: dist.Store | None = None) -> None:
         self.spec = spec
         self._store = store  # the group's rendezvous (None: a group of one, or one already left)
+        self._last_wait: str | None = None  # the tag of this rank's last wait_for_ranks (its key goes at the next)
 
     @property
     def rank(self) -> int:
@@ -183,7 +185,7 @@ class WorkerGroup:
         self._store.set(f"wait/{tag}/{self.rank}", "1")
         limit = timedelta(seconds=wait_s) if wait_s is not None else timedelta(days=365)
         self._store.wait([f"wait/{tag}/{r}" for r in range(self.world_size)], limit)
-        last, self._last_wait = getattr(self, "_last_wait", None), tag
+        last, self._last_wait = self._last_wait, tag
         if last is not None:  # every rank has passed that barrier (all are at this one): its key can go
             self._store.delete_key(f"wait/{last}/{self.rank}")
 
