@@ -132,7 +132,8 @@ class RankEngine:
     def engine_logprobs(self) -> list[list[float]]:
         """The engine's log-probs of the reload probe: a vLLM engine scores it, an HF engine's model is run as it
         samples (under the precision's autocast)."""
-        assert self.probe is not None
+        if self.probe is None:
+            raise RuntimeError("the reload probe needs the policy's drift check (policies[].drift.enabled: true)")
         if self.samples_rollout:
             return probe_logprobs(self.rollout, self.probe, self.autocast)
         return self.engine.probe_logprobs(self.probe.prompts, self.probe.responses)
@@ -187,8 +188,9 @@ class RankEngine:
         return f"this rank's {type(self.engine).__name__}"
 
     def drift_metrics(self) -> dict[str, float]:
-        """``drift_mean_abs``, ``drift_max_abs``, ``drift_exceeded`` of the engine's last drift check; empty
-        when the engine has run none (the HF engine, or the check disabled)."""
+        """``drift_mean_abs``, ``drift_max_abs``, ``drift_exceeded`` of the engine's last sample drift check (vLLM) and
+        the last reload check's :func:`reload_metrics`; empty when neither ran (the HF engine over the masters, or
+        the checks disabled)."""
         out: dict[str, float] = {}
         drift = getattr(self.engine, "last_drift", None)
         if drift is not None:
