@@ -226,17 +226,25 @@ class DriftSection:
     tokens should stay <= ``threshold`` nats (fp32 engine and trainer: ~1e-6; bf16: ~1e-2). Above it,
     ``on_exceed: stop`` ends the run with an error and ``warn`` logs a warning and goes on (default:
     ``warn`` for a bf16 policy, whose short probe is noisy, ``stop`` for fp32). Logged every sync as
-    ``drift_mean_abs`` (and ``drift_exceeded``)."""
+    ``drift_mean_abs`` (and ``drift_exceeded``). The same settings drive the **reload check** of every engine or copy
+    that holds weights of its own (a vLLM engine, a k > 1 rank's HF rollout copy, a split policy's rollout
+    actors): the engine's log-prob movement over the sync must match the trainer's to within
+    ``max(reload_floor, 0.5 x the movement)`` on a fixed probe (:mod:`mrl_llm.rollout.drift`), so a reload that did
+    not take effect is caught even when one update moves the log-probs far less than the dtype's noise; logged as
+    ``drift_reload_err``, ``drift_reload_move`` (and ``drift_reload_exceeded``)."""
 
     threshold: float = 0.05
     probe_prompts: int = 2
     probe_tokens: int = 8
     enabled: bool = True
     on_exceed: Literal["warn", "stop"] | None = None
+    reload_floor: float = 1e-5
 
     def __post_init__(self) -> None:
         if not self.threshold > 0 or self.probe_prompts < 1 or self.probe_tokens < 1:
             raise ConfigError("drift: threshold must be > 0, probe_prompts and probe_tokens >= 1")
+        if not self.reload_floor > 0:
+            raise ConfigError(f"drift.reload_floor must be > 0 nats (default 1e-5), got {self.reload_floor}")
 
 
 def check_vllm_sampling(temperature: float, top_p: float, where: str) -> None:
@@ -366,6 +374,15 @@ class RuntimeConfig:
     ``collective`` (a broadcast over the policy's weight bus, :mod:`mrl_llm.parallel.weight_bus`: nccl between
     GPUs, gloo on CPU), ``object_store`` (Ray's object store), ``auto`` (collective on GPUs, the object store
     on CPUs).
+    ``collective_timeout_s`` (default 1800): how long a worker group's collectives (and its rendezvous) wait for
+    the slowest rank before failing (:class:`mrl_llm.parallel.group.GroupSpec`); a rank that waits for another's
+    rollout waits outside any collective (:meth:`mrl_llm.parallel.group.WorkerGroup.wait_for_ranks`), so this
+    bounds one update's collectives, not a rollout. ``weight_bus_timeout_s`` (default 1800): the same for a
+    split policy's weight bus (:mod:`mrl_llm.parallel.weight_bus`), whose rollout actors wait in the broadcast
+    for the whole of the trainers' update: set it above one update's time. ``max_restarts`` (default 3): how
+    many times a policy's actor or worker group is restarted from the same checkpoint step without finishing a
+    step in between; one more failure stops the run with a line naming the policy, the step and the cause
+    (:class:`mrl_llm.distributed.driver.RestartLimit`).
     The workers of an existing cluster must be able to import this package (install it
     there); a local cluster inherits this process's environment."""
 
@@ -377,8 +394,18 @@ class RuntimeConfig:
     cluster: str | None = None
     placement: Literal["auto", "colocated", "split", "cpu"] = "auto"
     weight_transfer: Literal["auto", "object_store", "collective"] = "auto"
+    collective_timeout_s: float = 1800.0
+    weight_bus_timeout_s: float = 1800.0
+    max_restarts: int = 3
 
     def __post_init__(self) -> None:
+        for key in ("collective_timeout_s", "weight_bus_timeout_s"):
+            v = getattr(self, key)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+                raise ConfigError(f"runtime.{key} must be a number of seconds > 0 (default 1800), got {v!r}")
+        if isinstance(self.max_restarts, bool) or not isinstance(self.max_restarts, int) or self.max_restarts < 0:
+            raise ConfigError(f"runtime.max_restarts must be an integer >= 0 (0: never restart), "
+                              f"got {self.max_restarts!r}")
         if self.max_staleness < 0 or (self.mode == "sync" and self.max_staleness):
             raise ConfigError(f"runtime.max_staleness must be 0 with mode sync and >= 0 with mode async, "
                               f"got {self.max_staleness} with {self.mode}")

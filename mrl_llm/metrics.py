@@ -26,7 +26,9 @@ truncated correction on ``thl`` rows; ``sgt_activations`` = prompts whose SGT ga
 ``logprob_drift_max`` = max |engine log-prob - trainer log-prob| on own tokens; ``padding_waste`` =
 padded / real prompt + response tokens of the step's micro-batches (:mod:`mrl_llm.micro_batches`);
 ``drift_mean_abs`` / ``drift_exceeded`` = the vLLM engine's drift probe after the step's weight sync
-(:mod:`mrl_llm.rollout.drift`); ``peer_verdict_rejected`` / ``peer_reward_refused`` = peer records the
+(:mod:`mrl_llm.rollout.drift`); ``drift_reload_err`` / ``drift_reload_move`` / ``drift_reload_exceeded`` = the
+reload check of an engine or copy with weights of its own (its log-prob movement over the sync against the
+trainer's, on a fixed probe); ``peer_verdict_rejected`` / ``peer_reward_refused`` = peer records the
 learner left out of the step because its own verifier disagrees with their claimed reward / their reward
 is outside [0, 1] (:mod:`mrl_llm.peer_check`).
 

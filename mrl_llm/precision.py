@@ -5,8 +5,10 @@ A policy's ``dtype`` is its *compute* dtype. What runs with ``dtype: bf16``:
 * the trainable model holds **fp32 master weights**, and AdamW keeps fp32 moments over them, so an
   update ``w <- w - lr * m / (sqrt(v) + eps)`` of size ~1e-6 is not rounded away (bf16 has 8 bits of
   mantissa: an update below ``|w| * 2^-9`` leaves a bf16 weight unchanged);
-* forward and backward run under ``torch.autocast(device_type, torch.bfloat16)`` (:meth:`Precision.autocast`):
-  matmuls in bf16, reductions and the log-softmax in fp32, gradients land in fp32 on the master weights;
+* each micro-batch's forward and loss run under ``torch.autocast(device_type, torch.bfloat16)``
+  (:meth:`Precision.autocast`; the backward follows the forward's dtypes): matmuls in bf16, reductions and the
+  log-softmax in fp32, gradients land in fp32 on the master weights. A region never spans an optimizer step:
+  autocast caches its bf16 casts of the masters until the region exits (:func:`mrl_llm.update.run_update`);
 * the HF engine samples from the master model under the same autocast; the vLLM engine and the frozen
   reference model hold **bf16 copies** (:func:`lowp_copy`);
 * a checkpoint's ``model/`` holds the fp32 master weights (resume is exact); the exported policy

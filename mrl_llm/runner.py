@@ -60,6 +60,7 @@ class Runtime:
     specs: list[PolicyActorSpec]
     mode: str = "sync"
     max_staleness: int = 0
+    max_restarts: int = 3  # runtime.max_restarts: restarts from one checkpoint step before the run stops
 
 
 StartRuntime = Callable[[RunConfig, Path], AbstractContextManager[Runtime]]
@@ -163,7 +164,7 @@ def _run(config: RunConfig, out: Path, *, resume: bool, problems: Sequence[Probl
             cursor = DataCursor(list(problems), config.prompts_per_step, seed=config.seed)
             every = config.eval.every
             with Driver(rt.specs, Batches(cursor), out, backend=rt.backend, mode=rt.mode,  # type: ignore[arg-type]
-                        max_staleness=rt.max_staleness, membership=membership, on_step=on_step,
+                        max_staleness=rt.max_staleness, max_restarts=rt.max_restarts, membership=membership, on_step=on_step,
                         summary_file="runtime.json", start_step=start,
                         on_leave=lambda n, actor: export(actor, out / "policies" / n)) as drv:
                 last = config.steps - 1

@@ -18,6 +18,12 @@ With ``max_tokens`` (``train.max_tokens_per_micro_batch``) a mini-batch's micro-
 groups instead (:mod:`mrl_llm.micro_batches`); ``logprob_chunk`` runs the LM head in checkpointed chunks
 (:func:`mrl_llm.logprobs.chunked_forward_logprobs`). ``padding_waste`` = padded / real tokens of the step.
 
+Mixed precision (``autocast``, a factory of the compute dtype's context): entered around each micro-batch's
+forward and loss (with its reference pass) and around the snapshot pass, never across a backward or an
+optimizer step, as verl's actor does. ``torch.autocast`` caches its low-precision casts of the fp32 masters
+until its region exits, so one region around the whole update would run every mini-batch after the first
+on the start-of-step weights (its ratio to pi_old 1, clipping never engaged).
+
 The micro-batch losses of a mini-batch sum to its loss (``LossNorm``), so the accumulated gradient is
 the mini-batch gradient (parameters of an optimizer group with ``sgt: False``, ``train.lr_groups``, take the
 gradient of ``loss - lambda L_SGT`` only: the SGT term is back-propagated first and their gradients are put
@@ -44,6 +50,7 @@ Without ``share``: the one-process update.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -252,8 +259,11 @@ def run_update(
     max_tokens: int | None = None,
     logprob_chunk: int | None = None,
     share: RankShare | None = None,
+    autocast: Callable[[], AbstractContextManager] = nullcontext,
 ) -> UpdateResult:
-    """Apply the step's update (module docstring) and return its diagnostics."""
+    """Apply the step's update (module docstring) and return its diagnostics. ``autocast``: a factory of the
+    compute dtype's context (:meth:`mrl_llm.precision.Precision.autocast` bound to the device), entered
+    around each forward and loss only (module docstring)."""
     res = UpdateResult()
     n = len(batch)
     if n == 0:
@@ -262,7 +272,7 @@ def run_update(
     seq_lens = [len(p) + len(r) for p, r in zip(batch.prompts, batch.responses, strict=True)]
     snapshot: list[torch.Tensor] | None = None  # log pi_old of every row, when the weights move within the step
     if len(mbs) > 1:
-        with torch.no_grad(), _gathered(share, model):  # no graph (under FSDP a forward with grad and no backward breaks the next step)
+        with torch.no_grad(), _gathered(share, model), autocast():  # no graph (under FSDP a forward with grad and no backward breaks the next step)
             snapshot = response_logprob_rows(model, batch.prompts, batch.responses, pad_id=pad_id,
                                              temperature=temperature, micro_batch=micro_batch,
                                              chunk_size=logprob_chunk,
@@ -289,10 +299,11 @@ def run_update(
         finite = True
         with _gathered(share, model, ref_model):
             for i, (idx, real) in enumerate(plan):
-                out, mb = micro_batch_loss(model, batch, idx, snapshot, loss_cfg=loss_cfg, temperature=temperature,
-                                           pad_id=pad_id, norm=norm, ref_model=ref_model,
-                                           res=res if real else UpdateResult(), logprob_chunk=logprob_chunk,
-                                           split_sgt=bool(no_sgt))
+                with autocast():  # forward and loss only: never across a backward or an optimizer step
+                    out, mb = micro_batch_loss(model, batch, idx, snapshot, loss_cfg=loss_cfg,
+                                               temperature=temperature, pad_id=pad_id, norm=norm, ref_model=ref_model,
+                                               res=res if real else UpdateResult(), logprob_chunk=logprob_chunk,
+                                               split_sgt=bool(no_sgt))
                 ok = bool(torch.isfinite(out.loss).all())
                 finite = finite and ok
                 if not finite and share is None:

@@ -8,8 +8,8 @@ under the Ray driver. ``config`` is the plain mapping of :class:`WorkerConfig`. 
 * ``policy_model`` (:class:`~mrl_llm.rank.model.PolicyModel`): the fp32 masters (FSDP2-sharded over the
   rank's group for k > 1), the reference, the rollout copy, the optimizer, the update;
 * ``sampler`` (:class:`~mrl_llm.rank.engine.RankEngine`): the ``hf`` or ``vllm`` engine on ``device``, and the
-  weight sync after every update with the vllm engine's drift check (``policies[].drift``; metrics
-  ``sync_s``, ``drift_mean_abs``); no engine with ``WorkerConfig.rollout_engine: false`` (a split policy's
+  weight sync after every update with the vllm engine's drift check and the reload check of any engine or copy with
+  weights of its own (``policies[].drift``; metrics ``sync_s``, ``drift_mean_abs``, ``drift_reload_err``); no engine with ``WorkerConfig.rollout_engine: false`` (a split policy's
   trainer: its rollout actors sample);
 * ``prompts`` (:class:`~mrl_llm.rank.prompts.PromptCache`) and ``alignment``
   (:class:`~mrl_llm.rank.alignment.PeerAlignment`): the policy's rendered prompts, and THL of every peer
@@ -48,7 +48,7 @@ from mrl_llm.precision import Precision
 from mrl_llm.rank import checkpoint as ckpt
 from mrl_llm.rank.alignment import PeerAlignment, run_tokenizers
 from mrl_llm.rank.config import WorkerConfig, learner_loss
-from mrl_llm.rank.engine import RankEngine, make_rollout_engine
+from mrl_llm.rank.engine import RankEngine, drift_config, make_rollout_engine
 from mrl_llm.rank.evaluation import eval_rows
 from mrl_llm.rank.model import PolicyModel, rollout_copy_device, step_metrics
 from mrl_llm.rank.prompts import PromptCache
@@ -111,7 +111,7 @@ class LLMPolicyWorker:
                                      max_positions=pm.max_positions,
                                      engine_args=config.engine_args) if config.rollout_engine else None
         self.sampler = RankEngine(engine, trained=pm.model, rollout=pm.rollout_model, precision=self.precision,
-                                  device=self.device)
+                                  device=self.device, drift=drift_config(pol))
         self.pad_id = int(self.tokenizer.pad_token_id)
         self.max_len = pm.max_positions
         self.version = 0
@@ -151,9 +151,10 @@ class LLMPolicyWorker:
         self.sampler.close()
         self.group.close()
 
-    def sync_engine(self) -> None:
-        """The engine gets the current weights (:meth:`~mrl_llm.rank.engine.RankEngine.sync`; a collective)."""
-        self.sampler.sync()
+    def sync_engine(self, state: Mapping[str, Any] | None = None) -> None:
+        """The engine gets the current weights (:meth:`~mrl_llm.rank.engine.RankEngine.sync`; a collective);
+        ``state``: the same weights as received in the engine's dtype (a rollout actor's), for a vLLM engine."""
+        self.sampler.sync(state)
 
     def drift_metrics(self) -> dict[str, float]:
         """The engine's last drift check (:meth:`~mrl_llm.rank.engine.RankEngine.drift_metrics`; empty: none)."""

@@ -287,7 +287,9 @@ class PolicyActor:
         rank renders all the step's prompts and keeps its problems for the peer check (``worker.prepare``), so
         the ranks' plans are equal; rank ``r`` samples and publishes prompts ``r, r + k, ...`` with
         ``sampling.seeding: sample`` (a record does not depend on the split), else rank 0 samples them all; then the
-        ranks all-gather their records (a collective), so that each trains on the policy's records in hand as a single
+        ranks meet at a store barrier (:meth:`~mrl_llm.parallel.group.WorkerGroup.wait_for_ranks`: a rank that
+        sampled nothing does not wait out rank 0's rollout inside a collective's timeout) and all-gather their
+        records (a collective), so that each trains on the policy's records in hand as a single
         rank does (fetching only the peers'; its own group's records are not re-checked). A split policy's trainer
         samples nothing; its rollout actors share the prompts the same way (module docstring)."""
         nothing = {"policy": self.spec.name, "step": step, "version": int(self.worker.version), "records": 0,
@@ -328,6 +330,9 @@ class PolicyActor:
         # rank of a worker group holds all of the policy's records of the step (one all-gather of the ranks' shares)
         if group is not None:  # with the ranks' counts: every rank's counters are the policy's
             t1 = time.perf_counter()
+            # the ranks that sampled less (all but rank 0 under seeding: call) wait here, outside any collective
+            # (a store barrier with no time limit): the all-gather then never waits out a rollout
+            group.wait_for_ranks(f"generate/{step}")
             parts = group.gather_objects((recs, timings))
             self._own[step] = [r for part, _ in parts for r in part]
             for r, (_, theirs) in enumerate(parts):
@@ -425,13 +430,31 @@ class PolicyActor:
         return str(d)
 
     def weights(self) -> dict[str, Any] | None:
-        """The full current weights (CPU tensors) and version, for a split policy's rollout actors: rank 0's
-        rollout copy, which took the gathered weights right after the update (``sync_engine``; for k > 1 it
-        lives in host memory on a trainer rank), so no collective; the other ranks answer ``None``."""
+        """The full current weights (CPU tensors, floating-point ones in the rollout engine's dtype:
+        :meth:`_wire_dtype`) and version, for a split policy's rollout actors: rank 0's rollout copy, which took the
+        gathered weights right after the update (``sync_engine``; for k > 1 it lives in host memory on a trainer
+        rank), so no collective; the other ranks answer ``None``. ``reference``: the trainers' drift-probe
+        log-probs (:meth:`_reference`)."""
         if self.rank != 0:
             return None
-        state = {n: t.detach().cpu() for n, t in self.worker.rollout_model.state_dict().items()}
-        return {"state": state, "version": int(self.worker.version)}
+        wire = self._wire_dtype()
+        state = {n: t.detach().to("cpu", wire if wire is not None and t.is_floating_point() else t.dtype)
+                 for n, t in self.worker.rollout_model.state_dict().items()}
+        return {"state": state, "version": int(self.worker.version), "reference": self._reference()}
+
+    def _wire_dtype(self) -> Any:
+        """The dtype floating-point weights travel in to the rollout actors: their engine's
+        (:func:`mrl_llm.rank.engine.transfer_dtype`); None for a worker without a policy config (its own dtypes)."""
+        from mrl_llm.rank.engine import transfer_dtype
+
+        policy = getattr(self.worker, "policy", None)
+        return None if policy is None else transfer_dtype(policy)
+
+    def _reference(self) -> Any:
+        """The trainers' probe log-probs of the previous and this sync, for the rollout actors' reload check
+        (:meth:`mrl_llm.rank.engine.RankEngine.check_received`); None when the policy runs no drift check."""
+        sampler = getattr(self.worker, "sampler", None)
+        return None if sampler is None else sampler.reference
 
     def load_weights(self, payload: Mapping[str, Any]) -> dict[str, Any]:
         """Take the trainers' weights (:meth:`weights`) into this rollout actor's model and engine (a vllm engine
@@ -439,7 +462,10 @@ class PolicyActor:
         its records then carry the trainers' version. Returns ``{"version", "metrics"}``: the metrics are
         ``sync_s`` (the load's seconds) and the engine's drift check (``worker.drift_metrics()``, when it has one)."""
         self._rollout_only("load_weights")
-        return self._take_weights(payload["state"], int(payload["version"]), time.perf_counter())
+        t0 = time.perf_counter()
+        before = self._probe_now(payload.get("reference"))
+        return self._take_weights(payload["state"], int(payload["version"]), t0, payload.get("reference"), before,
+                                  engine_state=None if self._hf_engine() else payload["state"])
 
     # -- the weight bus (placement: split, runtime.weight_transfer: collective) -----------------------------
     def join_bus(self, bus: Mapping[str, Any]) -> bool:
@@ -464,9 +490,14 @@ class PolicyActor:
         over the bus, to every rollout actor's :meth:`pull_weights`; the other ranks answer ``None``."""
         if self.rank != 0:
             return None
+        import torch
+
         bus = self._bus("push_weights")
         t0 = time.perf_counter()
-        n = bus.send(self.worker.rollout_model.state_dict(), int(self.worker.version))
+        ref = self._reference()
+        extra = None if ref is None else torch.tensor([x for lps in ref for row in lps for x in row], dtype=torch.float64)
+        n = bus.send(self.worker.rollout_model.state_dict(), int(self.worker.version), extra=extra,
+                     dtype=self._wire_dtype())
         return {"broadcasts": n, "push_s": time.perf_counter() - t0}
 
     def pull_weights(self) -> dict[str, Any]:
@@ -474,8 +505,37 @@ class PolicyActor:
         (same answer; ``sync_s`` includes the broadcast)."""
         self._rollout_only("pull_weights")
         t0 = time.perf_counter()
-        version = self._bus("pull_weights").recv_into(self.worker.model.state_dict())  # in place, bucket by bucket
-        return self._take_weights(None, version, t0)
+        bus = self._bus("pull_weights")
+        sampler = getattr(self.worker, "sampler", None)
+        before = None if sampler is None or sampler.probe is None else sampler.engine_logprobs()
+        keep: dict[str, Any] | None = None if self._hf_engine() else {}  # a vLLM engine loads them as received
+        version = bus.recv_into(self.worker.model.state_dict(), dtype=self._wire_dtype(), keep=keep)  # in place
+        reference = None
+        if bus.last_extra is not None and before is not None:  # the trainers' probe log-probs: old, then new
+            flat = bus.last_extra.tolist()
+            shape = [len(row) for row in before]
+            if len(flat) != 2 * sum(shape):
+                raise RuntimeError(f"policy {self.spec.name!r}: the trainers sent {len(flat)} probe log-probs, this "
+                                   f"rollout actor's probe has 2 x {sum(shape)}: trainers and rollout actors must "
+                                   "share the policy's drift settings")
+            rows, at = [], 0
+            for n in shape * 2:
+                rows.append(flat[at:at + n])
+                at += n
+            reference = (rows[:len(shape)], rows[len(shape):])
+        return self._take_weights(None, version, t0, reference, before, engine_state=keep)
+
+    def _hf_engine(self) -> bool:
+        """Whether this rollout actor's engine samples from its model (HF), not from weights of its own (vLLM)."""
+        sampler = getattr(self.worker, "sampler", None)
+        return sampler is None or sampler.engine is None or sampler.samples_rollout
+
+    def _probe_now(self, reference: Any) -> list[list[float]] | None:
+        """This rollout actor's engine's probe log-probs before new weights arrive (None: nothing to check)."""
+        sampler = getattr(self.worker, "sampler", None)
+        if reference is None or sampler is None or sampler.probe is None:
+            return None
+        return sampler.engine_logprobs()
 
     def _bus(self, method: str) -> Any:
         bus = getattr(self, "bus", None)
@@ -489,14 +549,24 @@ class PolicyActor:
             raise RuntimeError(f"policy {self.spec.name!r}: {method} is for rollout actors, this one is "
                                f"{self.spec.role}")
 
-    def _take_weights(self, state: Mapping[str, Any] | None, version: int, t0: float) -> dict[str, Any]:
-        """Load ``state`` (None: the model has them already) and ``version``; sync the engine (drift check)."""
+    def _take_weights(self, state: Mapping[str, Any] | None, version: int, t0: float, reference: Any = None,
+                      before: list[list[float]] | None = None, engine_state: Mapping[str, Any] | None = None
+                      ) -> dict[str, Any]:
+        """Load ``state`` (None: the model has them already) and ``version``; sync the engine (drift check) —
+        a vLLM engine straight from ``engine_state``, the weights as received in its dtype; with the trainers' probe
+        log-probs ``reference`` and this engine's ``before`` the weights arrived, the reload check of the engine
+        against the trainers (:meth:`~mrl_llm.rank.engine.RankEngine.check_received`)."""
         from mrl_llm.parallel.fsdp import load_full_state_dict
 
         if state is not None:
             load_full_state_dict(self.worker.model, state)
         self.worker.version = version
-        self.worker.sync_engine()
+        if engine_state is not None:
+            self.worker.sync_engine(engine_state)
+        else:
+            self.worker.sync_engine()
+        if reference is not None and before is not None:
+            self.worker.sampler.check_received(before, reference, version=version)
         drift = getattr(self.worker, "drift_metrics", None)
         metrics = {"sync_s": time.perf_counter() - t0, **(drift() if callable(drift) else {})}
         return {"version": int(self.worker.version), "metrics": metrics}

@@ -97,8 +97,10 @@ class RayBackend:
     name = "ray"
 
     def __init__(self, *, placement: PlacementPlan | None = None, placement_timeout_s: float = 120.0,
-                 exchange_fsync: bool = True, weight_transfer: str = "auto") -> None:
+                 exchange_fsync: bool = True, weight_transfer: str = "auto", collective_timeout_s: float = 1800.0,
+                 weight_bus_timeout_s: float = 1800.0) -> None:
         self.placement = placement
+        self.collective_timeout_s, self.weight_bus_timeout_s = collective_timeout_s, weight_bus_timeout_s
         self.weight_transfer = weight_transfer
         self.placement_timeout_s = placement_timeout_s
         self.exchange_fsync = exchange_fsync
@@ -155,7 +157,8 @@ class RayBackend:
             gpu = self.placement is not None and self.placement.for_policy(name).num_gpus > 0
             return start_split_group(spec, lambda: self._actor_exchange(name),
                                      lambda b: self._actor_options(name, b), roles, gpu=gpu,
-                                     transfer=self.weight_transfer)
+                                     transfer=self.weight_transfer, timeout_s=self.collective_timeout_s,
+                                     bus_timeout_s=self.weight_bus_timeout_s)
         if spec.ranks == 1:
             return ray.remote(PolicyActor).options(**self._actor_options(name)).remote(
                 spec, self._actor_exchange(name))
@@ -164,7 +167,8 @@ class RayBackend:
                              "bundles; plan with policies[].ranks (one bundle per rank)")
         gpu = self.placement is not None and self.placement.for_policy(name).num_gpus > 0
         return start_rank_group(spec, lambda: self._actor_exchange(name),
-                                lambda r: self._actor_options(name, r), gpu=gpu)
+                                lambda r: self._actor_options(name, r), gpu=gpu,
+                                timeout_s=self.collective_timeout_s)
 
     def check_shared_dir(self, handle: Any) -> None:
         import ray

@@ -27,6 +27,9 @@ its policy's last checkpoint. The calls it was running fail; the driver logs a `
 call; the other policies train that step without its records. Before the next step the driver waits
 for the restarted actor, logs ``rejoin`` with the checkpoint step and the ``lost_steps`` (updates since
 the checkpoint that are gone), resets the policy's baseline lag, and lets it rejoin at the current step.
+A policy restarted ``max_restarts`` times (``runtime.max_restarts``; a worker group's own restarts counted) without
+finishing a step in between — every restart back to the same checkpoint step — is not restarted again: the run
+stops with :class:`RestartLimit`, one line naming the policy, the step it failed at and the cause.
 The train rows of the steps the dead process had trained after its checkpoint (``rolled_back_steps``
 of the ``rejoin`` event) are marked ``"rolled_back": true`` in ``metrics.jsonl``
 (:func:`mrl_llm.metrics.mark_rolled_back`), so the metrics describe the weights; readers skip them.
@@ -100,6 +103,19 @@ class RunResult:
         return [e for e in self.events if e["event"] == kind]
 
 
+class RestartLimit(RuntimeError):
+    """A policy failed again after ``runtime.max_restarts`` restarts without finishing a step (module docstring)."""
+
+
+def _cause(err: BaseException) -> str:
+    """``err`` in one short line: its type and its message's first line (a Ray task's error: the error it wraps)."""
+    cause = getattr(err, "cause", None)
+    if isinstance(cause, BaseException):
+        err = cause
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0][:200]}" if text else type(err).__name__
+
+
 def _is_actor_failure(err: BaseException) -> bool:
     """A Ray actor died or is unavailable (Ray restarts it), or a worker group lost a rank (it restarts whole,
     :mod:`.rank_group`); any other error is the call's own, raised as it is."""
@@ -149,6 +165,7 @@ class Driver:
         summary_file: str = "summary.json",
         on_leave: Callable[[str, Any], None] | None = None,
         start_step: int = 0,
+        max_restarts: int = 3,
     ) -> None:
         if mode not in ("sync", "async"):
             raise ValueError(f"mode must be 'sync' or 'async', got {mode!r}")
@@ -169,6 +186,9 @@ class Driver:
         self.actors: dict[str, Any] = {}
         self.baselines: dict[str, int] = {}
         self.down: dict[str, int] = {}  # policy -> step of its failure
+        self.causes: dict[str, str] = {}  # policy -> its last failure, in one line
+        self.max_restarts = max_restarts
+        self.streak: dict[str, int] = {}  # policy -> restarts since it last finished a step
         self.result = RunResult()
         self.next_step = start_step  # > 0 when a run directory is resumed
         for s in specs:
@@ -223,7 +243,11 @@ class Driver:
             if not active:
                 continue
             if name in self.down:
-                st = wait_status(self.actors[name])  # waits for Ray's restart
+                self._check_restarts(name, step)
+                before = getattr(self.actors[name], "restarts", 0)
+                st = wait_status(self.actors[name])  # waits for Ray's restart (a worker group restarts on it)
+                self.streak[name] = self.streak.get(name, 0) + max(1, getattr(self.actors[name], "restarts", 0) - before)
+                self._check_restarts(name, step, restarted=True)
                 ck = st["restored_step"]
                 lost = list(range(ck + 1 if ck is not None else 0, step))
                 failed_at = self.down.pop(name)
@@ -234,6 +258,16 @@ class Driver:
                             lost_steps=lost, failed_at=failed_at, rolled_back_steps=rolled)
             live.append(name)
         return live
+
+    def _check_restarts(self, name: str, step: int, *, restarted: bool = False) -> None:
+        """Stop the run (:class:`RestartLimit`) when ``name`` has used its ``max_restarts`` restarts without
+        finishing a step (``restarted``: counting the restarts just made)."""
+        n = self.streak.get(name, 0)
+        if n > self.max_restarts or (not restarted and n >= self.max_restarts):
+            raise RestartLimit(
+                f"policy {name!r} failed at step {self.down.get(name, step)} ({self.causes.get(name, 'unknown cause')}) "
+                f"after {n} restart(s) without finishing a step (runtime.max_restarts: {self.max_restarts}); the run "
+                "stops: fix the cause, then resume the run directory")
 
     def _roll_back(self, name: str, steps: list[int]) -> None:
         """Mark ``name``'s rows of ``steps`` rolled back, in ``metrics.jsonl`` and in :attr:`result`
@@ -257,10 +291,13 @@ class Driver:
         for name, ref in refs.items():
             try:
                 ok[name] = resolve(ref)
+                if phase == "train":  # a finished step: the policy's restarts count from zero again
+                    self.streak.pop(name, None)
             except Exception as err:
                 if not _is_actor_failure(err):
                     raise
                 self.down.setdefault(name, step)
+                self.causes[name] = f"{phase}: {_cause(err)}"
                 self._event(event="gap", step=step, policy=name, phase=phase, error=type(err).__name__)
         return ok
 

@@ -3,8 +3,8 @@ placement-group bundle, that look like one actor to the driver.
 
 :func:`start_rank_group` asks rank 0's bundle for a rendezvous (a zero-CPU task placed there picks its
 node's address and a free port, :func:`mrl_llm.parallel.group.rendezvous`), then starts rank ``r`` in bundle
-``r`` with ``WorkerConfig.group = GroupSpec(r, k, addr, port, backend)`` (``nccl`` on a GPU bundle, ``gloo``
-otherwise); the ranks join one ``torch.distributed`` group while they build their workers.
+``r`` with ``WorkerConfig.group = GroupSpec(r, k, addr, port, backend, timeout_s)`` (``nccl`` on a GPU bundle,
+``gloo`` otherwise; ``timeout_s``: ``runtime.collective_timeout_s``); the ranks join one ``torch.distributed`` group while they build their workers.
 
 Rollouts: with ``sampling.seeding: sample`` (the default) each rank samples and publishes its share of the step's prompts
 (one seed per (prompt, sample index): the records do not depend on the split); else rank 0 samples them all.
@@ -24,7 +24,8 @@ to come back) first restarts it (:meth:`RankGroup.ensure_up`): the surviving ran
 for), a fresh rendezvous is taken and k new rank actors start in the same bundles, one new process group;
 each loads the policy's last complete checkpoint (``LATEST``; any k loads it, :mod:`mrl_llm.parallel.checkpoint`),
 and ``status`` answers once every new rank is up. The driver then logs ``rejoin`` exactly as for a single
-actor that Ray restarted. A rank that fails while starting (e.g. a checkpoint that does not verify) is a
+actor that Ray restarted, and stops the run instead once the policy has been restarted ``runtime.max_restarts``
+times from the same checkpoint step without finishing a step (:class:`~mrl_llm.distributed.driver.RestartLimit`). A rank that fails while starting (e.g. a checkpoint that does not verify) is a
 ``RuntimeError`` naming the policy and rank, not a restart: a new start would fail the same way.
 
 Group ranks are created with ``max_restarts=0``: Ray's own restart of a lone rank would rebuild it with the
@@ -271,15 +272,17 @@ class RankGroup:
 
 
 def start_ranks(spec: PolicyActorSpec, make_exchange: Callable[[], Any],
-                 options: Callable[[int], dict[str, Any]], *, gpu: bool) -> list[Any]:
-    """``spec.ranks`` new rank actors of ``spec`` on a fresh rendezvous, rank ``r`` with ``options(r)``."""
+                 options: Callable[[int], dict[str, Any]], *, gpu: bool, timeout_s: float = 1800.0) -> list[Any]:
+    """``spec.ranks`` new rank actors of ``spec`` on a fresh rendezvous, rank ``r`` with ``options(r)``;
+    ``timeout_s``: the group's collective timeout (``runtime.collective_timeout_s``)."""
     import ray
 
     k = spec.ranks
     addr, port = bundle_rendezvous(options(0))
     actors = []
     for r in range(k):
-        group = GroupSpec(rank=r, world_size=k, addr=addr, port=port, backend="nccl" if gpu else "gloo")
+        group = GroupSpec(rank=r, world_size=k, addr=addr, port=port, backend="nccl" if gpu else "gloo",
+                          timeout_s=timeout_s)
         rank_spec = replace(spec, config={**dict(spec.config), "group": to_mapping(group)})
         opts = {**options(r), "max_restarts": 0}  # the group restarts its ranks, not Ray (module docstring)
         actors.append(ray.remote(PolicyActor).options(**opts).remote(rank_spec, make_exchange()))
@@ -288,11 +291,11 @@ def start_ranks(spec: PolicyActorSpec, make_exchange: Callable[[], Any],
 
 def start_rank_group(spec: PolicyActorSpec, make_exchange: Callable[[], Any],
                      options: Callable[[int], dict[str, Any]], *, gpu: bool,
-                     grace_s: float = FAILURE_GRACE_S) -> RankGroup:
+                     grace_s: float = FAILURE_GRACE_S, timeout_s: float = 1800.0) -> RankGroup:
     """Start ``spec.ranks`` actors of ``spec`` (module docstring); ``options(r)``: rank ``r``'s Ray actor options
     (its bundle), ``make_exchange()``: an exchange client per rank. The group restarts on the same terms."""
 
     def start() -> list[Any]:
-        return start_ranks(spec, make_exchange, options, gpu=gpu)
+        return start_ranks(spec, make_exchange, options, gpu=gpu, timeout_s=timeout_s)
 
     return RankGroup(start(), policy=spec.name, start=start, grace_s=grace_s)

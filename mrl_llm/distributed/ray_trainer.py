@@ -138,8 +138,9 @@ def ray_runtime(config: RunConfig, out: Path, *,
         (out / "plan.txt").write_text(plan.render() + "\n")
         specs = ray_specs(config, plan, out / "checkpoints", faults)
         yield Runtime(RayBackend(placement=plan, exchange_fsync=config.exchange_fsync,
-                                 weight_transfer=rt.weight_transfer), specs, rt.mode,
-                      rt.max_staleness)
+                                 weight_transfer=rt.weight_transfer, collective_timeout_s=rt.collective_timeout_s,
+                                 weight_bus_timeout_s=rt.weight_bus_timeout_s), specs, rt.mode,
+                      rt.max_staleness, max_restarts=rt.max_restarts)
     finally:
         if started:
             ray.shutdown()

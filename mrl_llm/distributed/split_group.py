@@ -181,10 +181,13 @@ TRANSFERS = ("auto", "object_store", "collective")
 
 
 def start_split_group(spec: PolicyActorSpec, make_exchange: Callable[[], Any], options: Callable[[int], dict[str, Any]],
-                      roles: Sequence[str], *, gpu: bool, transfer: str = "auto") -> SplitGroup:
+                      roles: Sequence[str], *, gpu: bool, transfer: str = "auto", timeout_s: float = 1800.0,
+                      bus_timeout_s: float = 1800.0) -> SplitGroup:
     """Start ``spec``'s trainers in the ``train`` bundles and a rollout actor in each ``rollout`` bundle of
     ``roles`` (the plan's ``bundle_roles``); ``options(b)``: bundle ``b``'s Ray actor options; ``transfer``: how
-    the weights reach the rollout actors (module docstring; ``collective``: the weight bus is joined here)."""
+    the weights reach the rollout actors (module docstring; ``collective``: the weight bus is joined here);
+    ``timeout_s`` / ``bus_timeout_s``: the trainers' and the bus's collective timeouts (``runtime.collective_timeout_s``,
+    ``runtime.weight_bus_timeout_s``)."""
     import ray
 
     if transfer not in TRANSFERS:
@@ -208,8 +211,8 @@ def start_split_group(spec: PolicyActorSpec, make_exchange: Callable[[], Any], o
             trainers = RankGroup([ray.remote(PolicyActor).options(**opts).remote(trainer_spec, make_exchange())],
                                  policy=spec.name)
         else:
-            trainers = RankGroup(start_ranks(trainer_spec, make_exchange, lambda r: options(train_b[r]), gpu=gpu),
-                                 policy=spec.name)
+            trainers = RankGroup(start_ranks(trainer_spec, make_exchange, lambda r: options(train_b[r]), gpu=gpu,
+                                             timeout_s=timeout_s), policy=spec.name)
         rollouts = []
         for i, b in enumerate(roll_b):
             mine = fault if fault is not None and fault.phase == "generate" and fault.rank == i else None
@@ -221,7 +224,7 @@ def start_split_group(spec: PolicyActorSpec, make_exchange: Callable[[], Any], o
         if collective:  # a fresh bus for every start: rank 0's bundle picks its rendezvous
             addr, port = bundle_rendezvous(options(train_b[0]))
             bus = to_mapping(GroupSpec(rank=0, world_size=1 + len(roll_b), addr=addr, port=port,
-                                       backend="nccl" if gpu else "gloo"))
+                                       backend="nccl" if gpu else "gloo", timeout_s=bus_timeout_s))
             ray.get([trainers.actors[0].join_bus.remote(bus), *(r.join_bus.remote(bus) for r in rollouts)])
         return trainers, rollouts
 

@@ -16,14 +16,15 @@
 * ``optimizer`` — over the trainable masters, one group per ``train.lr_groups`` (:func:`make_optimizer`);
 * ``share`` — this rank's share of each mini-batch (:class:`~mrl_llm.parallel.share.RankShare`).
 
-:meth:`PolicyModel.update` runs :func:`mrl_llm.update.run_update` under the precision's autocast and
-returns its result with the policy's token counts (summed over the ranks); :func:`step_metrics` is the
+:meth:`PolicyModel.update` runs :func:`mrl_llm.update.run_update` with the precision's autocast (entered
+around each forward and loss, never across an optimizer step) and returns its result with the policy's token counts (summed over the ranks); :func:`step_metrics` is the
 metrics row of a training step. Nothing here renders prompts, samples or aligns records.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 from typing import Any
 
 import numpy as np
@@ -104,12 +105,12 @@ class PolicyModel:
         the rows, and the result's ``tokens``, ``seq_tokens`` and ``ref_seq_tokens`` are the policy's (summed
         over the ranks, a collective)."""
         t = policy.train
-        with self.precision.autocast(self.device):
-            res = run_update(self.model, self.optimizer, batch, loss_cfg=loss_cfg,
-                             temperature=policy.sampling.temperature, micro_batch=t.micro_batch,
-                             grad_accum=t.grad_accum, grad_clip=t.grad_clip, pad_id=pad_id,
-                             ref_model=self.ref_model, max_tokens=t.max_tokens_per_micro_batch,
-                             logprob_chunk=t.logprob_chunk, share=self.share)
+        res = run_update(self.model, self.optimizer, batch, loss_cfg=loss_cfg,
+                         temperature=policy.sampling.temperature, micro_batch=t.micro_batch,
+                         grad_accum=t.grad_accum, grad_clip=t.grad_clip, pad_id=pad_id,
+                         ref_model=self.ref_model, max_tokens=t.max_tokens_per_micro_batch,
+                         logprob_chunk=t.logprob_chunk, share=self.share,
+                         autocast=functools.partial(self.precision.autocast, self.device))
         if self.group.sharded:  # the policy's token counts, not this rank's share
             res.tokens, res.seq_tokens, res.ref_seq_tokens = (int(x) for x in self.group.sum(
                 [res.tokens, res.seq_tokens, res.ref_seq_tokens]))

@@ -285,15 +285,47 @@ class VLLMEngine(RolloutEngine):
         text = self.tokenizer.decode(list(ids), skip_special_tokens=True)
         return Sample(token_ids=ids, logprobs=lps, finish_reason=reason, text=text)
 
+    def probe_logprobs(self, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]]) -> list[list[float]]:
+        """Each response's log-probs after its prompt at temperature 1 — vLLM's prompt log-probs of ``prompt +
+        response``, one token generated and dropped (the drift module's reload check scores a fixed probe)."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        if len(prompts) != len(responses):
+            raise ValueError(f"{len(prompts)} probe prompts but {len(responses)} responses")
+        if not prompts:
+            return []
+        rows = [list(map(int, p)) + list(map(int, r)) for p, r in zip(prompts, responses, strict=True)]
+        params = SamplingParams(temperature=1.0, top_p=1.0, max_tokens=1, prompt_logprobs=0, detokenize=False,
+                                seed=0)
+        self._wake()
+        try:
+            outs = self._llm.generate([TokensPrompt(prompt_token_ids=r) for r in rows], params, use_tqdm=False)
+        finally:
+            self._sleep()
+        out = []
+        for o, p, r in zip(outs, prompts, responses, strict=True):
+            steps = o.prompt_logprobs  # position i: {token: Logprob} of token i given tokens < i (None at 0)
+            out.append([float(steps[len(p) + j][int(t)].logprob) for j, t in enumerate(r)])
+        return out
+
     # -- weights ------------------------------------------------------------------------------------
 
-    def sync_weights(self, model: torch.nn.Module) -> None:
-        """Load ``model``'s current weights into the engine in place, reset the prefix cache, and run
-        the drift check when one is configured."""
-        state = state_dict_for_sync(model)
-        low = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(str(self.engine_args.get("dtype")))
-        if low is not None:  # the engine's own copy is low precision: send it that (fp32 masters stay here)
-            state = {k: v.to(low) if v.is_floating_point() else v for k, v in state.items()}
+    @property
+    def weight_dtype(self) -> torch.dtype | None:
+        """The dtype of the engine's weights (None: ``dtype: auto``, the checkpoint's)."""
+        return {"bfloat16": torch.bfloat16, "float16": torch.float16,
+                "float32": torch.float32}.get(str(self.engine_args.get("dtype")))
+
+    def sync_weights(self, model: torch.nn.Module, state: Mapping[str, torch.Tensor] | None = None) -> None:
+        """Load ``model``'s current weights into the engine in place — or ``state`` (HF names), tensors already at
+        hand (a rollout actor's received ones, in the engine's dtype) — reset the prefix cache, and run the drift
+        check when one is configured (against ``model``). Floating-point tensors go in the engine's dtype
+        (:attr:`weight_dtype`): a bf16 engine gets bf16, never the fp32 masters."""
+        state = state_dict_for_sync(model) if state is None else dict(state)
+        wire = self.weight_dtype
+        if wire is not None:  # a cast of a tensor already in the engine's dtype is the tensor itself
+            state = {k: v.to(wire) if v.is_floating_point() else v for k, v in state.items()}
         paths = self._write_buckets(state)
         try:
             self._wake(["weights"])

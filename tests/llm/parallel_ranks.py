@@ -5,6 +5,7 @@ update on a group of k ranks."""
 from __future__ import annotations
 
 import faulthandler
+import functools
 import json
 import os
 import random
@@ -122,12 +123,11 @@ def update_once(group: WorkerGroup, *, dtype: str = "fp32", steps: int = 1, micr
     try:
         with count_fsdp_collectives() as collectives:
             for step in range(steps):
-                with precision.autocast("cpu"):
-                    res = run_update(model, opt, synthetic_batch(seed=step), loss_cfg=LOSS, temperature=1.0,
-                                     micro_batch=micro_batch, grad_accum=grad_accum, grad_clip=grad_clip, pad_id=0,
-                                     ref_model=ref, max_tokens=max_tokens,
-                                     share=RankShare(group, replicated=unit == "none", grad_sync=grad_sync),
-                                     logprob_chunk=logprob_chunk)
+                res = run_update(model, opt, synthetic_batch(seed=step), loss_cfg=LOSS, temperature=1.0,
+                                 micro_batch=micro_batch, grad_accum=grad_accum, grad_clip=grad_clip, pad_id=0,
+                                 ref_model=ref, max_tokens=max_tokens,
+                                 share=RankShare(group, replicated=unit == "none", grad_sync=grad_sync),
+                                 logprob_chunk=logprob_chunk, autocast=functools.partial(precision.autocast, "cpu"))
                 metrics.append(res.metrics)
     finally:
         update_mod.forward_logprobs = real
@@ -269,7 +269,7 @@ def policy_rank_main(rank: int, spec: GroupSpec, out: str, ckpt: str) -> None:
     policy_step(w, 1)
     if rank == 0:
         torch.save({"after0": after0, "after1": w.rollout_model.state_dict(), "state": w.state(),
-                    "sharded": w.group.sharded, "optimizer_rank0": held}, Path(out))
+                    "sharded": w.group.sharded, "optimizer_rank0": held, "drift": w.drift_metrics()}, Path(out))
     w.close()
     rank_done()
 

@@ -42,6 +42,9 @@ def test_two_rank_policy_steps_equal_one_process_and_its_checkpoint_resumes_on_o
     assert _max_diff(res["after0"], one0) < 1e-5
     assert _max_diff(res["after1"], one.model.state_dict()) < 1e-5
     assert res["state"]["version"] == 2
+    # the rank's HF rollout copy was reload-checked against the sharded masters at every sync
+    assert res["drift"]["drift_reload_exceeded"] == 0.0 and res["drift"]["drift_reload_move"] > 1e-4
+    assert res["drift"]["drift_reload_err"] <= 1e-6
 
     verify_manifest(ckpt)  # every file the 2 ranks wrote is in the manifest and matches it
     files = json.loads((ckpt / "manifest.json").read_text())["files"]

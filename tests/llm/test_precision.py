@@ -4,6 +4,7 @@ autocast gradient matches the fp32 one; checkpoints hold the masters (resume exa
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -122,9 +123,9 @@ def test_bf16_autocast_gradient_matches_fp32_on_a_fixed_batch(monkeypatch):
     for dtype in ("fp32", "bf16"):
         opt = GradCapture(w.model.parameters())
         ref = lowp_copy(w.model, Precision(dtype).compute_dtype)
-        with Precision(dtype).autocast("cpu"):
-            res = run_update(w.model, opt, batch, loss_cfg=w.cfg.loss, temperature=1.0, micro_batch=8,
-                             grad_accum=None, grad_clip=None, pad_id=w.pad_id, ref_model=ref)
+        res = run_update(w.model, opt, batch, loss_cfg=w.cfg.loss, temperature=1.0, micro_batch=8,
+                         grad_accum=None, grad_clip=None, pad_id=w.pad_id, ref_model=ref,
+                         autocast=functools.partial(Precision(dtype).autocast, "cpu"))
         out[dtype] = (opt.grads[0], res.metrics["loss"])
     g32, g16 = out["fp32"][0], out["bf16"][0]
     cos = float(torch.nn.functional.cosine_similarity(g32.double(), g16.double(), dim=0))
@@ -173,3 +174,30 @@ def test_bf16_run_resume_equals_uninterrupted(tmp_path, short8):
     assert_same(outputs(tmp_path / "a"), outputs(tmp_path / "b"), drop_eval_steps=(1,))
     models = sorted(Path(tmp_path / "b").rglob("model/model.safetensors"))
     assert models and all({t.dtype for t in load_file(m).values()} == {torch.float32} for m in models)
+
+
+def _grad_accum_worker(monkeypatch, dtype: str) -> LLMPolicyWorker:
+    """A tiny policy whose step of 32 rows is four mini-batches (``grad_accum: 1`` x ``micro_batch: 8``): four
+    optimizer steps a step, at a learning rate large enough that the later mini-batches' ratio to pi_old moves."""
+    install_verifier(monkeypatch, ParityVerifier())
+    pol = PolicyConfig(name="A", model_config=tiny("llama"), tokenizer_dir="utf8-bytes", group_size=8, dtype=dtype,
+                       device="cpu", sampling=SamplingSection(max_new_tokens=8),
+                       train=TrainSection(lr=1e-2, micro_batch=8, grad_accum=1, grad_clip=None, weight_decay=0.0))
+    return LLMPolicyWorker("A", WorkerConfig(policy=pol, loss=LossConfig(kl_coef=0.0)), seed=0)
+
+
+def test_bf16_minibatches_after_the_first_see_the_updated_weights(monkeypatch):
+    """Autocast caches its bf16 casts of the fp32 masters for as long as its region lasts: one region around
+    the whole update ran every mini-batch after the first on the start-of-step weights (``approx_kl_old``
+    ~0.1x the fp32 run's). Per micro-batch regions (:func:`mrl_llm.update.run_update`) see every step."""
+    w32 = _grad_accum_worker(monkeypatch, "fp32")
+    batch = w32.build_batch(_rows(w32, InMemoryExchange(), 0))
+    assert len(batch) == 32
+    kl = {}
+    for dtype in ("fp32", "bf16"):
+        w = _grad_accum_worker(monkeypatch, dtype)  # the same initial weights (seed 0) and the same batch
+        res = w.policy_model.update(batch, w.policy, loss_cfg=w.loss_cfg, pad_id=w.pad_id)
+        assert res.optimizer_steps == 4 and not res.nan_skipped
+        kl[dtype] = res.metrics["approx_kl_old"]
+    assert kl["fp32"] > 1e-3, kl  # the weights do move within the step
+    assert 0.5 <= kl["bf16"] / kl["fp32"] <= 2.0, kl

@@ -43,7 +43,7 @@ def _config(placement: str, mode: str, transfer: str = "auto"):
 @pytest.mark.parametrize("mode, transfer", [("sync", "auto"), ("async", "auto"), ("sync", "collective")])
 def test_split_placement_equals_colocated(ray_llm, tmp_path, caplog, mode, transfer):
     """``auto`` on CPUs hands the weights over through Ray's object store; ``collective`` broadcasts them over the
-    policy's gloo weight bus (the row counts the broadcasts: a header and one bucket)."""
+    policy's gloo weight bus (the row counts the broadcasts: a header, the trainers' drift-probe log-probs and one bucket)."""
     caplog.set_level(logging.INFO, logger="mrl_llm.ray_trainer")
     train(_config("cpu", mode), tmp_path / "colocated", problems=PROBLEMS)
     train(_config("split", mode, transfer), tmp_path / "split", problems=PROBLEMS)
@@ -60,7 +60,10 @@ def test_split_placement_equals_colocated(ray_llm, tmp_path, caplog, mode, trans
         assert rows2[key]["loss"] == pytest.approx(r1["loss"], abs=1e-5)
     assert any(r["peer_rows"] > 0 for r in rows2.values())  # experience really crossed
     assert {r["policy_version"] for r in recs2 if r["step"] == 2} != {0}  # step 2 sampled from updated weights
-    assert {r.get("weight_broadcasts") for r in rows2.values()} == ({2.0} if transfer == "collective" else {None})
+    # collective: the header, the trainers' drift-probe log-probs and one bucket
+    assert {r.get("weight_broadcasts") for r in rows2.values()} == ({3.0} if transfer == "collective" else {None})
+    # the rollout actors' reload check against the trainers passed at every load (issue 38 item 5)
+    assert all(r["drift_reload_exceeded"] == 0.0 and r["drift_reload_err"] <= 1e-6 for r in rows2.values())
     for n in "ab":
         assert max(float((w2[n][k] - w1[n][k]).abs().max()) for k in w1[n]) < 1e-5, n
     plan = (tmp_path / "split" / "plan.txt").read_text()

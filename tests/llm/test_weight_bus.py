@@ -1,5 +1,5 @@
 """The weight bus (:mod:`mrl_llm.parallel.weight_bus`): the source's weights reach every rollout member exactly,
-bucket by bucket, over its own gloo group (3 spawned processes); an empty model crosses as a header only; a
+bucket by bucket (with float64 extra values when sent: the trainers' drift-probe log-probs), over its own gloo group (3 spawned processes); an empty model crosses as a header only; a
 receiver with another model refuses naming both sizes; the buckets follow the size limit and the dtypes."""
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ def bus_main(rank: int, spec: GroupSpec, out: str) -> None:
     res: dict[str, Any] = {}
     if rank == 0:
         res["n"] = [bus.send(tiny_model(0).state_dict(), 7), bus.send(tiny_model(0).state_dict(), 8, bucket_mb=0.01),
-                    bus.send({}, 9)]
+                    bus.send({}, 9, extra=torch.tensor([0.5, -1.25, 3.0]))]
+        res["n"].append(bus.send(tiny_model(0).state_dict(), 11, dtype=torch.bfloat16))  # in a bf16 engine's dtype
         try:
             bus.send(tiny_model(0, vocab=97).state_dict(), 10)
         except RuntimeError as err:  # a receiver refused: the bucket may not be taken
@@ -36,6 +37,10 @@ def bus_main(rank: int, spec: GroupSpec, out: str) -> None:
             version = bus.recv_into(model.state_dict(), **kw)  # into the model's own tensors
             got.append(({k: v.clone() for k, v in model.state_dict().items()}, version))
         got.append(({}, bus.recv_into({})))
+        res["extra"] = bus.last_extra
+        model, keep = tiny_model(1), {}
+        res["bf16"] = (bus.recv_into(model.state_dict(), dtype=torch.bfloat16, keep=keep),
+                       {k: v.clone() for k, v in model.state_dict().items()}, keep)
         res["got"] = got
         try:
             bus.recv_into(tiny_model(1).state_dict())
@@ -62,10 +67,11 @@ def test_every_rollout_member_gets_the_source_weights_exactly(bus_results):
     n_tensors = len(want)
     assert bus_results[0]["n"][0] == 2  # the header + one bucket: the whole tiny model fits 64 MiB
     assert bus_results[0]["n"][1] >= n_tensors // 2 + 1  # 10 KiB buckets: about one per tensor
-    assert bus_results[0]["n"][2] == 1  # an empty model: the header alone
+    assert bus_results[0]["n"][2] == 2  # an empty model: the header and the extra values alone
     for r in (1, 2):
         (s1, v1), (s2, v2), (s3, v3) = bus_results[r]["got"]
         assert (v1, v2, v3) == (7, 8, 9) and s3 == {}
+        assert bus_results[r]["extra"].dtype == torch.float64 and bus_results[r]["extra"].tolist() == [0.5, -1.25, 3.0]
         for s in (s1, s2):
             assert s.keys() == want.keys()
             assert all(torch.equal(s[k], want[k]) for k in want)
@@ -100,3 +106,17 @@ def test_the_bus_refuses_a_lone_member_and_the_wrong_direction():
         WeightBus(spec, None, None).send({}, 0)  # type: ignore[arg-type]
     with pytest.raises(RuntimeError, match="a rollout actor's"):
         WeightBus(spec.for_rank(0), None, None).recv_into({})  # type: ignore[arg-type]
+
+
+def test_weights_cross_in_the_engines_dtype_and_land_as_the_masters_cast(bus_results):
+    """``dtype=bf16`` (a bf16 vLLM engine's): the tensors arrive in bf16 (``keep``: what the engine loads as it is),
+    equal to the fp32 masters cast; the receiver's fp32 copy holds that cast, upcast."""
+    want = tiny_model(0).state_dict()
+    for r in (1, 2):
+        version, target, keep = bus_results[r]["bf16"]
+        assert version == 11 and keep.keys() == want.keys()
+        for k, v in want.items():
+            assert keep[k].dtype == torch.bfloat16 and torch.equal(keep[k], v.to(torch.bfloat16)), k
+            assert target[k].dtype == torch.float32 and torch.equal(target[k], v.to(torch.bfloat16).float()), k
+    assert bus_results[0]["n"][3] == 2  # the header and one bucket (of half the fp32 bytes)
+    assert buckets(want, 0.01, torch.bfloat16) != buckets(want, 0.01)  # bf16 sizes: fewer, larger buckets

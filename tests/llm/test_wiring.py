@@ -3,6 +3,7 @@ behaviour coefficients, and exact gradient accumulation over micro-batches."""
 
 from __future__ import annotations
 
+import functools
 import math
 
 import pytest
@@ -178,9 +179,9 @@ def test_gradient_checkpointing_gives_the_same_update(pair, dtype):
         w = LLMPolicyWorker("B", WorkerConfig(policy=pol, loss=LossConfig(kl_coef=0.1)), seed=1)
         # fp32 master weights whatever the dtype; bf16 computes under autocast (mrl_llm.precision)
         assert w.model.is_gradient_checkpointing == ckpt and next(w.model.parameters()).dtype == torch.float32
-        with w.precision.autocast(w.device):
-            res = run_update(w.model, w.optimizer, batch, loss_cfg=w.cfg.loss, temperature=1.0, micro_batch=3,
-                             grad_accum=None, grad_clip=1.0, pad_id=w.pad_id, ref_model=w.ref_model)
+        res = run_update(w.model, w.optimizer, batch, loss_cfg=w.cfg.loss, temperature=1.0, micro_batch=3,
+                         grad_accum=None, grad_clip=1.0, pad_id=w.pad_id, ref_model=w.ref_model,
+                         autocast=functools.partial(w.precision.autocast, w.device))
         assert not res.nan_skipped and res.optimizer_steps == 1 and math.isfinite(res.metrics["loss"])
         params.append(torch.cat([p.detach().float().flatten() for p in w.model.parameters()]))
     torch.testing.assert_close(params[0], params[1], atol=1e-6 if dtype == "fp32" else 1e-2, rtol=0)
