@@ -176,7 +176,10 @@ def _demo(args: argparse.Namespace) -> int:
 
     over = {k: getattr(args, k) for k in ("seeds", "first_seed", "steps", "prompts_per_step", "group_size", "lr",
                                           "sgt_weight", "kl_coef", "pool_per_family", "eval_every", "eval_k",
-                                          "sft_steps") if getattr(args, k) is not None}
+                                          "sft_steps", "norm_lr", "final_norm_sgt", "heldout_per_family")
+            if getattr(args, k) is not None}
+    if args.no_norm_lr:
+        over["norm_lr"] = None
     if args.regimes:
         from shared_interfaces.regimes.config import parse_regime
 
@@ -296,11 +299,17 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--prompts-per-step", type=int)
     d.add_argument("--group-size", type=int)
     d.add_argument("--lr", type=float, help="RL learning rate (AdamW)")
+    d.add_argument("--norm-lr", type=float, help="RL learning rate of the norm layers (train.lr_groups)")
+    d.add_argument("--no-norm-lr", action="store_true", help="the norm layers train at --lr")
+    d.add_argument("--final-norm-sgt", action=argparse.BooleanOptionalAction, default=None,
+                   help="whether the final norm (before the LM head) takes gradient from SGT's term")
     d.add_argument("--sgt-weight", type=float, help="SGT lambda")
     d.add_argument("--kl-coef", type=float)
     d.add_argument("--pool-per-family", type=int_at_least(1), help="RL prompt pool size per family")
     d.add_argument("--eval-every", type=int)
     d.add_argument("--eval-k", type=int)
+    d.add_argument("--heldout-per-family", type=int_at_least(1),
+                   help="held-out prompts per family in every evaluation (default: all)")
     d.add_argument("--sft-steps", type=int)
     d.add_argument("--regimes", help="comma-separated regimes (default: grpo,xgrpo,prp_snapshot,prp_thl,sgt)")
     d.add_argument("--jobs", type=int_at_least(0), default=5, help="worker processes (0: all in this process)")

@@ -1,7 +1,10 @@
 """The demo's result: per (regime, policy) means over seeds with 95 % t-intervals, a table and a plot.
 
-Everything here is read back from the run directories (``summary.json``, ``eval.jsonl``,
-``metrics.jsonl``) and the demo's own ``heldout.json`` files, so the table is what the runs wrote.
+Everything here is read back from the run directories (``summary.json``, ``eval.jsonl``), so the table is
+what the runs wrote. Each evaluation scores the RL pool and the held-out prompts (greedy + ``k`` samples);
+:func:`run_result` splits them: the pool columns (eval accuracy, peer-exclusive set and accuracy) read the
+pool's rows only, the held-out columns the held-out rows. *Greedy* accuracy = mean ``greedy_correct``;
+*sampled* accuracy = successes / samples (the policy's expected reward at temperature 1, what GRPO raises).
 
 Interval: the Student-t interval ``mean ± t_{0.975, n-1} · s / sqrt(n)`` over the ``n`` seeds (``s``
 the sample standard deviation); none for ``n = 1``. :func:`t_quantile` computes ``t_{q, df}`` by
@@ -28,8 +31,12 @@ COLUMNS = (
     ("peer_exclusive_n", "peer-excl. n"),
     ("eval_accuracy_start", "eval acc (SFT start)"),
     ("eval_accuracy", "eval acc (final)"),
+    ("pool_sampled_start", "pool sampled (SFT start)"),
+    ("pool_sampled", "pool sampled (final)"),
     ("heldout_own_start", "held-out own family (SFT start)"),
     ("heldout_own", "held-out own family (final)"),
+    ("heldout_own_sampled_start", "held-out own sampled (SFT start)"),
+    ("heldout_own_sampled", "held-out own sampled (final)"),
     ("heldout_other", "held-out other family (final)"),
     ("kl_to_ref", "KL to start"),
     ("sgt_activations", "SGT activations"),
@@ -72,36 +79,60 @@ def mean_ci(values: Sequence[float], level: float = 0.95) -> tuple[float, float 
     return float(v.mean()), half, int(v.size)
 
 
-def peer_exclusive_curve(run_dir: Path, policy: str) -> dict[int, float]:
-    """``{step: greedy accuracy of policy on its peer-exclusive prompts}`` from ``eval.jsonl``."""
+def _greedy(rows: Sequence[dict[str, Any]]) -> float | None:
+    return float(np.mean([r["greedy_correct"] for r in rows])) if rows else None
+
+
+def _sampled(rows: Sequence[dict[str, Any]]) -> float | None:
+    n = sum(r["samples"] for r in rows)
+    return sum(r["successes"] for r in rows) / n if n else None
+
+
+def run_result(run_dir: Path, families: dict[str, str], heldout_ids: set[str]) -> dict[str, Any]:
+    """One run's per-policy numbers (``families``: policy -> its own SFT family; ``heldout_ids``: the prompt ids
+    of the held-out split, every other evaluated prompt is the pool's). Start = step 0, final = the last
+    evaluation. Peer-exclusive prompts: the pool prompts the policy did not solve at step 0 while its peer
+    did (:func:`mrl_llm.evaluate.peer_exclusive_sets` on the pool's rows); their greedy accuracy per step is
+    ``curve``."""
     from mrl_llm.evaluate import peer_exclusive_sets
 
-    rows = read_eval_rows(run_dir / "eval.jsonl")
-    excl = peer_exclusive_sets([r for r in rows if r["step"] == 0]).get(policy, set())
-    out: dict[int, list[int]] = defaultdict(list)
-    for r in rows:
-        if r["policy"] == policy and r["prompt_id"] in excl and not r["skipped"]:
-            out[int(r["step"])].append(int(r["greedy_correct"]))
-    return {s: float(np.mean(v)) for s, v in sorted(out.items())}
-
-
-def run_result(run_dir: Path, families: dict[str, str]) -> dict[str, Any]:
-    """One run's per-policy numbers (``families``: policy -> its own SFT family)."""
     s = json.loads((run_dir / "summary.json").read_text())
-    held = json.loads((run_dir / "heldout.json").read_text()) if (run_dir / "heldout.json").is_file() else {}
+    rows = [r for r in read_eval_rows(run_dir / "eval.jsonl") if not r["skipped"]]
+    pool = [r for r in rows if str(r["prompt_id"]) not in heldout_ids]
+    held = [r for r in rows if str(r["prompt_id"]) in heldout_ids]
+    steps = sorted({int(r["step"]) for r in rows})
+    first, last = (steps[0], steps[-1]) if steps else (0, 0)
+    excl = peer_exclusive_sets([r for r in pool if r["step"] == first])
     pols = {}
     for p in s["policies"]:
-        name = p["name"]
-        acc, start = held.get(name, {}).get("final", {}), held.get(name, {}).get("start", {})
-        own = families.get(name)
-        other = [f for f in acc if f != own]
+        name, own = p["name"], families.get(p["name"])
+
+        def at(rs, step, name=name):
+            return [r for r in rs if r["policy"] == name and r["step"] == step]
+
+        ex = excl.get(name, set())
+        curve: dict[int, list[int]] = defaultdict(list)
+        for r in pool:
+            if r["policy"] == name and r["prompt_id"] in ex:
+                curve[int(r["step"])].append(int(r["greedy_correct"]))
+        own_start = [r for r in at(held, first) if r["family"] == own]
+        own_final = [r for r in at(held, last) if r["family"] == own]
+        other = sorted({r["family"] for r in held if r["family"] != own})
+        other_acc = [_greedy([r for r in at(held, last) if r["family"] == f]) for f in other]
         pols[name] = {
-            **{k: p.get(k) for k in ("peer_exclusive_accuracy", "peer_exclusive_n", "eval_accuracy",
-                                     "eval_accuracy_start", "kl_to_ref", "entropy", "sgt_activations")},
-            "heldout_own_start": start.get(own),
-            "heldout_own": acc.get(own),
-            "heldout_other": float(np.mean([acc[f] for f in other])) if other else None,
-            "curve": peer_exclusive_curve(run_dir, name),
+            **{k: p.get(k) for k in ("kl_to_ref", "entropy", "sgt_activations")},
+            "peer_exclusive_n": len(ex),
+            "peer_exclusive_accuracy": _greedy([r for r in at(pool, last) if r["prompt_id"] in ex]),
+            "eval_accuracy_start": _greedy(at(pool, first)),
+            "eval_accuracy": _greedy(at(pool, last)),
+            "pool_sampled_start": _sampled(at(pool, first)),
+            "pool_sampled": _sampled(at(pool, last)),
+            "heldout_own_start": _greedy(own_start),
+            "heldout_own": _greedy(own_final),
+            "heldout_own_sampled_start": _sampled(own_start),
+            "heldout_own_sampled": _sampled(own_final),
+            "heldout_other": (float(np.mean(other_acc)) if other_acc and None not in other_acc else None),
+            "curve": {st: float(np.mean(v)) for st, v in sorted(curve.items())},
         }
     return {"regime": s["regime"], "seed": s["seed"], "steps": s["steps"], "policies": pols,
             "wall_s": s.get("wall_s_this_session")}
@@ -119,7 +150,14 @@ def aggregate(results: Sequence[dict[str, Any]]) -> dict[tuple[str, str], dict[s
 
 
 PAIRED = (("peer_exclusive_accuracy", "Δ peer-excl. acc"), ("eval_accuracy", "Δ eval acc"),
-          ("heldout_own", "Δ held-out own family"), ("heldout_other", "Δ held-out other family"))
+          ("pool_sampled", "Δ pool sampled"), ("heldout_own", "Δ held-out own family"),
+          ("heldout_own_sampled", "Δ held-out own sampled"), ("heldout_other", "Δ held-out other family"))
+
+#: the change from the SFT start: (final key, start key, header)
+CHANGE = (("eval_accuracy", "eval_accuracy_start", "eval acc"),
+          ("pool_sampled", "pool_sampled_start", "pool sampled"),
+          ("heldout_own", "heldout_own_start", "held-out own family"),
+          ("heldout_own_sampled", "heldout_own_sampled_start", "held-out own sampled"))
 
 
 def paired_vs(results: Sequence[dict[str, Any]], baseline: str = "grpo") -> dict[str, dict[str, tuple]]:
@@ -142,6 +180,32 @@ def paired_vs(results: Sequence[dict[str, Any]], baseline: str = "grpo") -> dict
             cols[key] = mean_ci(diffs)
         out[reg] = cols
     return out
+
+
+def change_from_start(results: Sequence[dict[str, Any]]) -> dict[str, dict[str, tuple]]:
+    """``{regime: {final key: (mean, half-width, n)}}`` of the per-seed change from the SFT start, final minus
+    start, of the policies' mean (:data:`CHANGE`); a seed where a policy lacks either value is left out."""
+    out: dict[str, dict[str, tuple]] = {}
+    for reg in dict.fromkeys(r["regime"] for r in results):
+        cols = {}
+        for key, start, _ in CHANGE:
+            diffs = []
+            for r in results:
+                if r["regime"] != reg:
+                    continue
+                pairs = [(d.get(key), d.get(start)) for d in r["policies"].values()]
+                if pairs and all(a is not None and b is not None for a, b in pairs):
+                    diffs.append(float(np.mean([a - b for a, b in pairs])))
+            cols[key] = mean_ci(diffs)
+        out[reg] = cols
+    return out
+
+
+def change_markdown(change: dict[str, dict[str, tuple]], regimes: Sequence[str]) -> str:
+    head = ["regime", *(f"Δ {h} from start" for _, _, h in CHANGE)]
+    body = [[reg, *(fmt(change[reg][k]) for k, _, _ in CHANGE)] for reg in regimes if reg in change]
+    return ("Change from the SFT start (per seed: final minus start, averaged over the two policies; mean ± 95 % "
+            "t-interval over seeds):\n\n" + render_table(head, body))
 
 
 def paired_markdown(paired: dict[str, dict[str, tuple]], regimes: Sequence[str], baseline: str = "grpo") -> str:

@@ -2,12 +2,12 @@
 
 For each seed: train the two tokenizers (:mod:`mrl_llm.demo.tokenizers`, seed-independent, once),
 SFT the two policies on complementary families (:mod:`mrl_llm.demo.sft`), then mutual RL under every
-regime from the same SFT'd weights (:func:`mrl_llm.trainer.train`), then score the final policies on
-the held-out prompts. Layout of ``DIR``::
+regime from the same SFT'd weights (:func:`mrl_llm.trainer.train`), each run evaluated (greedy + samples)
+on its RL pool and the held-out prompts of each family at every evaluation. Layout of ``DIR``::
 
     tokenizers/{bytebpe,spbpe}/            the two tokenizers
     seed<S>/sft/<policy>/                  SFT'd policies (HF model dirs) + sft.json (their accuracy)
-    seed<S>/<regime>/                      one trainer run directory per regime (+ heldout.json)
+    seed<S>/<regime>/                      one trainer run directory per regime (+ done.json)
     results.json, demo.md, demo.png        per-run numbers, the table, the plot
     report.png, report.md                  learning curves of every run (mrl_llm.report)
 
@@ -36,8 +36,17 @@ from pathlib import Path
 from typing import Any
 
 from mrl_llm.demo.progress import progress_line
-from mrl_llm.demo.results import aggregate, paired_markdown, paired_vs, plot, run_result, table_markdown
-from mrl_llm.demo.setup import DemoConfig, DemoPolicy, rl_pool, run_config
+from mrl_llm.demo.results import (
+    aggregate,
+    change_from_start,
+    change_markdown,
+    paired_markdown,
+    paired_vs,
+    plot,
+    run_result,
+    table_markdown,
+)
+from mrl_llm.demo.setup import DemoConfig, DemoPolicy, eval_set, heldout_set, rl_pool, run_config
 
 log = logging.getLogger("mrl_llm.demo")
 
@@ -151,37 +160,28 @@ def sft_job(cfg: DemoConfig, pol: DemoPolicy, seed: int, tok_dir: str, out_dir: 
 
 
 def run_job(cfg: DemoConfig, regime: str, seed: int, policy_dirs: dict[str, str], out_dir: str) -> dict[str, Any]:
-    """Train one regime of one seed into ``out_dir``, then score its start and final policies greedily on
-    every held-out prompt of each family (``heldout.json``); reused when done with the same settings."""
+    """Train one regime of one seed into ``out_dir``, evaluated at every evaluation on the RL pool and the
+    held-out prompts (:func:`~mrl_llm.demo.setup.eval_set`); ``done.json`` records its settings, and a run
+    done with the same settings is reused."""
     from mrl_llm.config import config_from_mapping
-    from mrl_llm.demo.sft import greedy_accuracy
-    from mrl_llm.models import load_policy
-    from mrl_llm.templates import PromptTemplate, TemplateConfig
     from mrl_llm.trainer import train
 
     d = Path(out_dir)
-    done = d / "heldout.json"
+    done = d / "done.json"
     mapping = run_config(cfg, regime, seed, policy_dirs)
-    settings = {"run": portable_run(mapping, d), "sft": [sft_settings(cfg, p, seed) for p in cfg.policies]}
+    settings = {"run": portable_run(mapping, d), "sft": [sft_settings(cfg, p, seed) for p in cfg.policies],
+                "eval": "pool+heldout", "heldout_per_family": cfg.heldout_per_family}
     if _same(done, settings):
         return {"regime": regime, "seed": seed, "reused": True}
     _fresh(d, done)
     _quiet()
-    task = cfg.task()
-    pool = rl_pool(task, cfg.pool_per_family, cfg.pool_seed_of(seed))
+    pool = rl_pool(cfg.task(), cfg.pool_per_family, cfg.pool_seed_of(seed))
     t0 = time.perf_counter()
-    train(config_from_mapping(mapping), d, problems=pool, eval_problems=pool)
-    held: dict[str, Any] = {}
-    for p in cfg.policies:
-        held[p.name] = {}
-        for when, pdir in (("start", Path(policy_dirs[p.name])), ("final", d / "policies" / p.name)):
-            model, tok, meta = load_policy(pdir)
-            tpl = PromptTemplate(TemplateConfig(**meta["template"]), tok)
-            held[p.name][when] = {f: greedy_accuracy(model, tok, tpl, task.problems("eval", [f]), cfg.max_new_tokens)
-                                  for f in task.family_names}
-    wall = time.perf_counter() - t0
-    done.write_text(json.dumps({"settings": settings, **held, "wall_s": wall}, indent=1))
-    return {"regime": regime, "seed": seed, "wall_s": wall}
+    cpu0 = time.process_time()
+    train(config_from_mapping(mapping), d, problems=pool, eval_problems=eval_set(cfg, seed))
+    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    done.write_text(json.dumps({"settings": settings, "wall_s": wall, "cpu_s": cpu}, indent=1))
+    return {"regime": regime, "seed": seed, "wall_s": wall, "cpu_s": cpu}
 
 
 # -- the driver -----------------------------------------------------------------------------------
@@ -251,7 +251,8 @@ def run_demo(cfg: DemoConfig, out: str | Path, *, jobs: int = 5, say: Callable[[
                                 g = ex.submit(run_fn, cfg, reg, rs, dirs, str(out / f"seed{rs}" / reg))
                                 pending[g] = ("run", rs, reg)
                 else:
-                    say(f"[seed {s}] {name}: done" + (" (reused)" if res.get("reused") else f" in {res['wall_s']:.0f} s"))
+                    say(f"[seed {s}] {name}: done" + (" (reused)" if res.get("reused") else f" in {res['wall_s']:.0f} s"
+                                                       + (f", {res['cpu_s']:.0f} CPU-s" if "cpu_s" in res else "")))
     finally:
         ex.shutdown()
     return finish_fn(cfg, out, wall_s=time.perf_counter() - t0, load=(load0, os.getloadavg()), sft=sft_reports, say=say,
@@ -277,16 +278,19 @@ def finish(cfg: DemoConfig, out: Path, *, wall_s: float, load: tuple, sft: dict,
     from mrl_llm.report import make_report
 
     families = {p.name: p.family for p in cfg.policies}
-    results = [run_result(out / f"seed{s}" / reg, families) for s in cfg.seed_list for reg in cfg.regimes]
+    heldout_ids = {str(p.prompt_id) for p in heldout_set(cfg.task(), None)}
+    results = [run_result(out / f"seed{s}" / reg, families, heldout_ids) for s in cfg.seed_list for reg in cfg.regimes]
     pols = [p.name for p in cfg.policies]
     agg = aggregate(results)
     md = table_markdown(agg, cfg.regimes, pols, cfg.seeds)
+    md += "\n\n" + change_markdown(change_from_start(results), cfg.regimes)
     if "grpo" in cfg.regimes and len(cfg.regimes) > 1:
         md += "\n\n" + paired_markdown(paired_vs(results), cfg.regimes)
     plot(results, agg, cfg.regimes, pols, out / "demo.png")
     make_report(out)
     header = (f"# mutual-RL demo\n\n{cfg.seeds} seed(s) {cfg.seed_list}, {cfg.steps} RL steps x "
-              f"{cfg.prompts_per_step} prompts x G={cfg.group_size}, lr {cfg.lr}, SGT λ {cfg.sgt_weight}; "
+              f"{cfg.prompts_per_step} prompts x G={cfg.group_size}, lr {cfg.lr}, norm layers' lr {cfg.norm_lr}, "
+              f"SGT λ {cfg.sgt_weight} (final norm {'in' if cfg.final_norm_sgt else 'out of'} SGT's term); "
               f"this invocation: wall {wall_s:.0f} s on {os.cpu_count()} CPU(s), load average {load[0][0]:.2f} at "
               f"start, {load[1][0]:.2f} at the end; {reused} SFT/run step(s) reused from an earlier invocation.\n\n")
     (out / "demo.md").write_text(header + md + "\n")

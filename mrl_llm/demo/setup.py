@@ -38,6 +38,14 @@ POLICIES = (
     DemoPolicy("llama-sub", "llama", "spbpe", "sub", ArchSize(hidden=80, layers=3, heads=4, kv_heads=4)),
 )
 
+#: the parameter-name glob of each architecture's normalisation layers (RMSNorm gains; GPT-2's LayerNorm
+#: gains and biases), for :attr:`DemoConfig.norm_lr`
+NORM_GLOBS = {"llama": "*norm*", "qwen2": "*norm*", "gpt2": "*ln_*"}
+
+#: the final norm's parameters (before the LM head: its gain scales every logit, a global inverse temperature),
+#: for :attr:`DemoConfig.final_norm_sgt`
+FINAL_NORM_GLOBS = {"llama": "model.norm.*", "qwen2": "model.norm.*", "gpt2": "transformer.ln_f.*"}
+
 
 @dataclass(frozen=True)
 class DemoConfig:
@@ -46,12 +54,13 @@ class DemoConfig:
     SFT: ``sft_steps`` AdamW steps of ``sft_batch`` on the policy's own family (lr ``sft_lr``).
     RL: ``steps`` steps of ``prompts_per_step`` prompts drawn from a pool of ``pool_per_family``
     training prompts per family, ``group_size`` samples each (temperature 1, ``max_new_tokens``),
-    AdamW ``lr``, clip 0.2 / 0.28, token-mean, KL coefficient ``kl_coef`` (the KL to the SFT start is
-    tracked either way), SGT weight λ = ``sgt_weight`` with ``sgt_successes`` shortest peer successes,
-    PRP peer weight 1 and ratio cap 2. The SFT report scores at most ``sft_eval_max`` prompts per
-    family and split. Evaluation on the pool: greedy + ``eval_k`` samples, before
-    training, every ``eval_every`` steps and at the end; the final policies are also scored greedily
-    on every held-out prompt of each family.
+    AdamW ``lr``, the norm layers at ``norm_lr`` (``train.lr_groups``; the final norm out of SGT's term
+    unless ``final_norm_sgt``), clip 0.2 / 0.28, token-mean, KL coefficient ``kl_coef`` (the KL to the SFT
+    start is tracked either way), SGT weight λ = ``sgt_weight`` with ``sgt_successes`` shortest peer
+    successes, PRP peer weight 1 and ratio cap 2. The SFT report scores at most ``sft_eval_max`` prompts
+    per family and split. Evaluation (:func:`eval_set`): the pool and the held-out prompts of each family
+    (``heldout_per_family`` of them, None: all), greedy + ``eval_k`` samples each, before training, every
+    ``eval_every`` steps and at the end.
     """
 
     seeds: int = 1
@@ -59,14 +68,27 @@ class DemoConfig:
     steps: int = 100
     prompts_per_step: int = 16
     group_size: int = 8
-    lr: float = 3e-4
-    sgt_weight: float = 0.2
+    lr: float = 3e-5
+    #: RL learning rate of the normalisation layers' gains and biases (``train.lr_groups``; None: ``lr`` for
+    #: every parameter): the cheap direction of how sharply a policy samples, which Adam at a safe ``lr``
+    #: barely moves (``experiments/study/README.md`` 1e)
+    norm_lr: float | None = 3e-2
+    #: whether the final norm (before the LM head) takes gradient from SGT's term; False: it is a group of its
+    #: own at ``norm_lr`` (``lr`` when that is None) without SGT's gradient (its gain is a global inverse
+    #: temperature: SGT's NLL on text the policy finds unlikely pulls it down, warming all sampling)
+    final_norm_sgt: bool = False
+    #: SGT λ 0.05: on seeds 5-7 (``experiments/demo/README.md``) the middle of the candidates 0.02 / 0.05 / 0.1
+    #: (transfer +0.005 / +0.028 / +0.053 over GRPO, own-family held-out sampled -0.09 / -0.11 / -0.22)
+    sgt_weight: float = 0.05
     sgt_successes: int = 1
     kl_coef: float = 0.0
     max_new_tokens: int = 12
     pool_per_family: int = 32
-    eval_k: int = 4
-    eval_every: int = 20
+    #: 8 samples per prompt: the held-out sampled accuracy's evaluation noise is about half of the k = 4 one's
+    eval_k: int = 8
+    eval_every: int = 25
+    #: held-out prompts per family in every evaluation (a fixed, seed-independent sample; None: all of them)
+    heldout_per_family: int | None = None
     sft_eval_max: int = 80
     sft_steps: int = 400
     sft_batch: int = 64
@@ -77,6 +99,17 @@ class DemoConfig:
 
     def __post_init__(self) -> None:
         check_settings(self, "demo")
+        if self.norm_lr is not None and not self.norm_lr > 0:
+            raise ValueError(f"demo: --norm-lr must be > 0 (or --no-norm-lr), got {self.norm_lr}")
+        unknown = sorted({p.arch for p in self.policies} - set(NORM_GLOBS))
+        if unknown and (self.norm_lr is not None or not self.final_norm_sgt):
+            raise ValueError(f"demo: no norm-parameter glob for architecture(s) {unknown}; add them to NORM_GLOBS "
+                             f"and FINAL_NORM_GLOBS, or pass --no-norm-lr --final-norm-sgt")
+        if self.heldout_per_family is not None and (isinstance(self.heldout_per_family, bool)
+                                                    or not isinstance(self.heldout_per_family, int)
+                                                    or self.heldout_per_family < 1):
+            raise ValueError(f"demo: --heldout-per-family must be an integer >= 1 (or unset: all), "
+                             f"got {self.heldout_per_family!r}")
         if len(self.policies) != 2 or len({p.family for p in self.policies}) != 2:
             raise ValueError("demo: two policies with different SFT families")
         missing = sorted({p.family for p in self.policies} - set(self.task().family_names))
@@ -148,6 +181,36 @@ def rl_pool(task: ArithmeticTask, per_family: int, seed: int) -> list[Problem]:
     return [g[i] for i in range(n) for g in groups] + [p for g in groups for p in g[n:]]
 
 
+def heldout_set(task: ArithmeticTask, per_family: int | None) -> list[Problem]:
+    """The held-out prompts every evaluation scores: ``per_family`` of each family's held-out split (a sample
+    fixed across seeds, so seeds compare on the same prompts; None or more than the split: all of them)."""
+    out = []
+    for fam in task.family_names:
+        probs = task.problems("eval", [fam])
+        if per_family is not None and per_family < len(probs):
+            keep = set(random.Random(f"demo-heldout:{fam}").sample(range(len(probs)), per_family))
+            probs = [p for i, p in enumerate(probs) if i in keep]
+        out.extend(probs)
+    return out
+
+
+def eval_set(cfg: DemoConfig, seed: int) -> list[Problem]:
+    """What a run of ``seed`` is evaluated on: its RL pool (:func:`rl_pool`), then :func:`heldout_set`."""
+    task = cfg.task()
+    return rl_pool(task, cfg.pool_per_family, cfg.pool_seed_of(seed)) + heldout_set(task, cfg.heldout_per_family)
+
+
+def norm_lr_groups(cfg: DemoConfig, arch: str) -> list[dict[str, Any]]:
+    """``train.lr_groups`` of a policy of architecture ``arch``: the final norm first (its glob wins) at
+    ``norm_lr`` (or ``lr``) out of SGT's term unless ``final_norm_sgt``, then every norm layer at ``norm_lr``."""
+    groups = []
+    if not cfg.final_norm_sgt:
+        groups.append({"match": FINAL_NORM_GLOBS[arch], "lr": cfg.norm_lr or cfg.lr, "sgt": False})
+    if cfg.norm_lr is not None:
+        groups.append({"match": NORM_GLOBS[arch], "lr": cfg.norm_lr})
+    return groups
+
+
 def run_config(cfg: DemoConfig, regime: str, seed: int, policy_dirs: dict[str, str | Path]) -> dict[str, Any]:
     """The trainer config mapping (:func:`mrl_llm.config.config_from_mapping`) of one regime's run."""
     return {
@@ -169,8 +232,10 @@ def run_config(cfg: DemoConfig, regime: str, seed: int, policy_dirs: dict[str, s
         "policies": [
             {"name": p.name, "model_dir": str(policy_dirs[p.name]), "template": dict(TEMPLATE), "engine": "hf",
              "dtype": "fp32", "group_size": cfg.group_size, "max_prompt_len": 32,
-             "sampling": {"temperature": 1.0, "top_p": 1.0, "max_new_tokens": cfg.max_new_tokens},
-             "train": {"optimizer": "adamw", "lr": cfg.lr, "micro_batch": 64, "grad_clip": 1.0}}
+             "sampling": {"temperature": 1.0, "top_p": 1.0, "max_new_tokens": cfg.max_new_tokens,
+                          "seeding": "sample"},
+             "train": {"optimizer": "adamw", "lr": cfg.lr, "micro_batch": 64, "grad_clip": 1.0,
+                       **({"lr_groups": groups} if (groups := norm_lr_groups(cfg, p.arch)) else {})}}
             for p in cfg.policies
         ],
     }

@@ -26,7 +26,15 @@ from pathlib import Path
 from typing import Any
 
 from mrl_llm.demo.run import _fresh, _quiet, _same, portable_run, run_demo, sft_settings
-from mrl_llm.demo.setup import DemoConfig, DemoPolicy, check_settings, rl_pool, run_config
+from mrl_llm.demo.setup import (
+    FINAL_NORM_GLOBS,
+    NORM_GLOBS,
+    DemoConfig,
+    DemoPolicy,
+    check_settings,
+    rl_pool,
+    run_config,
+)
 from mrl_llm.demo.sft import ArchSize, SFTConfig
 from mrl_llm.rewards.arithmetic import Family
 
@@ -41,14 +49,6 @@ STUDY_POLICIES = (
     DemoPolicy("gpt2-mul", "gpt2", "char", "mul_small", ArchSize(hidden=96, layers=2, heads=4, kv_heads=4)),
 )
 
-
-#: the parameter-name glob of each architecture's normalisation layers (RMSNorm gains; GPT-2's LayerNorm
-#: gains and biases), for :attr:`StudyConfig.norm_lr`
-NORM_GLOBS = {"llama": "*norm*", "qwen2": "*norm*", "gpt2": "*ln_*"}
-
-#: the final norm's parameters (before the LM head: its gain scales every logit, a global inverse temperature),
-#: for :attr:`StudyConfig.final_norm_sgt`
-FINAL_NORM_GLOBS = {"llama": "model.norm.*", "qwen2": "model.norm.*", "gpt2": "transformer.ln_f.*"}
 
 #: the parameter-name glob of each architecture's token embedding (tied to the output head in every study
 #: architecture), for :attr:`StudyConfig.embed_lr`
@@ -83,20 +83,15 @@ class StudyConfig(DemoConfig):
     policies: tuple[DemoPolicy, ...] = STUDY_POLICIES
     #: SFT steps per policy name (others: ``sft_steps``): the families differ in how fast they are learnt
     sft_steps_per_policy: tuple[tuple[str, int], ...] = (("qwen-add", 400), ("llama-sub", 200), ("gpt2-mul", 100))
-    #: RL learning rate of the normalisation layers' gains and biases (``train.lr_groups``; None: ``lr`` for
-    #: every parameter) -- the cheap, consistent direction of how sharply a policy samples, which Adam at
-    #: ``lr`` alone barely moves in the study's steps (``experiments/study/README.md``)
+    #: RL learning rate of the norm layers (``train.lr_groups``; None: ``lr`` for every parameter), 1e-2 - 3e-2
+    #: in ``experiments/study/README.md`` 1e; the final norm out of SGT's term since study16g (on seeds 3-8 SGT's
+    #: own-family cost -0.037 -> -0.004 at λ 0.01, for most of its transfer, +0.023 -> +0.018)
     norm_lr: float | None = 3e-2
+    final_norm_sgt: bool = False
     #: whether the norm group (``norm_lr``) takes gradient from SGT's term (``train.lr_groups[].sgt``). At
     #: 1000x the base rate, lambda on the norms' gains is 1000x larger than on the rest: SGT's NLL on a
     #: peer's text there warms the policy's sampling instead of teaching it the text
     norm_sgt: bool = True
-    #: whether the final norm (before the LM head) takes gradient from SGT's term; False: it is a group of its
-    #: own at ``norm_lr`` (``lr`` when that is None) without SGT's gradient, the layers' norms keep it. Its gain
-    #: scales every logit (a global inverse temperature): SGT's NLL on text the policy finds unlikely pulls it
-    #: down, warming all sampling. Out since study16g: on seeds 3-8 SGT's own-family cost -0.037 -> -0.004 at
-    #: λ 0.01, for most of its transfer (+0.023 -> +0.018)
-    final_norm_sgt: bool = False
     #: RL learning rate of the token embeddings (tied output head); 0 freezes them, None: ``lr``. The
     #: PG gradient is largest there (as large as the weights, ``experiments/study/README.md`` 1a)
     embed_lr: float | None = None
@@ -186,6 +181,7 @@ def study_run_config(cfg: StudyConfig, regime: str, seed: int, policy_dirs: dict
     mapping["name"] = f"study-seed{seed}"
     arch = {p.name: p.arch for p in cfg.policies}
     for p in mapping["policies"]:
+        p["train"].pop("lr_groups", None)  # the study's own, below (norm_sgt, embed_lr)
         p["train"]["optimizer"] = cfg.optimizer
         p["train"]["lr"] = cfg.lr_of(p["name"])
         if cfg.optimizer != "sgd":

@@ -104,7 +104,6 @@ def test_an_out_under_a_file_and_an_empty_regime_are_refused(tmp_path, capsys):
 
 @pytest.mark.parametrize("cmd, flags, says", [
     ("demo", ["--lr", "nan"], "run config.policies[0].train.lr: nan is not a finite number"),
-    ("demo", ["--group-size", "0"], "group_size must be >= 1, got 0"),
     ("study", ["--first-seed", "-1"], "seed -1 is out of range"),
     ("study", ["--kl-coef", "-1", "--regimes", "sgt"], "loss.kl_coef must be >= 0, got -1.0 (the sgt run of seed 0)"),
 ])
