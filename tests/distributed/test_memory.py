@@ -36,6 +36,8 @@ TINY_CONFIGS = {
                   num_attention_heads=4, num_key_value_heads=2, head_dim=32, vocab_size=300,
                   tie_word_embeddings=True),
     "gpt2": dict(model_type="gpt2", n_embd=48, n_layer=2, n_head=4, n_positions=64, vocab_size=211),
+    "gemma3_text": dict(model_type="gemma3_text", hidden_size=48, intermediate_size=80, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=1, head_dim=32, vocab_size=200),
 }
 
 
@@ -66,6 +68,12 @@ def test_known_shapes_of_the_paper_pair() -> None:
     assert known_shape("/models/Qwen2.5-Math-1.5B/") is KNOWN_SHAPES["Qwen2.5-Math-1.5B"]
     assert 1.5e9 < KNOWN_SHAPES["Qwen2.5-Math-1.5B"].n_params < 1.6e9
     assert 1.65e9 < KNOWN_SHAPES["Qwen3-1.7B-Base"].n_params < 1.75e9
+
+
+def test_known_shapes_of_the_real_cpu_pair() -> None:
+    """The exact parameter counts of the prepared checkpoints (their safetensors), found by directory name."""
+    assert known_shape("models/smollm2-135m-instruct").n_params == 134_515_008
+    assert known_shape("models/gemma-3-270m/").n_params == 268_098_176
     assert known_shape("no-such-model") is None
     with pytest.raises(ShapeError, match="no config.json"):
         ModelShape.from_model_dir("/nonexistent/model")
