@@ -53,6 +53,17 @@ def cached_file(repo: str, filename: str = "config.json") -> Path | None:
     return Path(found) if isinstance(found, str) and Path(found).is_file() else None
 
 
+def download_file(repo: str, filename: str = "config.json") -> Path | None:
+    """``repo``'s ``filename`` downloaded into the hub cache, as ``from_pretrained(repo)`` would first; None when the
+    hub does not give it (no such repository or file, no network, a gated repository without ``HF_TOKEN``)."""
+    from huggingface_hub import hf_hub_download
+
+    try:
+        return Path(hf_hub_download(repo, filename))
+    except Exception:  # noqa: BLE001 - every way the hub can refuse: the caller names the id and the fixes
+        return None
+
+
 def hub_cache_dir() -> str:
     """The hub cache directory this process uses (``HF_HUB_CACHE``, else ``HF_HOME/hub``)."""
     from huggingface_hub import constants

@@ -3,7 +3,7 @@ failure is one :class:`~shared_interfaces.config_io.ConfigError` (or :class:`~mr
 naming the policy and the key, prompt or file, instead of a traceback minutes into the run.
 
 * :func:`check_model_configs` — every policy's tokenizer loads, a ``model_dir`` holds a ``config.json`` (a hub
-  id: offline, the hub cache holds it; online, ``from_pretrained`` may download it),
+  id: the hub cache holds its ``config.json`` or, online, the hub gives it),
   a ``model_config`` suits its model type and tokenizer (:func:`mrl_llm.models.fresh_config`), a vLLM
   policy on the CPU has a head size vLLM's CPU attention supports.
 * :func:`fit_prompts` — every prompt, rendered with each policy's template and counted with that
@@ -27,7 +27,7 @@ from typing import Any
 
 from mrl_llm.config import PolicyConfig, RunConfig
 from mrl_llm.data import DataError, Problem
-from mrl_llm.hub import cached_file, hub_hint, is_hub_id, offline
+from mrl_llm.hub import cached_file, download_file, hub_hint, is_hub_id, offline
 from mrl_llm.models import ModelLoadError, fresh_config, load_tokenizer, resolve_device
 from mrl_llm.templates import PromptTemplate
 from shared_interfaces.config_io import ConfigError
@@ -50,8 +50,9 @@ def check_model_configs(config: RunConfig) -> dict[str, Any]:
     tokenizers = {}
     for pol in config.policies:
         if pol.model_dir is not None and is_hub_id(pol.model_dir):
-            if offline() and cached_file(pol.model_dir) is None:
-                raise ModelLoadError(f"model {pol.model_dir!r} of policy {pol.name!r}: {hub_hint(pol.model_dir)}")
+            if cached_file(pol.model_dir) is None and (offline() or download_file(pol.model_dir) is None):
+                where = "is not in the hub cache" if offline() else "is not in the hub cache and the hub did not give it"
+                raise ModelLoadError(f"model {pol.model_dir!r} of policy {pol.name!r} {where}: {hub_hint(pol.model_dir)}")
         elif pol.model_dir is not None and not (Path(pol.model_dir) / "config.json").is_file():
             raise ModelLoadError(f"model directory {pol.model_dir} for policy {pol.name!r} not found (no config.json "
                                  "there); put the model's Hugging Face files there or set policies[].model_dir")

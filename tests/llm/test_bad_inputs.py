@@ -124,19 +124,22 @@ def test_cheap_model_config_checks_at_config_load(tmp_path, capsys, change, expe
         (model_cfg(hiden_size=64), ["policy 'a'", "model_config", "'hiden_size'", "llama"]),
         (model_cfg(model_type="no-such-arch"), ["policy 'a'", "model_config.model_type", "no-such-arch"]),
         (pol(tokenizer_dir="nowhere/local/tok"), ["policy 'a'", "nowhere/local/tok", "not found"]),  # owner/name is a hub id
+        # owner/name is a hub id: not in the hub cache and not on the hub (no network here): named before any build
         (lambda d: d["policies"][0].update(model_config=None, model_dir="nowhere/model", tokenizer_dir=None),
-         ["policy 'a'", "nowhere/model", "not found"]),
+         ["policy 'a'", "nowhere/model", "the hub did not give it", "check the id"]),
         (lambda d: d["policies"][0].update(model_config=None, model_dir="nowhere/model"),
-         ["policy 'a'", "nowhere/model", "not found"]),
+         ["policy 'a'", "nowhere/model", "the hub did not give it", "check the id"]),
     ],
 )
 def test_model_errors_are_one_line_before_any_model_is_built(tmp_path, capsys, monkeypatch, change, expect):
+    import mrl_llm.preflight
     import mrl_llm.rank.model
 
     def no_build(*a, **k):
         raise AssertionError("a model was built before the inputs were checked")
 
     monkeypatch.setattr(mrl_llm.rank.model, "build_model", no_build)
+    monkeypatch.setattr(mrl_llm.preflight, "download_file", lambda *a, **k: None)  # the hub, unreachable here, says no
     cfg = config_with(tmp_path, change)
     line = one_line_error(capsys, ["train", "--config", str(cfg), "--out", str(tmp_path / "o")])
     assert all(e in line for e in expect), line
@@ -193,6 +196,7 @@ def test_non_utf8_dataset_names_file_and_line(tmp_path, capsys):
 
 # ---- item 12: prompts longer than max_prompt_len ---------------------------------------------------------
 def test_too_long_prompt_found_before_models_load(tmp_path, capsys, monkeypatch):
+    import mrl_llm.preflight
     import mrl_llm.rank.model
 
     def no_build(*a, **k):

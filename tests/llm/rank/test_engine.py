@@ -131,7 +131,9 @@ def policy(**kw) -> PolicyConfig:
 
 
 def test_an_hf_policy_samples_from_the_rollout_model_itself():
-    model = linear(0)
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**tiny("llama", vocab_size=260)))
     eng = make_rollout_engine(policy(), model, byte_tokenizer(), seed=1, max_positions=512, engine_args={})
     assert isinstance(eng, HFEngine) and eng.model is model and eng.max_batch_size == 7
 
