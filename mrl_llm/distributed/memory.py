@@ -381,6 +381,8 @@ def training_bytes(p: PolicyFootprint, shards: int = 1) -> MemoryBreakdown:
     acts += layer + backward_grad_bytes(p)  # a layer's activation gradients; the largest weight's gradient arriving
     # FSDP2 gathers compute-dtype units (MixedPrecisionPolicy): autocast has nothing to cast on sharded models
     casts = autocast_cache_bytes(p) if shards == 1 else 0.0
+    if casts and p.logprob_chunk:  # the checkpointed LM head casts its weight chunk by chunk, outside autocast's cache:
+        casts -= e * sh.vocab_size * sh.hidden_size  # not held into the backward, where that weight's gradient arrives
     acts = max(casts + acts, optimizer_step_bytes(p, shards))
     return MemoryBreakdown(weights=weights, gradients=gradients, optimizer=n * moments / shards, activations=acts)
 
