@@ -23,7 +23,10 @@ FACTORY = "tests.distributed.toy_group_worker:build"
 
 
 def spec(name: str, tmp, *, good_on: int, ranks: int = 1, fault: FaultInjection | None = None) -> PolicyActorSpec:
-    return PolicyActorSpec(name=name, factory=FACTORY, config={"good_on": good_on, "n_prompts": 8}, seed=3,
+    # the toy samples a step's prompts from one generator per call: rank 0 samples them all (seeding: call), as the
+    # single actor does, so the group's records are the actor's
+    config = {"good_on": good_on, "n_prompts": 8, "policy": {"sampling": {"seeding": "call"}}}
+    return PolicyActorSpec(name=name, factory=FACTORY, config=config, seed=3,
                            regime={"name": "prp_thl+sgt"}, checkpoint_dir=str(tmp / "ckpt" / name),
                            checkpoint_every=2, fault=fault, ranks=ranks)
 
