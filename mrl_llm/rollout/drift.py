@@ -48,10 +48,14 @@ import math
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
+from typing import TypeVar
 
 import torch
 
 from mrl_llm.rollout.base import RolloutEngine, SamplingConfig
+
+#: a check's report (:class:`DriftReport` or :class:`ReloadReport`)
+R = TypeVar("R", "DriftReport", "ReloadReport")
 
 log = logging.getLogger(__name__)
 
@@ -142,11 +146,17 @@ def check_drift(
             msg = (f"the log-probs of the {report.n_tokens} probe tokens are not all finite (NaN) after weight sync "
                    f"v{version}: the trainer's (or the engine's) weights hold NaN/inf (training diverged: restore a "
                    "checkpoint, lower the learning rate)")
-        if cfg.on_exceed == "stop":
-            raise DriftError(msg + "; drift.on_exceed: warn keeps training")
-        log.warning("%s; training goes on (drift.on_exceed: warn)", msg)
-        report = replace(report, exceeded=True)
+        report = exceeded(report, msg, cfg)
     return report
+
+
+def exceeded(report: R, msg: str, cfg: DriftConfig) -> R:
+    """A check past its bound: ``on_exceed: stop`` raises :class:`DriftError` with ``msg``; ``warn`` logs it and
+    returns ``report`` marked ``exceeded``."""
+    if cfg.on_exceed == "stop":
+        raise DriftError(msg + "; drift.on_exceed: warn keeps training")
+    log.warning("%s; training goes on (drift.on_exceed: warn)", msg)
+    return replace(report, exceeded=True)
 
 
 #: The reload check's relative bound for an exact engine: its movement may miss the trainer's by this share of it.
@@ -245,8 +255,5 @@ def reload_check(engine_old: Sequence[Sequence[float]], engine_new: Sequence[Seq
         if any(math.isnan(x) for x in (err, move, engine_move)):
             msg = (f"the reload check's log-probs after weight sync v{version} ({where}) are not all finite (NaN): "
                    "the weights hold NaN/inf (training diverged: restore a checkpoint, lower the learning rate)")
-        if cfg.on_exceed == "stop":
-            raise DriftError(msg + "; drift.on_exceed: warn keeps training")
-        log.warning("%s; training goes on (drift.on_exceed: warn)", msg)
-        report = replace(report, exceeded=True)
+        report = exceeded(report, msg, cfg)
     return report
