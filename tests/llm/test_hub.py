@@ -217,3 +217,14 @@ def test_looks_like_path_and_cached_file_empty_cases(tmp_path, monkeypatch):
     for v in ("", "EleutherAI/hendrycks_math", "openai/gsm8k", "name"):
         assert not looks_like_path(v), v
     assert cached_file("tiny-org/not-cached-anywhere-here") is None  # (nothing is fetched: the cache is only read)
+
+
+def test_download_file_of_an_empty_or_malformed_id_is_none_without_asking_the_hub(monkeypatch):
+    """Preflight fetches an uncached hub id's config.json; an id the hub library refuses is None (the caller names it)."""
+    from huggingface_hub import constants
+
+    from mrl_llm.hub import download_file
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)  # never the network, even where one exists
+    for bad in ("", "a/b/c", "../x", "tiny-org/not-cached-anywhere-here"):
+        assert download_file(bad) is None, bad
