@@ -180,7 +180,7 @@ def _demo(args: argparse.Namespace) -> int:
 
     over = {k: getattr(args, k) for k in ("seeds", "first_seed", "steps", "prompts_per_step", "group_size", "lr",
                                           "sgt_weight", "kl_coef", "pool_per_family", "eval_every", "eval_k",
-                                          "sft_steps", "norm_lr", "final_norm_sgt", "heldout_per_family")
+                                          "sft_steps", "norm_lr", "norm_sgt", "final_norm_sgt", "heldout_per_family")
             if getattr(args, k) is not None}
     if args.no_norm_lr:
         over["norm_lr"] = None
@@ -321,6 +321,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--lr", type=float, help="RL learning rate (AdamW)")
     d.add_argument("--norm-lr", type=float, help="RL learning rate of the norm layers (train.lr_groups)")
     d.add_argument("--no-norm-lr", action="store_true", help="the norm layers train at --lr")
+    d.add_argument("--norm-sgt", action=argparse.BooleanOptionalAction, default=None,
+                   help="whether the norm layers take gradient from SGT's term (needs --norm-lr)")
     d.add_argument("--final-norm-sgt", action=argparse.BooleanOptionalAction, default=None,
                    help="whether the final norm (before the LM head) takes gradient from SGT's term")
     d.add_argument("--sgt-weight", type=float, help="SGT lambda")

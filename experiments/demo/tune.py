@@ -6,7 +6,7 @@
 Each ``--variant NAME:KEY=VALUE,...`` overrides fields of :class:`~mrl_llm.demo.setup.DemoConfig` (numbers, ``none``,
 ``true`` / ``false``). Per seed the two policies are SFT'd once (the demo's own :func:`~mrl_llm.demo.run.sft_job`,
 shared by every variant), and each variant runs ``sgt`` and ``grpo`` with the demo's :func:`~mrl_llm.demo.run.run_job`;
-variants that differ only in SGT's knobs (``sgt_weight``, ``sgt_successes``, ``final_norm_sgt``) share one GRPO run.
+variants that differ only in SGT's knobs (``sgt_weight``, ``sgt_successes``, ``final_norm_sgt``, ``norm_sgt``) share one GRPO run.
 Printed per variant (mean ± 95 % t-interval over the seeds, the policies averaged first, as the demo's tables):
 GRPO's change from the SFT start of the own-family held-out sampled accuracy and of the pool's sampled accuracy,
 SGT − GRPO on the peer-exclusive (greedy) and own-family held-out sampled accuracy, and each run's CPU seconds.
@@ -24,7 +24,7 @@ from mrl_llm.demo.results import fmt, mean_ci, run_result
 from mrl_llm.demo.run import _pool, run_job, sft_job
 from mrl_llm.demo.setup import DemoConfig, heldout_set
 
-SGT_ONLY = ("sgt_weight", "sgt_successes", "final_norm_sgt")
+SGT_ONLY = ("sgt_weight", "sgt_successes", "final_norm_sgt", "norm_sgt")
 
 
 def parse_variant(text: str) -> tuple[str, dict]:

@@ -77,6 +77,9 @@ class DemoConfig:
     #: own at ``norm_lr`` (``lr`` when that is None) without SGT's gradient (its gain is a global inverse
     #: temperature: SGT's NLL on text the policy finds unlikely pulls it down, warming all sampling)
     final_norm_sgt: bool = False
+    #: whether the norm layers take gradient from SGT's term (False: ``train.lr_groups`` ``sgt: false`` for every
+    #: norm, the final one included; needs ``norm_lr``)
+    norm_sgt: bool = True
     #: SGT λ 0.05: on seeds 5-7 (``experiments/demo/README.md``) the middle of the candidates 0.02 / 0.05 / 0.1
     #: (transfer +0.005 / +0.028 / +0.053 over GRPO, own-family held-out sampled -0.09 / -0.11 / -0.22)
     sgt_weight: float = 0.05
@@ -101,6 +104,9 @@ class DemoConfig:
         check_settings(self, "demo")
         if self.norm_lr is not None and not self.norm_lr > 0:
             raise ValueError(f"demo: --norm-lr must be > 0 (or --no-norm-lr), got {self.norm_lr}")
+        if not self.norm_sgt and self.norm_lr is None:
+            raise ValueError("demo: --no-norm-sgt takes the norm layers' group out of SGT's term; give that group "
+                             "its own learning rate with --norm-lr X")
         unknown = sorted({p.arch for p in self.policies} - set(NORM_GLOBS))
         if unknown and (self.norm_lr is not None or not self.final_norm_sgt):
             raise ValueError(f"demo: no norm-parameter glob for architecture(s) {unknown}; add them to NORM_GLOBS "
@@ -202,12 +208,13 @@ def eval_set(cfg: DemoConfig, seed: int) -> list[Problem]:
 
 def norm_lr_groups(cfg: DemoConfig, arch: str) -> list[dict[str, Any]]:
     """``train.lr_groups`` of a policy of architecture ``arch``: the final norm first (its glob wins) at
-    ``norm_lr`` (or ``lr``) out of SGT's term unless ``final_norm_sgt``, then every norm layer at ``norm_lr``."""
+    ``norm_lr`` (or ``lr``) out of SGT's term unless ``final_norm_sgt``, then every norm layer at ``norm_lr``
+    (out of SGT's term too unless ``norm_sgt``)."""
     groups = []
-    if not cfg.final_norm_sgt:
+    if not cfg.final_norm_sgt and cfg.norm_sgt:
         groups.append({"match": FINAL_NORM_GLOBS[arch], "lr": cfg.norm_lr or cfg.lr, "sgt": False})
     if cfg.norm_lr is not None:
-        groups.append({"match": NORM_GLOBS[arch], "lr": cfg.norm_lr})
+        groups.append({"match": NORM_GLOBS[arch], "lr": cfg.norm_lr, **({} if cfg.norm_sgt else {"sgt": False})})
     return groups
 
 

@@ -250,8 +250,13 @@ def test_run_config_norm_groups_and_per_sample_seeding():
     assert all("lr_groups" not in p["train"] for p in m["policies"])
     m = run_config(DemoConfig(lr=1e-4, norm_lr=None, final_norm_sgt=False), "sgt", 0, dirs)
     assert all(p["train"]["lr_groups"] == [{"match": "model.norm.*", "lr": 1e-4, "sgt": False}] for p in m["policies"])
+    m = run_config(DemoConfig(norm_lr=3e-2, norm_sgt=False), "sgt", 0, dirs)
+    assert all(p["train"]["lr_groups"] == [{"match": "*norm*", "lr": 3e-2, "sgt": False}] for p in m["policies"])
+    config_from_mapping(m)
     with pytest.raises(ValueError, match="norm-lr"):
         DemoConfig(norm_lr=0.0)
+    with pytest.raises(ValueError, match="--norm-lr X"):
+        DemoConfig(norm_lr=None, norm_sgt=False)
 
 
 def test_change_from_start_is_the_per_seed_change_of_the_policy_means():
