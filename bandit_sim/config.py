@@ -52,8 +52,13 @@ class SimConfig:
     epochs: int = 1
     lr: float = 5.0
     optimizer: Literal["sgd", "adam"] = "sgd"
-    model: Literal["tabular", "loglinear"] = "tabular"
+    model: Literal["tabular", "loglinear", "kernel"] = "tabular"
     feature_dim: int = 16
+    #: the kernel model's inverse-temperature learning rate (Adam; 0: the temperature stays 1)
+    temperature_lr: float = 0.0
+    #: the kernel model's drift: the s.d. of the N(0, drift^2) step each context's correct-answer logit takes per
+    #: optimizer step (the optimizer's noise; 0: none)
+    drift: float = 0.0
     thl_sigma: float = 0.0
     thl_bias: float = 0.0
     record_every: int = 10
@@ -80,6 +85,12 @@ class SimConfig:
         lr_max = float(np.finfo(np.float32 if self.dtype == "float32" else np.float64).max)
         if not 0 < self.lr <= lr_max:
             raise ConfigError(f"lr must be > 0 and finite (at most {lr_max:.3g} in {self.dtype}), got {self.lr}")
+        for name in ("temperature_lr", "drift"):
+            if not 0 <= getattr(self, name) < math.inf:
+                raise ConfigError(f"{name} must be >= 0 and finite, got {getattr(self, name)}")
+        if self.model == "kernel" and self.optimizer != "sgd":
+            raise ConfigError("the kernel model steps in function space (lr x K x the loss's gradient, SGD); set "
+                              "optimizer: sgd (its preconditioner is already in the measured kernel)")
         if not 0 <= self.thl_sigma < math.inf:
             raise ConfigError(f"thl_sigma must be >= 0 and finite, got {self.thl_sigma}")
         if not math.isfinite(self.thl_bias):

@@ -110,6 +110,8 @@ def memory_estimate(cfg: SimConfig, scenario: Scenario, seeds: int | None = None
     if cfg.model == "loglinear":
         D = scenario.features.shape[-1] if scenario.features is not None else cfg.feature_dim
         need += (8 + itemsize) * C * K * D + itemsize * (2 * S * cfg.batch_prompts * K * D + 3 * R * S * P * D)
+    if cfg.model == "kernel":  # the kernel in float64 and the run's dtype, a step's [P, C, S, B] gather of it
+        need += (8 + itemsize) * P * C * C + itemsize * P * C * S * cfg.batch_prompts
     return need
 
 
@@ -155,8 +157,11 @@ class Engine:
         self.R, self.S = len(self.specs), hi - lo
         self.P, self.C, self.K = scenario.init_logits.shape
         self.B, self.G = cfg.batch_prompts, cfg.group_size
-        if self.B > self.C:
-            raise ValueError(f"batch_prompts = {self.B} exceeds the scenario's {self.C} contexts; lower --batch-prompts")
+        self.train = torch.from_numpy(scenario.train_index)
+        self.C_train = len(self.train)
+        if self.B > self.C_train:
+            raise ValueError(f"batch_prompts = {self.B} exceeds the scenario's {self.C_train} training contexts; lower "
+                             "--batch-prompts")
         self.N = self.B * self.P * self.G
         init = torch.tensor(scenario.init_logits, dtype=self.dtype)
         self.init_logp = torch.log_softmax(init, dim=-1)
@@ -167,7 +172,15 @@ class Engine:
         feats = None
         if cfg.model == "loglinear":
             feats = torch.tensor(load_features(scenario, cfg.feature_dim, cfg.seed + 7919), dtype=self.dtype)
-        self.model = make_model(cfg.model, init, self.R, self.S, cfg.optimizer, cfg.lr, feats)
+        kernel = drift_gen = None
+        if cfg.model == "kernel":
+            if scenario.kernel is None:
+                raise ConfigError("model: kernel needs a scenario with a measured kernel (a success matrix written "
+                                  "with python -m mrl_llm kernel --run DIR); use model: tabular otherwise")
+            kernel = torch.tensor(scenario.kernel, dtype=self.dtype)
+            drift_gen = torch.Generator().manual_seed(int(np.random.SeedSequence([cfg.seed, 4]).generate_state(1)[0]))
+        self.model = make_model(cfg.model, init, self.R, self.S, cfg.optimizer, cfg.lr, feats, kernel,
+                                cfg.temperature_lr, cfg.drift, drift_gen)
         self.gens = {
             name: torch.Generator().manual_seed(int(np.random.SeedSequence([cfg.seed, k]).generate_state(1)[0]))
             for k, name in enumerate(("ctx", "arm", "reward", "thl"))
@@ -187,7 +200,9 @@ class Engine:
         """Each stream has its own generator, so skipping one (no PRP regime, or sigma = 0) leaves the
         others — and every other regime's trajectory — unchanged."""
         S, P, B, G, g, sl = self.cfg.seeds, self.P, self.B, self.G, self.gens, self.seed_slice
-        ctx = torch.rand(S, self.C, generator=g["ctx"])[sl].argsort(dim=1)[:, :B]  # (row by row: slice first)
+        ctx = torch.rand(S, self.C_train, generator=g["ctx"])[sl].argsort(dim=1)[:, :B]  # (row by row: slice first)
+        if self.C_train < self.C:  # held-out contexts are never drawn
+            ctx = self.train[ctx]
         u_arm = 1.0 - torch.rand(S, B, P, G, generator=g["arm"], dtype=self.dtype)[sl]  # in (0, 1]
         u_reward = torch.rand(S, B, P, G, generator=g["reward"], dtype=self.dtype)[sl]
         if self.needs_xi:

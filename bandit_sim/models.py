@@ -6,7 +6,13 @@
   shared by all contexts, ``w`` starting at 0 (so ``pi_0`` is the scenario's): learning on one prompt
   moves every other prompt whose features overlap.
 
-Both expose, for a list of regimes ``regs``, the logits of a batch of contexts ``ctx [S, B]`` as
+* :class:`KernelModel`: ``z(c, a) = beta * s(c, a)``; a step moves the correct-answer logit of **every** context
+  by the learning rate x a measured transfer kernel ``K(c, c')`` x the loss's gradient on the batch's correct
+  answers (the first-order change of log pi(y*|c) under a step on c', the LLM's empirical NTK), the batch's
+  wrong arms as the tabular model does (scaled by ``K(c, c)``), a per-policy inverse temperature ``beta``
+  (Adam, its own rate: the LLM's norm gains) and a drift (the optimizer's noise).
+
+All expose, for a list of regimes ``regs``, the logits of a batch of contexts ``ctx [S, B]`` as
 ``[len(regs), S, B, P, K]``, per regime r all logits ``[S, P, C, K]``, and :meth:`apply` of the loss
 gradient with respect to the batch logits (chain rule onto the parameters, then an SGD or Adam step).
 Contexts in a batch are distinct (sampled without replacement), so the tabular scatter is exact.
@@ -134,12 +140,89 @@ class LogLinearModel:
             self.opts[r].step(self.w[r], torch.einsum("sbpk,sbkd->spd", grad_z[k], phi))
 
 
+class KernelModel:
+    """Logits ``z[r, s, c, p, :] = beta[r, s, p] * u[r, s, c, p, :]`` (``u`` starts at the scenario's logits,
+    ``beta`` at 1), stored ``[R, S, C, P, K]`` as :class:`TabularModel`'s table.
+
+    With ``g = dL/du = beta * dL/dz`` on the batch ``ctx [S, B]`` (arm 0 correct, the calibrated scenario's
+    :data:`bandit_sim.calibrate.CORRECT_ARM`) and ``Kn = K / mean_p mean_c K_p(c, c)`` (the kernel in units of the
+    policies' mean self-transfer, so ``lr`` is the step a context takes on itself), one step is::
+
+        u[c, p, 0]    -= lr * sum_b Kn_p(c, ctx_b) * g[b, p, 0]          every context c (transfer)
+        u[ctx_b, p, a] -= lr * Kn_p(ctx_b, ctx_b) * g[b, p, a]           a >= 1, the batch's wrong arms
+        beta          <- Adam(beta, sum_{b, a} dL/dz[b, p, a] * u[ctx_b, p, a], temperature_lr)
+        u[c, p, 0]    += drift * xi[s, c, p],  xi ~ N(0, 1)               the same xi for every regime
+
+    The kernel carries what one prompt's correct-answer gradient does to another's (same-family transfer,
+    cross-family interference: ``K < 0``); ``beta`` is the global sharpness the LLM's norm gains set (GRPO raises
+    it, an NLL on text the policy finds unlikely lowers it); the drift is the noise of an optimizer step in the
+    directions no measured gradient spans. With ``K = I``, ``temperature_lr = drift = 0`` it is the tabular model
+    under SGD."""
+
+    def __init__(self, init_logits: torch.Tensor, kernel: torch.Tensor, R: int, S: int, lr: float,
+                 temperature_lr: float = 0.0, drift: float = 0.0, generator: torch.Generator | None = None):
+        P, C, K = init_logits.shape
+        if kernel.shape != (P, C, C):
+            raise ValueError(f"kernel {tuple(kernel.shape)} does not match the scenario's [P, C, C] = [{P}, {C}, {C}]")
+        scale = kernel.diagonal(dim1=1, dim2=2).mean()
+        if not scale > 0:
+            raise ValueError("the kernel's mean diagonal must be > 0")
+        self.shape = (R, S, P, C, K)
+        self.kn = (kernel / scale).to(init_logits.dtype)  # [P, C, C]
+        self.diag = self.kn.diagonal(dim1=1, dim2=2).contiguous()  # [P, C]
+        self.u = init_logits.permute(1, 0, 2)[None, None].expand(R, S, C, P, K).contiguous()
+        self.beta = torch.ones(R, S, P, dtype=init_logits.dtype)
+        self.beta_opts = [_Optimizer(self.beta[r], "adam", temperature_lr) for r in range(R)] if temperature_lr else None
+        self.lr, self.drift, self.gen = lr, drift, generator
+        self._seeds = torch.arange(S).view(S, 1)
+
+    def batch_logits(self, regs: Sequence[int], ctx: torch.Tensor) -> torch.Tensor:
+        regs = list(regs)
+        u = self.u[regs][:, self._seeds, ctx]  # [R', S, B, P, K]
+        return u * self.beta[regs][:, :, None, :, None]
+
+    def logits(self, r: int) -> torch.Tensor:
+        return self.u[r].transpose(1, 2) * self.beta[r][:, :, None, None]
+
+    def all_logits(self) -> torch.Tensor:
+        return self.u.permute(0, 1, 3, 2, 4) * self.beta[:, :, :, None, None]
+
+    def grad_norm(self, ctx: torch.Tensor, grad_z: torch.Tensor, consume: bool = False) -> torch.Tensor:
+        return (grad_z.square_() if consume else grad_z.square()).sum(dim=(-3, -1)).sqrt()
+
+    def apply(self, regs: Sequence[int], ctx: torch.Tensor, grad_z: torch.Tensor,
+              z: torch.Tensor | None = None) -> None:
+        S = self.shape[1]
+        kb = self.kn[:, :, ctx]  # [P, C, S, B]: K(c, ctx_b)
+        diag = self.diag[:, ctx].permute(1, 2, 0)  # [S, B, P]
+        xi = torch.randn(S, self.shape[3], self.shape[2], generator=self.gen, dtype=self.u.dtype) if self.drift else None
+        for k, r in enumerate(regs):
+            u_b = self.u[r][self._seeds, ctx]  # [S, B, P, K], before the step
+            beta = self.beta[r]  # [S, P]
+            g = grad_z[k] * beta[:, None, :, None]
+            g_beta = (grad_z[k] * u_b).sum(dim=(1, 3))
+            self.u[r][..., 0] -= self.lr * torch.einsum("pcsb,sbp->scp", kb, g[..., 0])
+            u_b = self.u[r][self._seeds, ctx]  # the transfer moved the batch's correct arms: read them again
+            u_b[..., 1:] -= self.lr * diag.unsqueeze(-1) * g[..., 1:]
+            self.u[r][self._seeds, ctx] = u_b
+            if self.beta_opts is not None:
+                self.beta_opts[r].step(beta, g_beta)
+            if xi is not None:
+                self.u[r][..., 0] += self.drift * xi
+
+
 def make_model(kind: str, init_logits: torch.Tensor, R: int, S: int, optimizer: str, lr: float,
-               features: torch.Tensor | None = None):
+               features: torch.Tensor | None = None, kernel: torch.Tensor | None = None, temperature_lr: float = 0.0,
+               drift: float = 0.0, generator: torch.Generator | None = None):
     if kind == "tabular":
         return TabularModel(init_logits, R, S, optimizer, lr)
     if kind == "loglinear":
         if features is None:
             raise ValueError("the log-linear model needs features [C, K, D]")
         return LogLinearModel(init_logits, features, R, S, optimizer, lr)
-    raise ValueError(f"unknown model {kind!r}; use tabular or loglinear")
+    if kind == "kernel":
+        if kernel is None:
+            raise ValueError("the kernel model needs a measured kernel [P, C, C] (the success matrix's kernel: "
+                             "python -m mrl_llm kernel --run DIR)")
+        return KernelModel(init_logits, kernel, R, S, lr, temperature_lr, drift, generator)
+    raise ValueError(f"unknown model {kind!r}; use tabular, loglinear or kernel")

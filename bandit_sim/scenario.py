@@ -32,12 +32,17 @@ class ScenarioError(ValueError):
 
 @dataclass(frozen=True)
 class Scenario:
-    """Validated scenario arrays (float64). ``features`` is only used by the log-linear model."""
+    """Validated scenario arrays (float64). ``features`` is only used by the log-linear model, ``kernel``
+    ``[P, C, C]`` (symmetric, each policy's transfer between contexts, :class:`bandit_sim.models.KernelModel`) only
+    by the kernel model. ``train`` ``[C]`` bool: the contexts a step draws its batch from (the LLM run's training
+    pool); the others are only evaluated (held-out). None: every context is trained on."""
 
     init_logits: np.ndarray
     rewards: np.ndarray
     policy_names: tuple[str, ...]
     features: np.ndarray | None = None
+    kernel: np.ndarray | None = None
+    train: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         init, rew = validate_arrays(self.init_logits, self.rewards, where="scenario")
@@ -60,6 +65,29 @@ class Scenario:
             if not np.isfinite(feats).all():
                 raise ScenarioError("scenario: features contain NaN or inf")
             object.__setattr__(self, "features", feats)
+        P, C = init.shape[:2]
+        if self.kernel is not None:
+            ker = np.asarray(self.kernel, dtype=np.float64)
+            if ker.shape != (P, C, C):
+                raise ScenarioError(f"scenario: kernel must have shape [P, C, C] = [{P}, {C}, {C}], got {ker.shape}")
+            if not np.isfinite(ker).all():
+                raise ScenarioError("scenario: kernel contains NaN or inf")
+            if not (ker.diagonal(axis1=1, axis2=2) > 0).all():
+                raise ScenarioError("scenario: every kernel diagonal K(x, x) must be > 0 (a context's step on itself "
+                                    "moves it); measure the kernel again (python -m mrl_llm kernel)")
+            object.__setattr__(self, "kernel", ker)
+        if self.train is not None:
+            tr = np.asarray(self.train)
+            if tr.shape != (C,) or tr.dtype != bool:
+                raise ScenarioError(f"scenario: train must be a [C] = [{C}] bool mask, got {tr.dtype} {tr.shape}")
+            if not tr.any():
+                raise ScenarioError("scenario: train marks no context; a run needs at least one training context")
+            object.__setattr__(self, "train", tr.copy())
+
+    @property
+    def train_index(self) -> np.ndarray:
+        """The contexts a step draws from (:attr:`train`; all when None), ascending."""
+        return np.arange(self.n_contexts) if self.train is None else np.flatnonzero(self.train)
 
     @property
     def n_policies(self) -> int:
