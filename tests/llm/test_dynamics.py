@@ -13,6 +13,7 @@ import pytest
 
 from mrl_llm.cli import main
 from mrl_llm.dynamics import FILE_NAME, dynamics_from_run, write_run_dynamics
+from mrl_llm.resume import restore_run_dir
 from mrl_llm.trainer import train
 from shared_interfaces.dynamics import DynamicsError, read_dynamics
 from tests.crosscheck.helpers import POLICIES, eval_rows, llm_config
@@ -222,12 +223,16 @@ def test_every_run_writes_it_at_its_end_and_a_resume_that_does_the_end_again_too
     # the directory alone gives the same file: the exchange holds all 4 training prompts (2 steps x 2)
     extracted = dynamics_from_run(a).to_dict()
     assert {**extracted, "run": None} == {**dyn.to_dict(), "run": None}
-    # killed after the last checkpoint: no final evaluation, export, summary or dynamics; the resume writes it
+    # a resume cuts the directory back: the end's dynamics (every evaluation's) go until the new end
+    c = tmp_path / "c"
+    shutil.copytree(a, c)
+    restore_run_dir(cfg, c, 0)
+    assert not (c / FILE_NAME).exists() and (a / FILE_NAME).exists()
+    # killed after the last checkpoint: no final evaluation, export or summary; the resume writes the file again
     b = tmp_path / "b"
     shutil.copytree(a, b)
     shutil.rmtree(b / "policies")
-    for name in ("summary.json", FILE_NAME, "success_matrix.json"):
-        (b / name).unlink()
+    (b / "summary.json").unlink()
     for name, drop in (("eval.jsonl", lambda r: r["step"] == 2),
                        ("metrics.jsonl", lambda r: r["kind"] == "eval" and r["step"] == 2)):
         rows = [x for x in (b / name).read_text().splitlines(keepends=True) if not drop(json.loads(x))]
