@@ -119,8 +119,8 @@ def _entropy(path: Path, pols: list[str], config: Path) -> tuple[list[int], np.n
         if not _is_int(step) or pol not in pols:
             raise DynamicsError(f"{where} is not a step number and one of {config}'s policies ({', '.join(pols)}); "
                                 "repair or remove the line")
-        if ent is not None and (isinstance(ent, bool) or not isinstance(ent, int | float)):
-            raise DynamicsError(f"{where} has entropy {ent!r}, not a number or null; repair or remove the line")
+        if ent is not None and (isinstance(ent, bool) or not isinstance(ent, int | float) or ent < 0):
+            raise DynamicsError(f"{where} has entropy {ent!r}, not a number >= 0 or null; repair or remove the line")
         if (step, pol) in seen:
             raise DynamicsError(f"{where} appears twice; a run writes one per step and policy — remove the repeat")
         seen.add((step, pol))
@@ -129,7 +129,7 @@ def _entropy(path: Path, pols: list[str], config: Path) -> tuple[list[int], np.n
     col, row = {s: u for u, s in enumerate(steps)}, {p: i for i, p in enumerate(pols)}
     out = np.full((len(pols), len(steps)), np.nan)
     for s, p, ent in train:
-        if ent is not None and np.isfinite(ent) and ent >= 0:
+        if ent is not None and np.isfinite(ent):  # (a non-finite value: null, as metrics.jsonl writes it)
             out[row[p], col[s]] = float(ent)
     return steps, out
 
@@ -183,7 +183,7 @@ def training_pool(d: Path, cfg: dict[str, Any]) -> tuple[set[str] | None, str]:
         if cfg.get("data") is not None and (cfg.get("eval") or {}).get("data") is None:
             return None, "evaluated on its training problems (config.json: data, no eval.data)"
         train_src, n_train = None, None
-    drawn = _trained_prompts(d / "exchange.jsonl")
+    drawn = _trained_prompts(d / "exchange.jsonl") if n_train is not None else set()
     if n_train is not None and len(drawn) == n_train:
         return drawn, f"the {n_train} prompts it trained on (exchange.jsonl), all of its training problems (summary.json)"
     data_cfg = cfg.get("data")
@@ -217,6 +217,7 @@ def dynamics_from_run(run_dir: str | Path, *, train_prompts: Sequence[str] | Non
     if not steps or steps[0] != 0:
         raise DynamicsError(f"{ev_path} has no step-0 evaluation; the dynamics start at the run's start (keep eval "
                             "enabled)")
+    ent_steps, ent = _entropy(d / "metrics.jsonl", pols, cfg_path)
     if train_prompts is not None:
         pool, how = {str(p) for p in train_prompts}, "the training problems the run resolved (at its end)"
     else:
@@ -237,7 +238,6 @@ def dynamics_from_run(run_dir: str | Path, *, train_prompts: Sequence[str] | Non
             skipped[i, t] += 1
             continue
         n[i, t, c], s[i, t, c], g[i, t, c] = int(r["samples"]), int(r["successes"]), float(bool(r["greedy_correct"]))
-    ent_steps, ent = _entropy(d / "metrics.jsonl", pols, cfg_path)
     return Dynamics(
         policies=tuple(pols), prompts=tuple(prompts),
         split=tuple("train" if pool is None or p in pool else "heldout" for p in prompts),

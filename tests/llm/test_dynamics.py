@@ -139,7 +139,9 @@ def test_damaged_logs_name_the_file_and_line(tmp_path):
     for extra, says in ((json.dumps({"kind": "train", "step": 3, "policy": "alpha", "entropy": 1}), "appears twice"),
                         (json.dumps({"kind": "train", "step": 3, "policy": "gamma"}), "not a step number and one of"),
                         (json.dumps({"kind": "train", "step": 10, "policy": "alpha", "entropy": "x"}),
-                         "has entropy 'x', not a number or null"),
+                         "has entropy 'x', not a number >= 0 or null"),
+                        (json.dumps({"kind": "train", "step": 10, "policy": "alpha", "entropy": -0.5}),
+                         "has entropy -0.5"),
                         ('{"kind": "tr', "line 22: not a JSON row")):
         (d / "metrics.jsonl").write_text(m + extra + "\n")
         with pytest.raises(DynamicsError, match=says):
@@ -149,6 +151,15 @@ def test_damaged_logs_name_the_file_and_line(tmp_path):
     (d / "metrics.jsonl").write_text(m + _lines([rolled, null]))
     dyn = dynamics_from_run(d)
     assert dyn.entropy[0, 3] == pytest.approx(0.47) and np.isnan(dyn.entropy[0, 10]) and np.isnan(dyn.entropy[1, 10])
+    ex = (d / "exchange.jsonl").read_text()
+    (d / "exchange.jsonl").write_text(ex + '{"step": 0}\n')
+    with pytest.raises(DynamicsError, match=r"exchange.jsonl, line 9: not an exchange record with a prompt_id"):
+        dynamics_from_run(d)
+    (d / "exchange.jsonl").write_text(ex)
+    (d / "summary.json").write_text("{")
+    with pytest.raises(DynamicsError, match=r"summary.json: not JSON .*; the run writes it at its end"):
+        dynamics_from_run(d)
+    (d / "summary.json").unlink()
     (d / "metrics.jsonl").unlink()
     with pytest.raises(DynamicsError, match="metrics.jsonl does not exist"):
         dynamics_from_run(d)
