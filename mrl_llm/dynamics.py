@@ -183,21 +183,27 @@ def training_pool(d: Path, cfg: dict[str, Any]) -> tuple[set[str] | None, str]:
         if cfg.get("data") is not None and (cfg.get("eval") or {}).get("data") is None:
             return None, "evaluated on its training problems (config.json: data, no eval.data)"
         train_src, n_train = None, None
-    drawn = _trained_prompts(d / "exchange.jsonl") if n_train is not None else set()
+    exchange = d / "exchange.jsonl"
+    drawn = _trained_prompts(exchange) if n_train is not None else set()
     if n_train is not None and len(drawn) == n_train:
         return drawn, f"the {n_train} prompts it trained on (exchange.jsonl), all of its training problems (summary.json)"
     data_cfg = cfg.get("data")
-    if data_cfg is not None and (train_src is None or train_src == data_cfg.get("path")):
+    from_file = data_cfg is not None and (train_src is None or train_src == data_cfg.get("path"))
+    if from_file:
         ids = _data_file_ids(data_cfg, d / "config.json")
         if ids is not None:
             return ids, f"the prompts of its training data {data_cfg['path']} (config.json data)"
-    why = (f"it trained on {len(drawn)} of its {n_train} training prompts (less than one pass over them)"
-           if n_train is not None else "it has no summary.json (stopped before its end)")
-    data_note = ("" if data_cfg is None else
-                 f", and its training data {data_cfg.get('path')!r} (config.json data.path) is not there to read")
-    raise DynamicsError(f"{d}: cannot tell its training prompts from its held-out ones: {why}{data_note}; "
-                        "run it to its end (train --resume), which writes dynamics.json with the training problems "
-                        "it used")
+    if n_train is None:
+        why = "it has no summary.json (stopped before its end)"
+    elif not exchange.is_file():
+        why = "its exchange.jsonl (the prompts it trained on) is gone"
+    else:
+        why = f"it trained on {len(drawn)} of its {n_train} training prompts (less than one pass over them)"
+    data_note = (f", and its training data {data_cfg.get('path')!r} (config.json data.path) is not there to read"
+                 if from_file else "")
+    fix = ("run it to its end (train --resume), which writes dynamics.json with the training problems it used"
+           if n_train is None else f"use the {FILE_NAME} the run wrote at its end (it has the split)")
+    raise DynamicsError(f"{d}: cannot tell its training prompts from its held-out ones: {why}{data_note}; {fix}")
 
 
 def dynamics_from_run(run_dir: str | Path, *, train_prompts: Sequence[str] | None = None) -> Dynamics:

@@ -104,6 +104,9 @@ def test_refused_when_the_run_did_not_draw_its_whole_pool(tmp_path, caplog):
     assert "no dynamics.json written" in caplog.text and not (d / FILE_NAME).exists()
     dyn = read_dynamics(write_run_dynamics(d, train_prompts=POOL))  # the runner gives its training problems
     assert dyn.split.count("train") == 4 and "at its end" in dyn.run["split_from"]
+    (d / "exchange.jsonl").unlink()
+    with pytest.raises(DynamicsError, match=r"its exchange.jsonl \(the prompts it trained on\) is gone; use the dynamics.json the run wrote"):
+        dynamics_from_run(d)
     (d / "summary.json").unlink()  # stopped before its end, problems given to train(): nothing to read the pool from
     with pytest.raises(DynamicsError, match="it has no summary.json"):
         dynamics_from_run(d)
