@@ -13,6 +13,9 @@
 * ``demo [--out DIR] [--seeds N] [--steps N] ...`` — the CPU demo (:mod:`mrl_llm.demo.run`).
 * ``success-matrix --run DIR [--out FILE]`` — a run's success matrix (:mod:`mrl_llm.success_matrix`), the
   input of ``python -m bandit_sim predict``; every run also writes ``DIR/success_matrix.json`` at its end.
+* ``dynamics --run DIR [--out FILE]`` — a run's per-prompt dynamics (:mod:`mrl_llm.dynamics`): every evaluation's
+  counts per prompt, training pool and held-out, and the sampling entropy; every run also writes
+  ``DIR/dynamics.json`` at its end.
 * ``study [--out DIR] [--seeds N] ...`` — the CPU study: three heterogeneous policies, five regimes, every
   checkpoint scored (:mod:`mrl_llm.demo.study`).
 * ``plan --config FILE [--cluster FILE]`` — the MWRA placement plan (:mod:`mrl_llm.distributed.plan_cli`).
@@ -144,6 +147,15 @@ def _success_matrix(args: argparse.Namespace) -> int:
 
     path = write_run_matrix(args.run, args.out or args.run)  # a directory: its FILE_NAME
     print(f"success matrix: {path}")
+    return 0
+
+
+def _dynamics(args: argparse.Namespace) -> int:
+    from mrl_llm.dynamics import describe, write_run_dynamics
+    from shared_interfaces.dynamics import read_dynamics
+
+    path = write_run_dynamics(args.run, args.out or args.run)  # a directory: its FILE_NAME
+    print(f"dynamics: {path} ({describe(read_dynamics(path))})")
     return 0
 
 
@@ -297,6 +309,9 @@ def build_parser() -> argparse.ArgumentParser:
     sm = sub.add_parser("success-matrix", help="write a run directory's success matrix (bandit_sim predict's input)")
     sm.add_argument("--run", required=True, help="a run directory (config.json + eval.jsonl)")
     sm.add_argument("--out", help="output file (default RUN/success_matrix.json)")
+    dy = sub.add_parser("dynamics", help="write a run directory's per-prompt dynamics (every evaluation, entropy)")
+    dy.add_argument("--run", required=True, help="a run directory (config.json + eval.jsonl + metrics.jsonl)")
+    dy.add_argument("--out", help="output file (default RUN/dynamics.json)")
     sub.add_parser("plan", help="print the MWRA placement plan of a config", add_help=False)
     dp = sub.add_parser("data", help="prepare a config's dataset").add_subparsers(dest="data_cmd", required=True)
     p = dp.add_parser("prepare", help="write data.path from a local file or a Hugging Face dataset id")
@@ -381,7 +396,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
         return {"train": _train, "eval": _eval, "report": _report, "demo": _demo, "data": _data,
-                "models": _models, "success-matrix": _success_matrix, "study": _study}[args.cmd](args)
+                "models": _models, "success-matrix": _success_matrix, "dynamics": _dynamics,
+                "study": _study}[args.cmd](args)
     except USER_ERRORS as err:
         print(f"mrl_llm {args.cmd}: {one_line(err)}", file=sys.stderr)
         return 2

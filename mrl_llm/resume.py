@@ -14,7 +14,7 @@ derived from the checkpoints themselves:
   own); exchange records of steps after ``S`` are dropped (they are generated again, identically in
   synchronous mode); train rows after ``S``, evaluation rows after ``S + 1`` (evaluation ``S + 1``
   measures the weights of checkpoint ``S``) and events after ``S`` are dropped; a ``resume`` event is
-  appended. A log's torn last line (a kill while writing it) is dropped — and with it evaluation ``S + 1``
+  appended; ``summary.json`` and ``dynamics.json`` (the end's) are removed. A log's torn last line (a kill while writing it) is dropped — and with it evaluation ``S + 1``
   when the torn row may be one of its rows (it is done again) — unless it is a row of a step ``<= S``,
   which only an edit can tear: the resume refuses, naming the file and line.
 
@@ -217,5 +217,6 @@ def restore_run_dir(config: RunConfig, out: Path, step: int) -> dict[str, Any]:
     with open(out / "events.jsonl", "a", encoding="utf-8") as fh:
         fh.write(json.dumps({"event": "resume", "step": step + 1, "checkpoint_step": step, **kept}) + "\n")
     (out / "summary.json").unlink(missing_ok=True)
+    (out / "dynamics.json").unlink(missing_ok=True)  # (every evaluation's: the cut-back run writes it again at its end)
     atomic_write(out / "resume.json", json.dumps({"checkpoint_step": step, **kept}, indent=1))
     return kept

@@ -27,6 +27,11 @@ from shared_interfaces.regimes import idle_signal_warnings
 
 log = logging.getLogger("mrl_llm.trainer")
 
+#: :class:`DataUse` ``source`` of training problems passed to ``train()`` (not loaded from the config's ``data``)
+GIVEN_PROBLEMS = "the problems given to train()"
+#: :class:`DataUse` ``source`` of an evaluation set taken from the training problems (no ``eval.data``)
+EVAL_ON_TRAINING = "the training problems"
+
 
 @dataclass(frozen=True)
 class DataUse:
@@ -81,7 +86,7 @@ def resolve_problems(config: RunConfig, problems: Sequence[Problem] | None,
         report = load_problems(config.data)
         problems, source, rows, skipped_rows = list(report.problems), config.data.path, report.n_rows, len(report.skipped)
     else:
-        problems, source, rows, skipped_rows = list(problems), "the problems given to train()", len(problems), 0
+        problems, source, rows, skipped_rows = list(problems), GIVEN_PROBLEMS, len(problems), 0
     tokenizers = check_model_configs(config)
     train_mode = config.data.on_malformed if config.data is not None else "error"
     problems, long = fit_prompts(config, problems, on_malformed=train_mode, tokenizers=tokenizers, source=source)
@@ -100,7 +105,7 @@ def resolve_problems(config: RunConfig, problems: Sequence[Problem] | None,
         ev_source, ev_rows, ev_skipped = "the evaluation problems given to train()", len(eval_problems), 0
     else:
         eval_set = problems[: config.eval.max_prompts]
-        use["eval"] = DataUse("the training problems", len(eval_set), 0, 0, len(eval_set))
+        use["eval"] = DataUse(EVAL_ON_TRAINING, len(eval_set), 0, 0, len(eval_set))
         return RunProblems(problems, eval_set, use)
     eval_set, ev_long = fit_prompts(config, eval_problems[: config.eval.max_prompts], tokenizers=tokenizers,
                                     on_malformed=ev.on_malformed if ev is not None else train_mode, source=ev_source)

@@ -18,7 +18,8 @@ schedule's mode and staleness), everything else is the same code:
    (:func:`export`). A resume with no step left (killed after the last checkpoint) does the end again: the
    final evaluation unless it was logged, the export, the summary with the checkpoints' compute counters.
 4. Outputs: ``metrics.jsonl`` (train rows in the config's policy order), ``eval.jsonl``, ``events.jsonl``,
-   ``runtime.json`` (the driver's outline), ``summary.json``, ``success_matrix.json``, TensorBoard
+   ``runtime.json`` (the driver's outline), ``summary.json``, ``success_matrix.json``, ``dynamics.json``
+   (:mod:`mrl_llm.dynamics`: per-prompt curves, the split from the training problems resolved here), TensorBoard
    events when installed; a tqdm bar (``progress``), else one log line per step.
 """
 
@@ -201,4 +202,7 @@ def _run(config: RunConfig, out: Path, *, resume: bool, problems: Sequence[Probl
     from mrl_llm.success_matrix import write_run_matrix
 
     write_run_matrix(out)  # success_matrix.json: the run's start, for bandit_sim predict
+    from mrl_llm.dynamics import write_run_dynamics
+
+    write_run_dynamics(out, train_prompts=[str(p.prompt_id) for p in problems])  # dynamics.json: per-prompt curves
     return summary

@@ -16,7 +16,7 @@ worker), and one resume mechanism (:mod:`mrl_llm.resume`). Each step (all polici
 (:mod:`mrl_llm.distributed.ray_trainer`). The same seed gives the same run on both. Evaluation
 (:mod:`mrl_llm.evaluate`) runs before training, every ``eval.every`` steps and at the end; checkpoints every
 ``checkpoint_every`` steps and at the end. Outputs: ``metrics.jsonl``, ``eval.jsonl``, ``events.jsonl``,
-``summary.json``, ``success_matrix.json``, ``policies/<name>/`` (final HF model directories) and
+``summary.json``, ``success_matrix.json``, ``dynamics.json``, ``policies/<name>/`` (final HF model directories) and
 TensorBoard events when tensorboard is installed.
 
 From Python::

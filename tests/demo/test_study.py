@@ -451,3 +451,19 @@ def test_the_report_header_says_which_norms_take_no_sgt_gradient():
     assert _norm_sgt(StudyConfig(final_norm_sgt=False)) == ", the final norm without SGT's gradient"
     assert _norm_sgt(StudyConfig(norm_lr=None, final_norm_sgt=True)) == ""
     assert _norm_sgt(StudyConfig(norm_lr=None)) == ", the final norm without SGT's gradient"  # at the base lr
+
+
+@pytest.mark.parametrize("kind", ["demo", "study"])
+def test_heldout_prompts_are_sampled_at_every_evaluation(kind):
+    """The per-prompt dynamics need held-out curves: every evaluation (step 0, every ``eval_every`` steps, the end)
+    scores the pool and every held-out prompt with ``eval_k`` samples each, not greedily only."""
+    from mrl_llm.demo import setup
+    from mrl_llm.demo import study as study_mod
+
+    cfg = setup.DemoConfig() if kind == "demo" else StudyConfig()
+    make = setup.run_config if kind == "demo" else study_run_config
+    ev = make(cfg, "grpo", 0, {p.name: "/m" for p in cfg.policies})["eval"]
+    assert ev["k"] == cfg.eval_k >= 1 and ev["every"] == cfg.eval_every >= 1 and ev["max_prompts"] is None
+    evset = (setup.eval_set if kind == "demo" else study_mod.eval_set)(cfg, 0)
+    pool = setup.rl_pool(cfg.task(), cfg.pool_per_family, cfg.pool_seed_of(0))
+    assert evset[:len(pool)] == pool and evset[len(pool):] == cfg.task().problems("eval")

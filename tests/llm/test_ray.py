@@ -26,6 +26,7 @@ from mrl_llm.distributed.actors import FaultInjection
 from mrl_llm.distributed.ray_trainer import train_on_ray
 from mrl_llm.metrics import TIMING_KEYS
 from mrl_llm.trainer import train
+from shared_interfaces.dynamics import read_dynamics
 from tests.llm.helpers import local_ray, problems, tiny
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -83,6 +84,8 @@ def test_ray_runtime_equals_the_single_process_loop(ray_llm, tmp_path):
     assert summary["policies"][1]["compute"]["optimizer_steps"] == 2 and summary["events"] == []
     plan = (tmp_path / "ray" / "plan.txt").read_text()
     assert "a" in plan and "b" in plan
+    dyn = read_dynamics(tmp_path / "ray" / "dynamics.json")  # the run's end writes it on Ray too
+    assert dyn.to_dict() == read_dynamics(tmp_path / "local" / "dynamics.json").to_dict() and dyn.steps.tolist() == [0, 1, 2]
 
 
 def test_three_policies_async_with_a_late_joiner(ray_llm, tmp_path):
@@ -156,6 +159,7 @@ def test_a_ray_run_killed_after_its_last_checkpoint_resumes_into_its_end(ray_llm
     shutil.copytree(tmp_path / "whole", run)
     shutil.rmtree(run / "policies")
     (run / "summary.json").unlink()
+    (run / "dynamics.json").unlink()
     for name, drop in (("eval.jsonl", lambda r: r["step"] == 2),
                        ("metrics.jsonl", lambda r: r["kind"] == "eval" and r["step"] == 2)):
         rows = [x for x in (run / name).read_text().splitlines(keepends=True) if not drop(json.loads(x))]
@@ -166,6 +170,7 @@ def test_a_ray_run_killed_after_its_last_checkpoint_resumes_into_its_end(ray_llm
     for n in "ab":
         assert all(got[2][n][k].equal(want[2][n][k]) for k in want[2][n]), n
     assert [p["compute"] for p in summary["policies"]] == [p["compute"] for p in whole["policies"]]
+    assert read_dynamics(run / "dynamics.json").to_dict() == read_dynamics(tmp_path / "whole" / "dynamics.json").to_dict()
 
 
 def test_rolled_back_rows_are_marked_and_an_edited_ray_run_is_not_resumed(ray_llm, tmp_path):
