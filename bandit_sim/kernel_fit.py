@@ -37,12 +37,19 @@ from typing import Any
 import numpy as np
 import torch
 
-from bandit_sim.calibrate import CORRECT_ARM, Counts, rescue_set, scenario_from_probabilities, success_probabilities
+from bandit_sim.calibrate import (
+    CORRECT_ARM,
+    Counts,
+    rescue_set,
+    scenario_from_probabilities,
+    success_probabilities,
+)
 from bandit_sim.config import SimConfig
 from bandit_sim.engine import Engine
 from bandit_sim.fit import FreeSettings, SimOptions, bandit_config
 from bandit_sim.scenario import Scenario
 from shared_interfaces.config_io import ConfigError
+from shared_interfaces.dynamics import Dynamics
 
 Z95 = 1.959964
 
@@ -367,3 +374,27 @@ def predict_kernel(counts: Counts, kernel: np.ndarray, curves: Curves, names: tu
     return {"settings": ks, "fit": fit, "summary": summary, "use": best, "ties_with_use": ties,
             "clear_winner": not ties, "objective": objective, "ordering": ranked,
             "seconds": {"fit": t_fit, "predict": time.perf_counter() - t0 - t_fit}}
+
+
+def curves_from_dynamics(dyn: Dynamics, prompts: tuple[str, ...] | None = None,
+                         policies: tuple[str, ...] | None = None) -> Curves:
+    """A run's :class:`~shared_interfaces.dynamics.Dynamics` as :class:`Curves`, its prompts in the order of
+    ``prompts`` and its policies in that of ``policies`` (a success matrix's); a :class:`ConfigError` when they are
+    not the same sets (the dynamics of another run)."""
+    prompts = tuple(dyn.prompts) if prompts is None else tuple(prompts)
+    policies = tuple(dyn.policies) if policies is None else tuple(policies)
+    if set(prompts) != set(dyn.prompts) or len(prompts) != len(dyn.prompts):
+        only_m, only_d = sorted(set(prompts) - set(dyn.prompts)), sorted(set(dyn.prompts) - set(prompts))
+        raise ConfigError(f"the dynamics file's prompts are not the success matrix's ({len(only_m)} only in the matrix, "
+                          f"e.g. {only_m[:2]}; {len(only_d)} only in the dynamics, e.g. {only_d[:2]}); give the "
+                          "dynamics of the run the matrix was written from")
+    if set(policies) != set(dyn.policies) or len(policies) != len(dyn.policies):
+        raise ConfigError(f"the dynamics file trains policies {list(dyn.policies)}, the success matrix "
+                          f"{list(policies)}; give the dynamics of the run the matrix was written from")
+    ci = [dyn.prompts.index(p) for p in prompts]
+    pi = [dyn.policies.index(p) for p in policies]
+    take = lambda a: a[pi][:, :, ci]  # noqa: E731
+    fams = None if dyn.families is None else tuple(dyn.families[c] for c in ci)
+    return Curves(dyn.steps, take(dyn.successes), take(dyn.samples), take(dyn.greedy_correct),
+                  np.array([dyn.split[c] == "train" for c in ci]), fams, dyn.entropy_steps, dyn.entropy[pi],
+                  int(dyn.run["steps"]))
