@@ -192,10 +192,9 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux: KiB
 
 
-def start_model(policy: Any, tokenizer: Any) -> torch.nn.Module:
-    """The policy's start weights (its ``model_dir``) in fp32 on the CPU; an error when they are missing."""
+def check_start(policy: Any) -> None:
+    """An error naming the policy when its start weights (``model_dir``) are missing."""
     from mrl_llm.hub import is_hub_id
-    from mrl_llm.models import build_model
 
     d = policy.model_dir
     if d is None:
@@ -204,6 +203,13 @@ def start_model(policy: Any, tokenizer: Any) -> torch.nn.Module:
     if not is_hub_id(d) and not (Path(d) / "config.json").is_file():
         raise SuccessMatrixError(f"policy {policy.name!r}'s start checkpoint {d} (model_dir in the run's config.json) "
                                  "is missing; restore it or edit model_dir to where the weights before RL are")
+
+
+def start_model(policy: Any, tokenizer: Any) -> torch.nn.Module:
+    """The policy's start weights (its ``model_dir``, :func:`check_start`) in fp32 on the CPU."""
+    from mrl_llm.models import build_model
+
+    check_start(policy)
     return build_model(policy, tokenizer, seed=0, dtype="fp32").to("cpu")
 
 
@@ -234,6 +240,8 @@ def run_kernel(run_dir: str | Path, out: str | Path | None = None, *, dim: int |
     matrix = matrix_from_run(d)  # the run's checks first: config.json, eval.jsonl, its split
     raw = json.loads((d / "config.json").read_text(encoding="utf-8"))
     cfg = config_from_mapping(raw, base_dir=d, where=str(d / "config.json"))
+    for pol in cfg.policies:
+        check_start(pol)
     problems = run_eval_problems(d, raw, matrix.prompts)
     probs = [problems[p] for p in matrix.prompts]
     if cfg.threads:
