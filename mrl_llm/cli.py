@@ -16,6 +16,8 @@
 * ``dynamics --run DIR [--out FILE]`` — a run's per-prompt dynamics (:mod:`mrl_llm.dynamics`): every evaluation's
   counts per prompt, training pool and held-out, and the sampling entropy; every run also writes
   ``DIR/dynamics.json`` at its end.
+* ``kernel --run DIR [--out FILE] [--dim D] [--seed S]`` — the policies' transfer kernels at the run's start,
+  written into its success matrix (:mod:`mrl_llm.kernel`).
 * ``study [--out DIR] [--seeds N] ...`` — the CPU study: three heterogeneous policies, five regimes, every
   checkpoint scored (:mod:`mrl_llm.demo.study`).
 * ``plan --config FILE [--cluster FILE]`` — the MWRA placement plan (:mod:`mrl_llm.distributed.plan_cli`).
@@ -156,6 +158,17 @@ def _dynamics(args: argparse.Namespace) -> int:
 
     path = write_run_dynamics(args.run, args.out or args.run)  # a directory: its FILE_NAME
     print(f"dynamics: {path} ({describe(read_dynamics(path))})")
+    return 0
+
+
+def _kernel(args: argparse.Namespace) -> int:
+    from mrl_llm.kernel import run_kernel
+
+    path, m = run_kernel(args.run, args.out, dim=args.dim or None, seed=args.seed)
+    meta = m.kernel_meta or {}
+    dim = meta.get("projection_dim") or "exact"
+    print(f"kernel: {path} ({len(m.policies)} policies x {len(m.prompts)} prompts, dim {dim}, "
+          f"{meta.get('seconds')} s, peak RSS {meta.get('peak_rss_mb')} MB)")
     return 0
 
 
@@ -312,6 +325,12 @@ def build_parser() -> argparse.ArgumentParser:
     dy = sub.add_parser("dynamics", help="write a run directory's per-prompt dynamics (every evaluation, entropy)")
     dy.add_argument("--run", required=True, help="a run directory (config.json + eval.jsonl + metrics.jsonl)")
     dy.add_argument("--out", help="output file (default RUN/dynamics.json)")
+    kp = sub.add_parser("kernel", help="the policies' transfer kernels at a run's start, into its success matrix")
+    kp.add_argument("--run", required=True, help="a run directory (config.json + eval.jsonl)")
+    kp.add_argument("--out", help="output file (default: RUN/success_matrix.json, replaced)")
+    kp.add_argument("--dim", type=int_at_least(0), default=0,
+                    help="count-sketch dimension (default 0: exact; e.g. 65536 for a large model)")
+    kp.add_argument("--seed", type=int_at_least(0), default=0, help="the sketch's seed")
     sub.add_parser("plan", help="print the MWRA placement plan of a config", add_help=False)
     dp = sub.add_parser("data", help="prepare a config's dataset").add_subparsers(dest="data_cmd", required=True)
     p = dp.add_parser("prepare", help="write data.path from a local file or a Hugging Face dataset id")
@@ -397,7 +416,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return {"train": _train, "eval": _eval, "report": _report, "demo": _demo, "data": _data,
                 "models": _models, "success-matrix": _success_matrix, "dynamics": _dynamics,
-                "study": _study}[args.cmd](args)
+                "study": _study, "kernel": _kernel}[args.cmd](args)
     except USER_ERRORS as err:
         print(f"mrl_llm {args.cmd}: {one_line(err)}", file=sys.stderr)
         return 2

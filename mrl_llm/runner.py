@@ -45,6 +45,7 @@ from mrl_llm.distributed.handles import resolve
 from mrl_llm.evaluate import peer_exclusive_sets, read_eval_rows
 from mrl_llm.metrics import MetricsLog, clean, train_row
 from mrl_llm.resume import record_checkpoint, restore_run_dir, resume_step, verify_run_dir
+from mrl_llm.run_problems import write_run_problems
 from mrl_llm.run_setup import Batches, log_eval, resolve_problems, run_summary, setup_warnings
 from mrl_llm.rundir import RunDirLock, check_run_dir, new_run_guard
 from mrl_llm.runstate import prune
@@ -115,6 +116,7 @@ def _run(config: RunConfig, out: Path, *, resume: bool, problems: Sequence[Probl
     else:
         out.mkdir(parents=True, exist_ok=True)
         (out / "config.json").write_text(json.dumps(to_mapping(config), indent=1))
+    write_run_problems(out, problems, eval_set)  # the pool and the evaluated prompts (mrl_llm.run_problems)
     logged = read_eval_rows(out / "eval.jsonl")  # a resumed run's earlier evaluations
     done_evals = {int(r["step"]) for r in logged}
     t_start = time.perf_counter()

@@ -6,7 +6,9 @@ From the run's ``config.json`` and ``eval.jsonl`` (skipped rows left out): the s
 ``successes`` and ``greedy_correct`` per (policy, prompt) with the prompts' families; ``curve``, each
 policy's sample accuracy at every evaluation; ``run``, the settings a simulator mirrors; ``outcomes``, the
 run's own regime's final and mean sample accuracy and its rescue rate (the share of the policies'
-peer-exclusive prompts, :func:`mrl_llm.evaluate.peer_exclusive_sets`, solved at the last evaluation).
+peer-exclusive prompts, :func:`mrl_llm.evaluate.peer_exclusive_sets`, solved at the last evaluation); ``split``,
+which prompts were the run's RL pool and which it only evaluated (:func:`mrl_llm.run_problems.run_split`: a
+run that cannot tell is an error saying why).
 
 A damaged or hand-edited run directory is an error naming the file (and the ``eval.jsonl`` line) and the fix:
 corrupt JSON, a missing key, a row of a policy the config does not have, or a second row for one (step,
@@ -26,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from mrl_llm.evaluate import peer_exclusive_sets, read_eval_rows, solved
+from mrl_llm.run_problems import run_split
 from mrl_llm.runstate import read_json_object
 from shared_interfaces.success_matrix import SuccessMatrix, SuccessMatrixError, write_success_matrix
 
@@ -154,10 +157,11 @@ def matrix_from_run(run_dir: str | Path) -> SuccessMatrix:
             fam[str(r["prompt_id"])] = str(r["family"])
     steps, acc = _curve(rows, pols)
     outcomes = {cfg["regime"]["name"]: _outcome(rows, pols, steps, acc)}
+    split = run_split(d, cfg, prompts)
     return SuccessMatrix(
         policies=tuple(pols), prompts=tuple(prompts), samples=n, successes=s, greedy_correct=g,
         families=tuple(fam[p] for p in prompts) if len(fam) == len(prompts) else None, run=_run_settings(cfg),
-        curve_steps=steps, curve_accuracy=acc, outcomes=outcomes,
+        curve_steps=steps, curve_accuracy=acc, outcomes=outcomes, split=tuple(split),
     )
 
 

@@ -4,9 +4,9 @@
 extracts it from an existing run directory); ``bandit_sim`` reads it (``python -m bandit_sim predict``)
 to calibrate a scenario. Neither backend imports the other: both go through this module.
 
-**Format** (JSON, ``format: "mrl-success-matrix"``, ``version: 1``; ``P`` policies, ``C`` prompts)::
+**Format** (JSON, ``format: "mrl-success-matrix"``, ``version: 2``; ``P`` policies, ``C`` prompts)::
 
-    {"format": "mrl-success-matrix", "version": 1,
+    {"format": "mrl-success-matrix", "version": 2,
      "policies": [P names],                  # distinct
      "prompts": [C ids],                     # distinct
      "families": [C labels] | null,          # the prompt's family (task type), when the data has one
@@ -16,7 +16,9 @@ to calibrate a scenario. Neither backend imports the other: both go through this
      "run": {...} | null,                    # the run's settings (below)
      "curve": {"steps": [T ints], "accuracy": [[float|null] * T] * P} | null,
      "outcomes": {REGIME: {"final_accuracy": [P floats], "mean_accuracy": float|null,
-                           "rescue_rate": float|null, "rescue_set": int|null, "seeds": int}} | null}
+                           "rescue_rate": float|null, "rescue_set": int|null, "seeds": int}} | null,
+     "split": [C "train" | "heldout"] | null,  # version 2: the run's RL pool, or only evaluated
+     "kernel": {...} | null}                 # version 2: per-policy transfer kernels (below)
 
 * The step-0 success rate of policy ``i`` on prompt ``x`` is ``successes / samples`` (``k`` samples per
   prompt, pooled over the distinct step-0 evaluations a writer had).
@@ -32,6 +34,14 @@ to calibrate a scenario. Neither backend imports the other: both go through this
   ``rescue_rate`` (share of the rescue set — prompts a policy never solved at step 0 while a peer did,
   pooled over policies — solved at the last evaluation), ``rescue_set`` its size, ``seeds`` the number
   of runs pooled. A run writes its own regime's; a fixture may hold several.
+
+* ``split`` (version 2) says which prompts the run trained on (``train``: its RL pool) and which it only
+  evaluated (``heldout``); null where the writer could not tell. :attr:`SuccessMatrix.train_index` /
+  :attr:`~SuccessMatrix.heldout_index` give their positions.
+* ``kernel`` (version 2): per policy a ``[C, C]`` transfer kernel over the prompts measured at the run's
+  start, with its metadata (:mod:`shared_interfaces.success_kernel`, ``python -m mrl_llm kernel``).
+* A version-1 file (no ``split``, no ``kernel``) still reads, with both null; a matrix is written as
+  version 2.
 
 :func:`read_success_matrix` validates everything and raises :class:`SuccessMatrixError` (a
 :class:`~shared_interfaces.config_io.ConfigError`) naming the file, the key and the fix.
@@ -50,11 +60,16 @@ import numpy as np
 
 from shared_interfaces.config_io import INT_MAX, ConfigError
 from shared_interfaces.regimes import parse_regime
+from shared_interfaces.success_kernel import kernel_dict, parse_kernel
 
 FORMAT = "mrl-success-matrix"
-VERSION = 1
-KEYS = ("format", "version", "policies", "prompts", "families", "samples", "successes", "greedy_correct", "run",
-        "curve", "outcomes")
+VERSION = 2
+#: the versions this code reads (version 1: no ``split``, no ``kernel``)
+READS = (1, 2)
+KEYS_V1 = ("format", "version", "policies", "prompts", "families", "samples", "successes", "greedy_correct", "run",
+           "curve", "outcomes")
+KEYS = (*KEYS_V1, "split", "kernel")
+SPLITS = ("train", "heldout")
 OUTCOME_KEYS = ("final_accuracy", "mean_accuracy", "rescue_rate", "rescue_set", "seeds")
 
 
@@ -77,8 +92,16 @@ class SuccessMatrix:
     curve_steps: np.ndarray | None = None
     curve_accuracy: np.ndarray | None = None
     outcomes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: per prompt ``train`` (the RL pool) or ``heldout`` (only evaluated); None: not known
+    split: tuple[str, ...] | None = None
+    #: ``[P, C, C]`` transfer kernels (NaN rows for a policy without one); None: not measured
+    kernel: np.ndarray | None = None
+    #: the kernel's metadata (:mod:`shared_interfaces.success_kernel`, the section without its matrices)
+    kernel_meta: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
+        if (self.kernel is None) != (self.kernel_meta is None):
+            raise SuccessMatrixError("success matrix: 'kernel' and 'kernel_meta' go together; give both or neither")
         validate(self.to_dict(), where="success matrix")
 
     @property
@@ -91,6 +114,22 @@ class SuccessMatrix:
         """``[P, C]`` bool: greedy correct (an unrecorded greedy answer counts as wrong)."""
         return np.nan_to_num(self.greedy_correct, nan=0.0) > 0
 
+    @property
+    def train_index(self) -> np.ndarray:
+        """Positions of the prompts the run trained on (``split == "train"``); an error when the split is unknown."""
+        return self._split_index("train")
+
+    @property
+    def heldout_index(self) -> np.ndarray:
+        """Positions of the prompts the run only evaluated (``split == "heldout"``); an error when unknown."""
+        return self._split_index("heldout")
+
+    def _split_index(self, which: str) -> np.ndarray:
+        if self.split is None:
+            raise SuccessMatrixError("this success matrix has no 'split' (a version-1 file, or a run that could not "
+                                     "tell its pool); write it again with `python -m mrl_llm success-matrix --run DIR`")
+        return np.array([c for c, s in enumerate(self.split) if s == which], dtype=np.int64)
+
     def to_dict(self) -> dict[str, Any]:
         g = [[None if math.isnan(v) else bool(v) for v in row] for row in np.asarray(self.greedy_correct, dtype=float)]
         curve = None
@@ -102,7 +141,9 @@ class SuccessMatrix:
                 "families": list(self.families) if self.families is not None else None,
                 "samples": np.asarray(self.samples).astype(int).tolist(),
                 "successes": np.asarray(self.successes).astype(int).tolist(), "greedy_correct": g,
-                "run": self.run, "curve": curve, "outcomes": self.outcomes or None}
+                "run": self.run, "curve": curve, "outcomes": self.outcomes or None,
+                "split": list(self.split) if self.split is not None else None,
+                "kernel": None if self.kernel is None else kernel_dict(self.kernel, self.kernel_meta or {})}
 
 
 def _fail(where: str, msg: str) -> SuccessMatrixError:
@@ -152,11 +193,14 @@ def validate(data: Any, *, where: str = "success matrix") -> dict[str, Any]:
         raise _fail(where, f"expected a JSON object, got {type(data).__name__}")
     if data.get("format") != FORMAT:
         raise _fail(where, f"'format' must be {FORMAT!r}, got {data.get('format')!r}; is this a success matrix?")
-    if data.get("version") != VERSION:
-        raise _fail(where, f"version {data.get('version')!r} is not supported (this code reads version {VERSION})")
-    unknown = sorted(set(data) - set(KEYS))
+    version = data.get("version")
+    if isinstance(version, bool) or version not in READS:
+        raise _fail(where, f"version {version!r} is not supported (this code reads versions {list(READS)})")
+    keys = KEYS_V1 if version == 1 else KEYS
+    unknown = sorted(set(data) - set(keys))
     if unknown:
-        raise _fail(where, f"unknown key(s) {unknown}; known keys: {list(KEYS)}")
+        hint = f"; {unknown} need version 2" if version == 1 and set(unknown) <= set(KEYS) else ""
+        raise _fail(where, f"unknown key(s) {unknown}; known keys: {list(keys)}{hint}")
     pols, prompts = _names(data, "policies", where), _names(data, "prompts", where)
     shape = (len(pols), len(prompts))
     fam = data.get("families")
@@ -181,6 +225,13 @@ def validate(data: Any, *, where: str = "success matrix") -> dict[str, Any]:
     outcomes = data.get("outcomes")
     if outcomes is not None:
         validate_outcomes(outcomes, len(pols), where=where)
+    split = data.get("split")
+    if split is not None and (not isinstance(split, list) or len(split) != len(prompts)
+                              or not all(x in SPLITS for x in split)):
+        raise _fail(where, f"'split' must be null or a list of {len(prompts)} entries (one per prompt), each "
+                           f"'train' (the run's RL pool) or 'heldout' (only evaluated)")
+    if data.get("kernel") is not None:
+        parse_kernel(data["kernel"], len(pols), len(prompts), lambda msg: _fail(where, msg))
     return data
 
 
@@ -266,6 +317,8 @@ def from_dict(data: Any, *, where: str = "success matrix") -> SuccessMatrix:
     validate(data, where=where)
     curve = data.get("curve")
     g = np.array([[np.nan if x is None else float(x) for x in row] for row in data["greedy_correct"]])
+    K, meta = (parse_kernel(data["kernel"], len(data["policies"]), len(data["prompts"]), lambda m: _fail(where, m))
+               if data.get("kernel") is not None else (None, None))
     return SuccessMatrix(
         policies=tuple(data["policies"]), prompts=tuple(data["prompts"]),
         samples=np.array(data["samples"], dtype=np.int64), successes=np.array(data["successes"], dtype=np.int64),
@@ -275,6 +328,7 @@ def from_dict(data: Any, *, where: str = "success matrix") -> SuccessMatrix:
         curve_accuracy=np.array([[np.nan if x is None else x for x in r] for r in curve["accuracy"]], dtype=float)
         if curve else None,
         outcomes=dict(data.get("outcomes") or {}),
+        split=tuple(data["split"]) if data.get("split") is not None else None, kernel=K, kernel_meta=meta,
     )
 
 

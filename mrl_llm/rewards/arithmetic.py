@@ -179,6 +179,21 @@ class ArithmeticTask:
         return out
 
 
+_ID = re.compile(r"([a-z]+):(\d+)([+\-*])(\d+)")
+
+
+def problem_from_id(prompt_id: str) -> Problem | None:
+    """The problem of a default family's id (``add:12+7`` -> :meth:`Family.problem`), or None when ``prompt_id``
+    is not one (another dataset's id, an unknown family, another operator, operands out of the family's ranges)."""
+    m = _ID.fullmatch(prompt_id)
+    if m is None or m.group(1) not in FAMILIES:
+        return None
+    fam, a, b = FAMILIES[m.group(1)], int(m.group(2)), int(m.group(4))
+    if m.group(3) != fam.op or (a, b) not in set(fam.pairs()):
+        return None
+    return fam.problem(a, b)
+
+
 def reference_response(problem: Problem) -> str:
     """The canonical correct response (the SFT target): ``\\boxed{<gold>}``."""
     return "\\boxed{" + problem.gold + "}"

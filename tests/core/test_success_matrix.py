@@ -38,7 +38,7 @@ def test_round_trip(tmp_path):
     assert m.rates[0].tolist() == [0.0, 0.5, 1.0] and m.greedy_known.tolist() == [[False, False, True], [True, False, False]]
     p = write_success_matrix(tmp_path / "m.json", m)
     back = read_success_matrix(p)
-    assert back.to_dict() == good()
+    assert back.to_dict() == {**good(), "version": 2, "split": None, "kernel": None}  # version 1 read, 2 written
     assert np.isnan(back.curve_accuracy[0, 2]) and back.outcomes["grpo"]["rescue_set"] == 2
 
 
@@ -66,7 +66,8 @@ def _with(path: str, value):
 @pytest.mark.parametrize(("data", "needle"), [
     ([], "expected a JSON object"),
     ({}, "'format' must be 'mrl-success-matrix'"),
-    (_with("version", 2), "version 2 is not supported"),
+    (_with("version", 3), "version 3 is not supported"),
+    ({**good(), "split": None}, "unknown key(s) ['split']; known keys"),
     ({**good(), "extra": 1}, "unknown key(s) ['extra']"),
     (_with("policies", []), "'policies' must be a non-empty list"),
     (_with("policies", ["a", "a"]), "'policies' lists ['a'] more than once"),

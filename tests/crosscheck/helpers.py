@@ -31,8 +31,10 @@ def eval_rows(step: int, successes: np.ndarray, greedy: np.ndarray, k: int, prom
 
 
 def write_run(d: Path, regime: str, per_step: dict[int, tuple[np.ndarray, np.ndarray]], prompts: list[str],
-              finished: bool = True, **cfg) -> Path:
-    """A run directory whose evaluation at each step of ``per_step`` gives ``(successes, greedy)``."""
+              finished: bool = True, pool: list[str] | None = None, **cfg) -> Path:
+    """A run directory whose evaluation at each step of ``per_step`` gives ``(successes, greedy)``; ``pool``: the
+    prompts it trained on (default: all of ``prompts``; ``[]``: no ``problems.json``)."""
+    pool = list(prompts) if pool is None else (pool or None)
     d.mkdir(parents=True, exist_ok=True)
     conf = llm_config(regime, **cfg)
     (d / "config.json").write_text(json.dumps(conf))
@@ -42,6 +44,11 @@ def write_run(d: Path, regime: str, per_step: dict[int, tuple[np.ndarray, np.nda
             s, g = per_step[step]
             for r in eval_rows(step, s, g, k, prompts):
                 fh.write(json.dumps(r) + "\n")
+    if pool is not None:  # what the trainer records at a run's start (mrl_llm.run_problems)
+        (d / "problems.json").write_text(json.dumps({
+            "format": "mrl-run-problems", "version": 1, "train": list(pool),
+            "eval": [{"prompt_id": p, "question": f"What is {p}?", "gold": "1", "verifier": "arithmetic",
+                      "choices": [], "family": p.split(":")[0]} for p in prompts]}))
     if finished:
         (d / "summary.json").write_text(json.dumps({"regime": regime, "seed": conf["seed"]}))
     return d

@@ -18,6 +18,7 @@ from mrl_llm.evaluate import read_eval_rows
 from mrl_llm.rewards import ArithmeticTask
 from mrl_llm.rewards.arithmetic import Family
 from shared_interfaces.regimes.config import STANDARD_REGIMES
+from shared_interfaces.success_matrix import read_success_matrix
 
 PROMPT, RESPONSE = "What is 12-7?\n", "\\boxed{5}"
 
@@ -141,6 +142,8 @@ def test_demo_end_to_end_tiny(tmp_path, monkeypatch):
         rows = read_eval_rows(out / "seed0" / reg / "eval.jsonl")
         assert {r["step"] for r in rows} == {0, 1, 2}
         assert {r["prompt_id"] for r in rows} == pool_ids | set(held)
+        split = read_success_matrix(out / "seed0" / reg / "success_matrix.json").split  # the pool, as trained
+        assert {p for p, s in zip(sorted(pool_ids | set(held)), split, strict=True) if s == "train"} == pool_ids
         for p in POLICIES:
             row = next(line for line in md.split("\n") if line.startswith(f"| {reg} | {p.name} |"))
             cells = dict(zip(head, (c.strip() for c in row.strip("|").split("|")), strict=True))

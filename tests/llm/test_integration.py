@@ -86,6 +86,11 @@ def test_two_policies_two_steps_real_vocabularies(shared_dir, tmp_path, monkeypa
     final = {p["name"]: p for p in summary["policies"]}
     assert final["llama"]["peer_exclusive_n"] == 3 and final["qwen"]["peer_exclusive_n"] == 0
     assert final["qwen"]["peer_exclusive_accuracy"] is None
+    rec = json.loads((out / "problems.json").read_text())  # the pool and the evaluated prompts
+    assert rec["train"] == [f"p{i}" for i in range(6)] and [r["prompt_id"] for r in rec["eval"]] == ["e0", "e1", "e2"]
+    from shared_interfaces.success_matrix import read_success_matrix
+
+    assert read_success_matrix(out / "success_matrix.json").split == ("heldout",) * 3  # evaluated, never trained
 
     # -- trained policies are ordinary HF directories ---------------------------------------------
     from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -73,3 +73,72 @@ def test_a_greedy_only_start_writes_no_matrix_at_run_end_and_the_command_says_wh
     assert "no success_matrix.json written" in caplog.text
     with pytest.raises(SuccessMatrixError):
         write_run_matrix(d, tmp_path / "m.json")
+
+
+# -- split: the run's pool or only evaluated (mrl_llm.run_problems) -------------------------------------------------
+
+def _exchange(d, steps: dict[int, list[str]]) -> None:
+    (d / "exchange.jsonl").write_text("".join(json.dumps({"step": s, "prompt_id": p, "policy_id": "alpha"}) + "\n"
+                                              for s, ids in steps.items() for p in ids))
+
+
+def test_split_from_the_runs_problems_json(tmp_path):
+    prompts = two_family_prompts(4)
+    s0, g0 = start_counts(4, 4)
+    d = write_run(tmp_path / "r", "grpo", {0: (s0, g0)}, prompts, pool=["add:0", "sub:3", "mul:9"])
+    m = matrix_from_run(d)
+    assert [p for p, s in zip(m.prompts, m.split, strict=True) if s == "train"] == ["add:0", "sub:3"]
+    assert m.heldout_index.tolist() == [1, 2, 3, 4, 5, 6]
+    assert read_success_matrix(write_run_matrix(d)).split == m.split
+
+
+def test_split_from_the_exchange_once_the_pool_has_been_drawn_whole(tmp_path):
+    prompts = two_family_prompts(4)
+    s0, g0 = start_counts(4, 4)
+    d = write_run(tmp_path / "r", "grpo", {0: (s0, g0)}, prompts, pool=[], prompts_per_step=2)
+    _exchange(d, {0: ["add:0", "add:1"], 1: ["add:2", "add:0"]})  # 4 draws of 3 prompts: an epoch is complete
+    assert matrix_from_run(d).split == ("train", "train", "train", "heldout", "heldout", "heldout", "heldout",
+                                        "heldout")
+    _exchange(d, {0: ["add:0", "add:1"], 1: ["add:2", "add:3"]})  # 4 draws of 4: the pool may be larger
+    with pytest.raises(SuccessMatrixError, match="cannot tell which of .* evaluated prompts it trained on"):
+        matrix_from_run(d)
+
+
+def test_split_undecidable_refuses_the_command_and_writes_none_at_run_end(tmp_path, capsys, caplog):
+    prompts = two_family_prompts(4)
+    s0, g0 = start_counts(4, 4)
+    d = write_run(tmp_path / "r", "grpo", {0: (s0, g0)}, prompts, pool=[])
+    with pytest.raises(SuccessMatrixError, match="no problems.json .* no data section"):
+        matrix_from_run(d)
+    assert main(["success-matrix", "--run", str(d)]) == 2
+    assert "cannot tell which" in capsys.readouterr().err
+    assert write_run_matrix(d) is None and "no success_matrix.json written" in caplog.text
+
+
+def test_split_from_the_configs_data_section(tmp_path):
+    from mrl_llm.data import Problem, write_jsonl
+
+    prompts = two_family_prompts(4)
+    s0, g0 = start_counts(4, 4)
+    d = write_run(tmp_path / "r", "grpo", {0: (s0, g0)}, prompts, pool=[])
+    data = write_jsonl([Problem(prompt_id=p, question=f"q {p}", gold="1", verifier="arithmetic")
+                        for p in ("sub:1", "sub:2", "mul:0")], tmp_path / "train.jsonl")
+    cfg = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**cfg, "data": {"path": str(data), "verifier": "arithmetic"}}))
+    assert [p for p, s in zip(*(lambda m: (m.prompts, m.split))(matrix_from_run(d)), strict=True)
+            if s == "train"] == ["sub:1", "sub:2"]
+    data.unlink()
+    with pytest.raises(SuccessMatrixError, match="cannot load the run's data again"):
+        matrix_from_run(d)
+
+
+def test_a_damaged_problems_json_is_named(tmp_path):
+    prompts = two_family_prompts(4)
+    s0, g0 = start_counts(4, 4)
+    d = write_run(tmp_path / "r", "grpo", {0: (s0, g0)}, prompts)
+    (d / "problems.json").write_text("{oops")
+    with pytest.raises(SuccessMatrixError, match=r"problems.json: not JSON"):
+        matrix_from_run(d)
+    (d / "problems.json").write_text(json.dumps({"format": "mrl-run-problems", "version": 1, "train": [1], "eval": []}))
+    with pytest.raises(SuccessMatrixError, match="'train' must be a list of prompt ids"):
+        matrix_from_run(d)
