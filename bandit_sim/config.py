@@ -88,9 +88,6 @@ class SimConfig:
         for name in ("temperature_lr", "drift"):
             if not 0 <= getattr(self, name) < math.inf:
                 raise ConfigError(f"{name} must be >= 0 and finite, got {getattr(self, name)}")
-        if self.model == "kernel" and self.optimizer != "sgd":
-            raise ConfigError("the kernel model steps in function space (lr x K x the loss's gradient, SGD); set "
-                              "optimizer: sgd (its preconditioner is already in the measured kernel)")
         if not 0 <= self.thl_sigma < math.inf:
             raise ConfigError(f"thl_sigma must be >= 0 and finite, got {self.thl_sigma}")
         if not math.isfinite(self.thl_bias):

@@ -160,15 +160,24 @@ class KernelSettings:
     temperature_lr: float
     drift: float
     floor: float
+    optimizer: str = "adam"
 
 
 def kernel_scenario(counts: Counts, kernel: np.ndarray, train: np.ndarray, names: tuple[str, ...], arms: int,
-                    floor: float) -> Scenario:
+                    floor: float, start_logprob: np.ndarray | None = None) -> Scenario:
     """The calibrated scenario (:func:`bandit_sim.calibrate.success_probabilities` with ``p_never = floor``), with
-    the measured kernel and the training split."""
+    the measured kernel and the training split. ``start_logprob [P, C]`` (the kernel's log pi(y*|x) at the start,
+    NaN where unknown): a never-solved prompt starts at ``min(exp(logprob), floor)`` instead of the floor — the
+    measured probability of its correct answer, which a floor set for the whole pool overstates by orders of
+    magnitude on the prompts a policy is furthest from."""
     if not 0 < floor < 0.5:
         raise ConfigError(f"the never-solved floor must be in (0, 0.5), got {floor}")
-    sc = scenario_from_probabilities(success_probabilities(counts, floor), arms, names)
+    p = success_probabilities(counts, floor)
+    if start_logprob is not None:
+        never = (counts.s == 0) & ~counts.g
+        measured = np.exp(np.clip(np.nan_to_num(np.asarray(start_logprob, dtype=float), nan=0.0), -60.0, 0.0))
+        p = np.where(never, np.clip(np.minimum(measured, floor), 1e-20, None), p)
+    sc = scenario_from_probabilities(p, arms, names)
     return replace(sc, kernel=kernel, train=np.asarray(train, dtype=bool))
 
 
@@ -188,7 +197,7 @@ def kernel_config(run: dict[str, Any], regimes: tuple[str, ...], scenario: Scena
                   seeds: int, thl_sigma: float = 0.0) -> SimConfig:
     """The LLM run mirrored as :func:`bandit_sim.fit.bandit_config` does, on the kernel model with ``ks``."""
     n_train = int(scenario.train_index.size)
-    cfg = bandit_config(run, regimes, n_train, FreeSettings("sgd", ks.lr, 1), SimOptions(seeds=seeds, thl_sigma=thl_sigma),
+    cfg = bandit_config(run, regimes, n_train, FreeSettings(ks.optimizer, ks.lr, 1), SimOptions(seeds=seeds, thl_sigma=thl_sigma),
                         int(run["group_size"]))
     return replace(cfg, model="kernel", temperature_lr=ks.temperature_lr, drift=ks.drift, plan_table=cfg.plan_table)
 
@@ -221,9 +230,14 @@ def simulate_kernel(scenario: Scenario, cfg: SimConfig, eval_steps: np.ndarray, 
     return Trajectory(tuple(s.name for s in eng.specs), np.array(want), tr(qs), tr(solves), tr(ents))
 
 
-def log_likelihood(traj: Trajectory, curves: Curves, entropy_weight: float = 1.0) -> float:
+#: the entropy term's weight in the fit's log-likelihood
+ENTROPY_WEIGHT = 1.0
+
+
+def log_likelihood(traj: Trajectory, curves: Curves, entropy_weight: float | None = None) -> float:
     """Binomial log-likelihood of the observed counts after step 0 under the bandit's seed-mean probabilities,
     plus the entropy change's Gaussian log-likelihood (module docstring). Regime 0 of ``traj`` is the GRPO run."""
+    entropy_weight = ENTROPY_WEIGHT if entropy_weight is None else entropy_weight
     q = np.clip(traj.q[0].mean(axis=1), 1e-6, 1 - 1e-6)  # [T, P, C]
     idx = [int(np.searchsorted(traj.steps, s)) for s in curves.steps]
     ll = 0.0
@@ -241,23 +255,25 @@ def log_likelihood(traj: Trajectory, curves: Curves, entropy_weight: float = 1.0
 
 
 #: the coordinate search's grids (log-spaced; 0 is "off" for the temperature and the drift)
-LR_GRID = (0.03, 0.06, 0.125, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
+LR_GRID = (0.003, 0.01, 0.03, 0.06, 0.1, 0.2, 0.4, 0.8)
 TEMPERATURE_GRID = (0.0, 0.001, 0.003, 0.01, 0.03)
-DRIFT_GRID = (0.0, 0.01, 0.02, 0.05, 0.1)
+DRIFT_GRID = (0.0, 0.02, 0.05, 0.1, 0.2, 0.4)
 FLOOR_GRID = (1e-4, 1e-3, 3e-3, 1e-2, 3e-2)
 
 
 def fit_kernel(counts: Counts, kernel: np.ndarray, curves: Curves, names: tuple[str, ...], run: dict[str, Any], *,
-               arms: int = 16, seeds: int = 8, rounds: int = 2, log=None) -> dict[str, Any]:
-    """Coordinate search of :class:`KernelSettings` maximising :func:`log_likelihood` on the GRPO run ``run`` /
-    ``curves`` (module docstring). Returns ``{"settings", "log_likelihood", "evaluations", "trace"}``."""
+               arms: int = 16, seeds: int = 8, rounds: int = 2, start_logprob: np.ndarray | None = None,
+               log=None) -> dict[str, Any]:
+    """Search of :class:`KernelSettings` maximising :func:`log_likelihood` on the GRPO run ``run`` / ``curves``
+    (module docstring): the best of a coarse joint grid, then ``rounds`` of coordinate steps over each setting's
+    grid. Returns ``{"settings", "log_likelihood", "evaluations"}``."""
     if parse_name(run) != "grpo":
         raise ConfigError(f"the kernel model is fitted on a GRPO run; this run is {parse_name(run)}")
     cache: dict[KernelSettings, float] = {}
 
     def score(ks: KernelSettings) -> float:
         if ks not in cache:
-            sc = kernel_scenario(counts, kernel, curves.train, names, arms, ks.floor)
+            sc = kernel_scenario(counts, kernel, curves.train, names, arms, ks.floor, start_logprob)
             cfg = kernel_config(run, ("grpo",), sc, ks, seeds)
             try:
                 cache[ks] = log_likelihood(simulate_kernel(sc, cfg, curves.steps, int(run["eval_k"])), curves)
@@ -267,7 +283,11 @@ def fit_kernel(counts: Counts, kernel: np.ndarray, curves: Curves, names: tuple[
                 log(f"  {ks}: {cache[ks]:.1f}")
         return cache[ks]
 
-    best = KernelSettings(lr=0.5, temperature_lr=0.0, drift=0.0, floor=1e-3)
+    # a coarse joint start (the settings trade off: a large lr with no temperature fits GRPO's pool nearly as well as
+    # a small one with some, and coordinate steps from one corner stay there), then coordinate refinement
+    start = [KernelSettings(lr, tl, dr, FLOOR_GRID[-1]) for lr in LR_GRID[1::2] for tl in TEMPERATURE_GRID[:3]
+             for dr in DRIFT_GRID[1::2]]
+    best = max(start, key=score)
     grids = {"lr": LR_GRID, "temperature_lr": TEMPERATURE_GRID, "drift": DRIFT_GRID, "floor": FLOOR_GRID}
     for _ in range(rounds):
         for name, grid in grids.items():
@@ -350,17 +370,19 @@ def paired_ties(summary: dict[str, dict[str, Any]], key: str, best: str) -> list
 
 def predict_kernel(counts: Counts, kernel: np.ndarray, curves: Curves, names: tuple[str, ...], run: dict[str, Any],
                    regimes: tuple[str, ...], *, objective: str = "final", seeds: int = 32, arms: int = 16,
-                   fit_seeds: int = 8, thl_sigma: float = 0.0, log=None) -> dict[str, Any]:
+                   fit_seeds: int = 8, thl_sigma: float = 0.0, start_logprob: np.ndarray | None = None,
+                   log=None) -> dict[str, Any]:
     """Fit on the GRPO run (:func:`fit_kernel`), simulate ``regimes``, summarise (:func:`summarise`) and choose:
     ``use`` the best mean on ``objective`` (``final``, ``heldout`` or ``rescue``), ``ties_with_use`` the regimes
     :func:`paired_ties` cannot separate from it, ``clear_winner`` False when there are any."""
     import time
 
     t0 = time.perf_counter()
-    fit = fit_kernel(counts, kernel, curves, names, run, arms=arms, seeds=fit_seeds, log=log)
+    fit = fit_kernel(counts, kernel, curves, names, run, arms=arms, seeds=fit_seeds, start_logprob=start_logprob,
+                     log=log)
     t_fit = time.perf_counter() - t0
     ks = fit["settings"]
-    sc = kernel_scenario(counts, kernel, curves.train, names, arms, ks.floor)
+    sc = kernel_scenario(counts, kernel, curves.train, names, arms, ks.floor, start_logprob)
     cfg = kernel_config(run, regimes, sc, ks, seeds, thl_sigma)
     traj = simulate_kernel(sc, cfg, curves.steps, int(run["eval_k"]))
     summary = summarise(traj, curves, int(run["eval_k"]))

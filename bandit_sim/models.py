@@ -148,19 +148,28 @@ class KernelModel:
     :data:`bandit_sim.calibrate.CORRECT_ARM`) and ``Kn = K / mean_p mean_c K_p(c, c)`` (the kernel in units of the
     policies' mean self-transfer, so ``lr`` is the step a context takes on itself), one step is::
 
-        u[c, p, 0]    -= lr * sum_b Kn_p(c, ctx_b) * g[b, p, 0]          every context c (transfer)
-        u[ctx_b, p, a] -= lr * Kn_p(ctx_b, ctx_b) * g[b, p, a]           a >= 1, the batch's wrong arms
+        u[c, p, 0]    -= eta * sum_b Kn_p(c, ctx_b) * g[b, p, 0]         every context c (transfer)
+        u[ctx_b, p, a] -= eta * Kn_p(ctx_b, ctx_b) * g[b, p, a]          a >= 1, the batch's wrong arms
         beta          <- Adam(beta, sum_{b, a} dL/dz[b, p, a] * u[ctx_b, p, a], temperature_lr)
         u[c, p, 0]    += drift * xi[s, c, p],  xi ~ N(0, 1)               the same xi for every regime
 
     The kernel carries what one prompt's correct-answer gradient does to another's (same-family transfer,
     cross-family interference: ``K < 0``); ``beta`` is the global sharpness the LLM's norm gains set (GRPO raises
     it, an NLL on text the policy finds unlikely lowers it); the drift is the noise of an optimizer step in the
-    directions no measured gradient spans. With ``K = I``, ``temperature_lr = drift = 0`` it is the tabular model
-    under SGD."""
+    directions no measured gradient spans.
+
+    ``optimizer``: ``sgd``, ``eta = lr``; ``adam``, the step normalised as Adam normalises the LLM's, by the running
+    RMS of its own size: ``eta = lr / (sqrt(v_hat) + 1e-8)``, ``v <- 0.999 v + 0.001 n``, ``n = g^T Kn g`` (the squared
+    preconditioned norm of the parameter step the batch's gradient asks for), bias-corrected, per (regime, seed,
+    policy), no momentum. Under Adam a term with a large gradient (an NLL on text the policy finds unlikely) does not
+    step proportionally further, it takes over the step's direction. With ``K = I``, ``temperature_lr = drift = 0``
+    and ``sgd`` it is the tabular model under SGD."""
 
     def __init__(self, init_logits: torch.Tensor, kernel: torch.Tensor, R: int, S: int, lr: float,
-                 temperature_lr: float = 0.0, drift: float = 0.0, generator: torch.Generator | None = None):
+                 temperature_lr: float = 0.0, drift: float = 0.0, generator: torch.Generator | None = None,
+                 optimizer: str = "sgd"):
+        if optimizer not in ("sgd", "adam"):
+            raise ValueError(f"unknown optimizer {optimizer!r}; use sgd or adam")
         P, C, K = init_logits.shape
         if kernel.shape != (P, C, C):
             raise ValueError(f"kernel {tuple(kernel.shape)} does not match the scenario's [P, C, C] = [{P}, {C}, {C}]")
@@ -175,6 +184,9 @@ class KernelModel:
         self.beta_opts = [_Optimizer(self.beta[r], "adam", temperature_lr) for r in range(R)] if temperature_lr else None
         self.lr, self.drift, self.gen = lr, drift, generator
         self._seeds = torch.arange(S).view(S, 1)
+        self.normalise = optimizer == "adam"
+        self.v = torch.zeros(R, S, P, dtype=init_logits.dtype)
+        self.t = [0] * R
 
     def batch_logits(self, regs: Sequence[int], ctx: torch.Tensor) -> torch.Tensor:
         regs = list(regs)
@@ -201,9 +213,17 @@ class KernelModel:
             beta = self.beta[r]  # [S, P]
             g = grad_z[k] * beta[:, None, :, None]
             g_beta = (grad_z[k] * u_b).sum(dim=(1, 3))
-            self.u[r][..., 0] -= self.lr * torch.einsum("pcsb,sbp->scp", kb, g[..., 0])
+            step = torch.einsum("pcsb,sbp->scp", kb, g[..., 0])  # [S, C, P]
+            eta = torch.full((S, 1, self.shape[2]), self.lr, dtype=g.dtype)
+            if self.normalise:  # n = g^T Kn g: the correct arms through the kernel, the wrong arms through its diagonal
+                own = step[self._seeds, ctx]  # [S, B, P]: (Kn g)_b on the batch's contexts
+                n = (own * g[..., 0]).sum(1) + (diag.unsqueeze(-1) * g[..., 1:].square()).sum(dim=(1, 3))
+                self.t[r] += 1
+                self.v[r].mul_(0.999).add_(n.clamp(min=0), alpha=0.001)
+                eta = (self.lr / ((self.v[r] / (1 - 0.999 ** self.t[r])).sqrt() + 1e-8)).unsqueeze(1)
+            self.u[r][..., 0] -= eta * step
             u_b = self.u[r][self._seeds, ctx]  # the transfer moved the batch's correct arms: read them again
-            u_b[..., 1:] -= self.lr * diag.unsqueeze(-1) * g[..., 1:]
+            u_b[..., 1:] -= eta.unsqueeze(-1) * diag.unsqueeze(-1) * g[..., 1:]
             self.u[r][self._seeds, ctx] = u_b
             if self.beta_opts is not None:
                 self.beta_opts[r].step(beta, g_beta)
@@ -224,5 +244,5 @@ def make_model(kind: str, init_logits: torch.Tensor, R: int, S: int, optimizer: 
         if kernel is None:
             raise ValueError("the kernel model needs a measured kernel [P, C, C] (the success matrix's kernel: "
                              "python -m mrl_llm kernel --run DIR)")
-        return KernelModel(init_logits, kernel, R, S, lr, temperature_lr, drift, generator)
+        return KernelModel(init_logits, kernel, R, S, lr, temperature_lr, drift, generator, optimizer)
     raise ValueError(f"unknown model {kind!r}; use tabular, loglinear or kernel")

@@ -19,8 +19,10 @@ one (step, policy) (a resumed run cuts ``metrics.jsonl`` back, so a repeat is da
 ``"heldout"``), recorded in ``run.split_from``:
 
 1. at a run's end the runner passes the training problems it resolved (exact);
-2. from a run directory, where the run's problems came from is read from ``summary.json``'s ``data`` (every
-   finished run writes it), else ``config.json`` (a run stopped before its end, started from its config):
+2. from a run directory: the pool the trainer recorded at the run's start (``problems.json``,
+   :mod:`mrl_llm.run_problems`, the success matrix's source of its split too); a run older than that file:
+   where the run's problems came from is read from ``summary.json``'s ``data`` (every finished run writes
+   it), else ``config.json`` (a run stopped before its end, started from its config):
 
    a. the evaluation set was taken from the training problems (no ``eval.data``): every prompt is "train";
    b. else the pool is the prompts the run trained on (``exchange.jsonl``), when they are as many as the
@@ -169,8 +171,12 @@ def _data_file_ids(data: dict[str, Any], config: Path) -> set[str] | None:
 def training_pool(d: Path, cfg: dict[str, Any]) -> tuple[set[str] | None, str]:
     """``(pool, how)`` of run directory ``d`` (module docstring, 2): the training prompt ids, or None when every
     evaluated prompt is one; ``how`` says how it was decided. :class:`DynamicsError` when it cannot be."""
+    from mrl_llm.run_problems import FILE_NAME as PROBLEMS, read_run_problems
     from mrl_llm.run_setup import EVAL_ON_TRAINING
 
+    recorded = read_run_problems(d)  # what the trainer records at a run's start: the one source when present
+    if recorded is not None:
+        return recorded[0], f"the {len(recorded[0])} prompts of its training pool ({PROBLEMS})"
     summary = d / "summary.json"
     data = read_json_object(summary, "the run writes it at its end", DynamicsError).get("data") \
         if summary.is_file() else None

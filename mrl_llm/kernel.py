@@ -172,15 +172,18 @@ def policy_examples(policy: Any, tokenizer: Any, problems: Sequence[Problem],
 
 
 def gradient_fn(model: torch.nn.Module, params: Sequence[torch.nn.Parameter], examples: Sequence[tuple[list[int],
-                list[int]]], *, pad_id: int, temperature: float) -> Gradient:
+                list[int]]], *, pad_id: int, temperature: float, logprobs: dict[int, float] | None = None) -> Gradient:
     """``grad(c)``: the gradient of ``sum_t log pi(response_t | ...)`` of ``examples[c]`` w.r.t. ``params``
-    (the trainer's log-probs, :func:`mrl_llm.logprobs.forward_logprobs`, at the sampling temperature)."""
+    (the trainer's log-probs, :func:`mrl_llm.logprobs.forward_logprobs`, at the sampling temperature); the
+    log-probability itself goes to ``logprobs[c]`` when given."""
     from mrl_llm.logprobs import forward_logprobs, pack
 
     def grad(c: int) -> list[torch.Tensor]:
         batch = pack([examples[c][0]], [examples[c][1]], pad_id)
         logp, _ = forward_logprobs(model, batch, temperature)
         total = logp[0][batch.response_mask[0]].sum()
+        if logprobs is not None:
+            logprobs[c] = float(total.detach())
         return [g.detach() for g in torch.autograd.grad(total, list(params))]
 
     return grad
@@ -257,12 +260,14 @@ def run_kernel(run_dir: str | Path, out: str | Path | None = None, *, dim: int |
         examples, kinds = policy_examples(pol, tok, probs, step0_successes(d, pol.name, names))
         named = lr_parameters(model, pol)
         adam = pol.train.optimizer in ("adam", "adamw")
+        logps: dict[int, float] = {}
         grad = gradient_fn(model, [p for _, p, _ in named], examples, pad_id=int(tok.pad_token_id),
-                           temperature=pol.sampling.temperature)
+                           temperature=pol.sampling.temperature, logprobs=logps)
         K[i] = preconditioned_kernel(grad, C, [r for _, _, r in named], adam_eps=pol.train.eps if adam else None,
                                      dim=dim, seed=seed)
         n = sum(p.numel() for _, p, _ in named)
         entries.append({"preconditioner": "adam" if adam else "identity", "parameters": int(n), "target": kinds,
+                        "logprob": [round(logps[c], 6) for c in range(C)],
                         "seconds": round(time.perf_counter() - ti, 3)})
         log.info("kernel of %s: %d prompts, %d parameters, %.1f s", pol.name, C, n, entries[-1]["seconds"])
         del model

@@ -39,6 +39,7 @@ value: a missing number is ``null``.
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import os
@@ -305,19 +306,24 @@ def read_dynamics(path: str | Path) -> Dynamics:
     if not p.is_file():
         raise DynamicsError(f"dynamics {p} does not exist; {WRITE_HINT}")
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
+        raw = gzip.decompress(p.read_bytes()) if p.suffix == ".gz" else p.read_bytes()
+        data = json.loads(raw.decode("utf-8"))
     except (ValueError, UnicodeDecodeError) as err:  # (JSONDecodeError, an integer of over 4300 digits)
         raise DynamicsError(f"dynamics {p} is not valid JSON: {err}; {WRITE_HINT}") from err
+    except (OSError, EOFError) as err:  # a damaged or truncated .gz
+        raise DynamicsError(f"dynamics {p} is not a readable gzip file: {err}; {WRITE_HINT}") from err
     except RecursionError as err:
         raise DynamicsError(f"dynamics {p} is nested too deeply to read; {WRITE_HINT}") from err
     return from_dict(data, where=f"dynamics {p}")
 
 
 def write_dynamics(path: str | Path, dynamics: Dynamics) -> Path:
-    """Write ``dynamics`` as JSON (atomically: a temporary file renamed over ``path``)."""
+    """Write ``dynamics`` as JSON, gzip-compressed when ``path`` ends in ``.gz`` (atomically: a temporary file
+    renamed over ``path``)."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(dynamics.to_dict(), allow_nan=False) + "\n", encoding="utf-8")
+    text = (json.dumps(dynamics.to_dict(), allow_nan=False) + "\n").encode("utf-8")
+    tmp.write_bytes(gzip.compress(text, mtime=0) if p.suffix == ".gz" else text)
     os.replace(tmp, p)
     return p

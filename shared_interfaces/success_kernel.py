@@ -17,6 +17,7 @@ prompts, in the matrix's order)::
             "preconditioner": "adam" | "identity",
             "parameters": int,             # the parameters counted (trained; lr 0 counts 0)
             "target": [C "gold" | "success"],  # y*: the gold answer rendered, or a verified step-0 success
+            "logprob": [C floats] (optional),  # log pi(y*|x) at the start, <= 0
             "seconds": float,
             "matrix": [[C floats]] * C}]}  # symmetric, finite
 
@@ -40,6 +41,8 @@ PRECONDITIONERS = ("adam", "identity")
 TARGETS = ("gold", "success")
 KEYS = ("projection_dim", "seed", "lr_weighted", "seconds", "peak_rss_mb", "policies")
 POLICY_KEYS = ("preconditioner", "parameters", "target", "seconds", "matrix")
+#: optional keys of a policy's entry: ``logprob`` [C], log pi(y*|x) of each prompt's target at the start
+POLICY_OPTIONAL = ("logprob",)
 FIX = "write it again with `python -m mrl_llm kernel --run RUN_DIR`"
 
 
@@ -83,9 +86,13 @@ def parse_kernel(kernel: Any, P: int, C: int, fail: Any) -> tuple[np.ndarray, di
 
 def _policy(e: Any, i: int, C: int, K: np.ndarray, fail: Any) -> dict[str, Any]:
     w = f"kernel.policies[{i}]"
-    if not isinstance(e, dict) or set(e) != set(POLICY_KEYS):
+    if not isinstance(e, dict) or not set(POLICY_KEYS) <= set(e) <= set(POLICY_KEYS) | set(POLICY_OPTIONAL):
         got = sorted(e) if isinstance(e, dict) else type(e).__name__
-        raise fail(f"{w} must be null or an object with exactly {list(POLICY_KEYS)}, got {got}; {FIX}")
+        raise fail(f"{w} must be null or an object with {list(POLICY_KEYS)} (and optionally {list(POLICY_OPTIONAL)}), "
+                   f"got {got}; {FIX}")
+    lp = e.get("logprob")
+    if lp is not None and (not isinstance(lp, list) or len(lp) != C or not all(_is_num(x) and x <= 1e-6 for x in lp)):
+        raise fail(f"{w}.logprob must be a list of {C} finite log-probabilities (<= 0), one per prompt; {FIX}")
     if e["preconditioner"] not in PRECONDITIONERS:
         raise fail(f"{w}.preconditioner must be one of {list(PRECONDITIONERS)}, got {e['preconditioner']!r}")
     if not _is_int(e["parameters"], 1):
@@ -112,7 +119,7 @@ def _policy(e: Any, i: int, C: int, K: np.ndarray, fail: Any) -> dict[str, Any]:
         r = int(np.argmin(np.diag(a)))
         raise fail(f"{w}.matrix[{r}][{r}] = {m[r][r]!r} is negative; a kernel's diagonal is a squared norm; {FIX}")
     K[i] = a
-    return {k: e[k] for k in POLICY_KEYS if k != "matrix"}
+    return {k: e[k] for k in (*POLICY_KEYS, *POLICY_OPTIONAL) if k != "matrix" and k in e}
 
 
 def kernel_dict(K: np.ndarray, meta: dict[str, Any]) -> dict[str, Any]:

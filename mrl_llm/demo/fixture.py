@@ -16,6 +16,10 @@ Written to ``--out``:
   ``experiments/crosscheck`` pools them; greedy correct if correct in any copy), ``run`` and ``curve``
   of the seed's ``--probe-regime`` run (default ``grpo``: the matrix is then its own GRPO probe for
   ``bandit_sim predict --probe-run``), and ``outcomes``: every regime's own outcome in that seed.
+* ``seed<S>/<regime>.dynamics.json.gz`` — each run's per-prompt dynamics (:mod:`shared_interfaces.dynamics`),
+  gzip-compressed, the kernel model's fit input (GRPO's) and its observed outcomes (every regime's).
+* with ``--kernel`` (the default), ``seed<S>.json`` also carries the policies' transfer kernels at the seed's
+  start (:func:`mrl_llm.kernel.run_kernel` on the probe run: every regime starts from the same weights).
 * ``observed.json`` — ``{"source", "policies", "seeds", "outcomes"}``, per regime pooled over the seeds:
   ``final_accuracy`` per policy and ``mean_accuracy`` are means over the seeds, ``rescue_set`` the sum of
   the seeds' rescue sets and ``rescue_rate`` the share of that pooled set solved at the last evaluation
@@ -139,13 +143,39 @@ def observed_outcomes(per_seed: dict[int, SuccessMatrix]) -> dict[str, dict[str,
     return out
 
 
-def build_fixture(demo_dir: str | Path, out_dir: str | Path, *, probe_regime: str = "grpo") -> list[Path]:
-    """Write ``seed<S>.json`` per seed and ``observed.json`` to ``out_dir``; returns the files written."""
+def with_kernel(m: SuccessMatrix, run_dir: Path, tmp: Path) -> SuccessMatrix:
+    """``m`` with the kernel :func:`mrl_llm.kernel.run_kernel` measures at ``run_dir``'s start (over the same
+    prompts, in the same order)."""
+    from mrl_llm.kernel import run_kernel
+
+    _, k = run_kernel(run_dir, tmp)
+    if k.prompts != m.prompts or k.policies != m.policies:
+        raise SuccessMatrixError(f"the kernel of {run_dir} is over other prompts or policies than its seed's matrix; "
+                                 "rerun the demo into a new --out")
+    return replace(m, kernel=k.kernel, kernel_meta=k.kernel_meta)
+
+
+def build_fixture(demo_dir: str | Path, out_dir: str | Path, *, probe_regime: str = "grpo",
+                  kernel: bool = True) -> list[Path]:
+    """Write ``seed<S>.json`` per seed (with its kernel when ``kernel``), every run's ``seed<S>/<regime>.dynamics
+    .json.gz`` and ``observed.json`` to ``out_dir``; returns the files written."""
+    import tempfile
+
+    from mrl_llm.dynamics import dynamics_from_run
+    from shared_interfaces.dynamics import write_dynamics
+
     runs = find_runs(demo_dir)
     per_seed = {seed: seed_matrix(regs, probe_regime=probe_regime) for seed, regs in sorted(runs.items())}
     observed = observed_outcomes(per_seed)
     out = Path(out_dir)
-    files = [write_success_matrix(out / f"seed{seed}.json", m) for seed, m in per_seed.items()]
+    files = []
+    for seed, regs in sorted(runs.items()):
+        files += [write_dynamics(out / f"seed{seed}" / f"{reg}.dynamics.json.gz", dynamics_from_run(d))
+                  for reg, d in sorted(regs.items())]
+        if kernel:
+            with tempfile.TemporaryDirectory() as tmp:
+                per_seed[seed] = with_kernel(per_seed[seed], regs[probe_regime], Path(tmp) / "k.json")
+    files += [write_success_matrix(out / f"seed{seed}.json", m) for seed, m in per_seed.items()]
     doc = {"source": f"python -m mrl_llm.demo.fixture over the demo's runs ({len(per_seed)} seeds)",
            "policies": list(next(iter(per_seed.values())).policies), "seeds": sorted(per_seed), "outcomes": observed}
     (out / OBSERVED).write_text(json.dumps(doc, indent=1) + "\n")
@@ -157,15 +187,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--demo", required=True, help="a demo directory (python -m mrl_llm demo --out DIR)")
     ap.add_argument("--out", default="tests/fixtures/demo", help="fixture directory (default tests/fixtures/demo)")
     ap.add_argument("--probe-regime", default="grpo", help="the regime whose run gives each seed's run and curve")
+    ap.add_argument("--kernel", action=argparse.BooleanOptionalAction, default=True,
+                    help="measure the policies' transfer kernels at each seed's start into its matrix (default on)")
     args = ap.parse_args(argv)
     from mrl_llm.cli import USER_ERRORS, one_line
 
     try:
-        files = build_fixture(args.demo, args.out, probe_regime=args.probe_regime)
+        files = build_fixture(args.demo, args.out, probe_regime=args.probe_regime, kernel=args.kernel)
     except USER_ERRORS as err:
         print(f"mrl_llm.demo.fixture: {one_line(err)}", file=sys.stderr)
         return 2
-    print(f"{len(files) - 1} success matrices and {OBSERVED} -> {args.out}")
+    print(f"{len(files) - 1} success matrices and dynamics files, and {OBSERVED} -> {args.out}")
     return 0
 
 

@@ -46,6 +46,17 @@ def test_round_trip(tmp_path):
     assert not list(tmp_path.glob(".*tmp"))  # written atomically, no temporary file left
 
 
+def test_gzip_round_trip_and_a_damaged_gzip(tmp_path):
+    import gzip
+
+    p = write_dynamics(tmp_path / "d.json.gz", from_dict(good()))
+    assert gzip.decompress(p.read_bytes()).startswith(b"{")
+    assert read_dynamics(p).to_dict() == good()
+    p.write_bytes(p.read_bytes()[:20])
+    with pytest.raises(DynamicsError, match="not a readable gzip file"):
+        read_dynamics(p)
+
+
 def test_helpers_a_fit_uses():
     d = from_dict(good())
     assert d.split_index("train").tolist() == [0, 1] and d.split_index("heldout").tolist() == [2]

@@ -49,6 +49,11 @@ def write_run(d: Path, regime: str, per_step: dict[int, tuple[np.ndarray, np.nda
             "format": "mrl-run-problems", "version": 1, "train": list(pool),
             "eval": [{"prompt_id": p, "question": f"What is {p}?", "gold": "1", "verifier": "arithmetic",
                       "choices": [], "family": p.split(":")[0]} for p in prompts]}))
+    with open(d / "metrics.jsonl", "w") as fh:  # the sampling entropy of every training step
+        for step in range(conf["steps"]):
+            for pol in conf["policies"]:
+                fh.write(json.dumps({"kind": "train", "step": step, "policy": pol["name"], "entropy": 1.0 - step / 100})
+                         + "\n")
     if finished:
         (d / "summary.json").write_text(json.dumps({"regime": regime, "seed": conf["seed"]}))
     return d

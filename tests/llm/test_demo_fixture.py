@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 
 from mrl_llm.demo.fixture import build_fixture, find_runs, main, observed_outcomes
+from mrl_llm.dynamics import dynamics_from_run
+from shared_interfaces.dynamics import read_dynamics
 from shared_interfaces.success_matrix import SuccessMatrixError, read_success_matrix
 from tests.crosscheck.helpers import fabricate, start_counts, two_family_prompts
 
@@ -22,8 +24,13 @@ def _demo(tmp_path: Path, seeds=(0, 1)) -> Path:
 
 
 def test_fixture_from_demo_runs(tmp_path):
-    files = build_fixture(_demo(tmp_path), tmp_path / "fx")
-    assert sorted(f.name for f in files) == ["observed.json", "seed0.json", "seed1.json"]
+    files = build_fixture(_demo(tmp_path), tmp_path / "fx", kernel=False)
+    assert sorted(str(f.relative_to(tmp_path / "fx")) for f in files) == [
+        "observed.json", "seed0.json", *[f"seed0/{r}.dynamics.json.gz" for r in ("grpo", "sgt", "xgrpo")],
+        "seed1.json", *[f"seed1/{r}.dynamics.json.gz" for r in ("grpo", "sgt", "xgrpo")]]
+    dyn = read_dynamics(tmp_path / "fx" / "seed1" / "sgt.dynamics.json.gz")
+    assert dyn.run["seed"] == 1 and dyn.run["regime"]["name"] == "sgt" and dyn.prompts == dynamics_from_run(
+        tmp_path / "demo" / "seed1" / "sgt").prompts
     m = read_success_matrix(tmp_path / "fx" / "seed1.json")
     s0, g0 = start_counts(4, 4)
     order = np.argsort(two_family_prompts(4))
@@ -49,7 +56,7 @@ def test_distinct_starts_are_pooled_and_the_rescue_rate_is_weighted_by_set_size(
         if r["step"] == 0 and r["policy"] == "alpha" and r["prompt_id"] == "add:0":
             r["successes"] = 4  # a different step-0 evaluation: pooled with the others' (identical) one
     ev.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    build_fixture(demo, tmp_path / "fx")
+    build_fixture(demo, tmp_path / "fx", kernel=False)
     m = read_success_matrix(tmp_path / "fx" / "seed0.json")
     c = m.prompts.index("add:0")
     assert m.samples[0, c] == 8 and m.successes[0, c] == 1 + 4 and m.samples[1, 0] == 8
@@ -90,8 +97,8 @@ def test_demo_directory_errors(tmp_path, capsys):
 
 
 def test_command_writes_the_fixture(tmp_path, capsys):
-    assert main(["--demo", str(_demo(tmp_path)), "--out", str(tmp_path / "fx")]) == 0
-    assert "2 success matrices and observed.json" in capsys.readouterr().out
+    assert main(["--demo", str(_demo(tmp_path)), "--out", str(tmp_path / "fx"), "--no-kernel"]) == 0
+    assert "8 success matrices and dynamics files, and observed.json" in capsys.readouterr().out
 
 
 

@@ -216,3 +216,5 @@ def test_the_command_writes_and_reports(tmp_path, capsys):
     assert "kernel: " in out and "2 policies x 4 prompts, dim 64" in out and "peak RSS" in out
     m = read_success_matrix(tmp_path / "m.json")
     assert m.kernel.shape == (2, 4, 4) and m.kernel_meta["seed"] == 1
+    for e in m.kernel_meta["policies"]:  # log pi(y*|x) at the start, the kernel's targets' probabilities
+        assert len(e["logprob"]) == 4 and all(-200 < x <= 0 for x in e["logprob"])
