@@ -10,7 +10,8 @@ grid's full product, one result file per point as it finishes, a progress bar, o
 (:mod:`bandit_sim.sweep`); a failed point is listed and the command exits 1.
 ``scenario --preset NAME --out FILE.npz``: write the preset's generated scenario, to edit or calibrate.
 ``predict --success-matrix FILE [--probe-run FILE] [--max-work N]``: calibrate a scenario from an LLM pair's success
-matrix, simulate every regime and print the predicted ordering and the regime to use (:mod:`bandit_sim.predict`).
+matrix, simulate every regime and print the predicted ordering and the regime to use (:mod:`bandit_sim.predict`);
+``--model kernel --dynamics GRPO_RUN/dynamics.json``: the kernel model, fitted on the pair's GRPO run.
 ``--max-points`` / ``--max-work`` bound a sweep's points and a prediction's simulated draws, checked before any work.
 """
 
@@ -67,7 +68,13 @@ def _parser() -> argparse.ArgumentParser:
     pr.add_argument("--regimes", help="comma-separated regimes (default: the five standard ones)")
     pr.add_argument("--seeds", type=int, default=32, help="bandit seeds")
     pr.add_argument("--preset", default="paper", help="run preset whose optimizer / lr / epochs are used without a probe")
-    pr.add_argument("--objective", choices=("final", "rescue"), default="final", help="what 'the regime to use' maximises")
+    pr.add_argument("--objective", choices=("final", "heldout", "rescue"), default="final",
+                    help="what 'the regime to use' maximises: the pool's final accuracy, the own family's held-out "
+                    "accuracy, or the rescue rate")
+    pr.add_argument("--model", choices=("tabular", "kernel"), default="tabular",
+                    help="tabular (calibrated per-prompt logits) or kernel (the matrix's measured transfer kernel, "
+                    "fitted on --dynamics)")
+    pr.add_argument("--dynamics", help="dynamics.json of the pair's GRPO run: the kernel model's fit input")
     pr.add_argument("--arms", type=int, default=16, help="bandit arms per prompt (one correct)")
     pr.add_argument("--alpha", type=float, default=0.01, help="never-solved floor: p = alpha / (draws of the prompt)")
     pr.add_argument("--thl-sigma", type=float, default=0.0, help="THL residual on prp_thl's denominator")
@@ -166,14 +173,20 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
     regimes = None if args.regimes is None else tuple(r.strip() for r in args.regimes.split(",") if r.strip())
     opts = PredictOptions(**({"regimes": regimes} if regimes is not None else {}), seeds=args.seeds,
-                          preset=args.preset, objective=args.objective, arms=args.arms, alpha=args.alpha,
+                          preset=args.preset, objective=args.objective, model=args.model, arms=args.arms, alpha=args.alpha,
                           thl_sigma=args.thl_sigma, steps=args.steps, prompts_per_step=args.prompts_per_step,
                           group_size=args.group_size, eval_k=args.eval_k, max_work=args.max_work)
     if args.out is not None:
         check_out_file(args.out)
     matrix = read_success_matrix(args.success_matrix)
     probe = read_success_matrix(args.probe_run) if args.probe_run else None
-    res = predict(matrix, probe, opts)
+    if args.dynamics:
+        from shared_interfaces.dynamics import read_dynamics
+
+        dyn = read_dynamics(args.dynamics)
+    else:
+        dyn = None
+    res = predict(matrix, probe, opts, dyn)
     print(format_prediction(res))
     if args.out:
         print(f"-> {write_prediction(res, args.out)}")

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from bandit_sim.calibrate import solve_probability
+from bandit_sim.calibrate import CORRECT_ARM, solve_probability
 from bandit_sim.config import SimConfig
 from bandit_sim.engine import Engine
 from bandit_sim.scenario import Scenario
@@ -100,6 +100,8 @@ class Prediction:
     accuracy: np.ndarray
     snap_steps: np.ndarray
     solve_prob: np.ndarray
+    #: ``[R, U, S, P, C]`` each context's probability of the correct arm at ``snap_steps``
+    correct_prob: np.ndarray | None = None
 
     @property
     def final_solve_prob(self) -> np.ndarray:
@@ -126,12 +128,15 @@ def simulate(scenario: Scenario, cfg: SimConfig, eval_k: int, snap_steps=()) -> 
     eng = Engine(scenario, cfg)
     snaps = sorted({int(t) for t in snap_steps if 0 <= t < cfg.steps} | {cfg.steps})
     probs: list[np.ndarray] = []
+    correct: list[np.ndarray] = []
     done = [0]
 
     def grab() -> None:
         with torch.no_grad():
             z = np.stack([eng.model.logits(r).numpy() for r in range(len(eng.specs))])  # [R, S, P, C, K]
         probs.append(solve_probability(z, eval_k))
+        e = np.exp(z - z.max(axis=-1, keepdims=True))
+        correct.append(e[..., CORRECT_ARM] / e.sum(axis=-1))
 
     def tick(k: int) -> None:
         done[0] += k
@@ -142,7 +147,7 @@ def simulate(scenario: Scenario, cfg: SimConfig, eval_k: int, snap_steps=()) -> 
         grab()
     res = eng.run(tick)
     return Prediction(tuple(res.regimes), res.steps, res.metrics["accuracy"].transpose(1, 0, 2, 3),
-                      np.array(snaps), np.stack(probs, axis=1))
+                      np.array(snaps), np.stack(probs, axis=1), np.stack(correct, axis=1))
 
 
 @dataclass(frozen=True)

@@ -24,8 +24,9 @@ at the end, mean over policies; the change from the start beside it) and ``rescu
 LLM's protocol over the rescue set: training prompts a policy never solved at step 0 while a peer did, pooled).
 Each with a 95 % interval for **one LLM run**: ``1.96 * sqrt(var_seeds + var_eval + var_prompts)`` — the bandit
 seeds' spread (the RL run's own noise), the evaluation's binomial noise with ``k`` samples, and a bootstrap
-over prompts (another pool of the same size: the LLM seeds draw their pools). Differences between regimes are
-paired over the bandit seeds (common random numbers).
+over prompts (another pool of the same size: the LLM seeds draw their pools). Which regime is best
+(:func:`paired_ties`) is decided on the expected difference, paired over the bandit seeds (common random numbers)
+with a bootstrap over prompts.
 """
 
 from __future__ import annotations
@@ -318,8 +319,9 @@ def _var_prompts(q: np.ndarray, mask: np.ndarray) -> np.ndarray:
 
 
 def summarise(traj: Trajectory, curves: Curves, eval_k: int) -> dict[str, dict[str, Any]]:
-    """Per regime ``final``, ``heldout``, ``heldout_change`` and ``rescue_rate`` as ``{mean, ci95, per_seed}``
-    (module docstring)."""
+    """Per regime ``final``, ``heldout``, ``heldout_change`` and ``rescue_rate`` as ``{mean, ci95, per_seed,
+    per_prompt}`` (module docstring; ``per_prompt``: the (policy, prompt) entries' values, averaged over the seeds,
+    for a bootstrap over prompts)."""
     train = np.broadcast_to(curves.train, curves.samples[:, 0].shape)
     own = curves.own_family()
     rescue = curves.rescue_set()
@@ -329,29 +331,34 @@ def summarise(traj: Trajectory, curves: Curves, eval_k: int) -> dict[str, dict[s
         per: dict[str, Any] = {}
         for key, mask, vals in (("final", train, q), ("heldout", own, q)):
             if not mask.any():
-                per[key] = {"mean": None, "ci95": None, "per_seed": None}
+                per[key] = {"mean": None, "ci95": None, "per_seed": None, "per_prompt": None}
                 continue
             m = ((vals * mask).sum(axis=2) / np.maximum(mask.sum(axis=1), 1)).mean(axis=1)  # [S]
             var = m.var(ddof=1) + _var_eval(vals, mask, eval_k).mean() + _var_prompts(vals, mask).mean()
-            per[key] = {"mean": float(m.mean()), "ci95": float(Z95 * math.sqrt(var)), "per_seed": m}
+            per[key] = {"mean": float(m.mean()), "ci95": float(Z95 * math.sqrt(var)), "per_seed": m,
+                        "per_prompt": vals.mean(axis=0)[mask]}
         if own.any():
             m0 = ((q0 * own).sum(axis=2) / np.maximum(own.sum(axis=1), 1)).mean(axis=1)
             ch = per["heldout"]["per_seed"] - m0
-            per["heldout_change"] = {"mean": float(ch.mean()), "ci95": per["heldout"]["ci95"], "per_seed": ch}
+            per["heldout_change"] = {"mean": float(ch.mean()), "ci95": per["heldout"]["ci95"], "per_seed": ch,
+                                     "per_prompt": per["heldout"]["per_prompt"]}
         if rescue.any():
             sv = traj.solve[r, -1][:, rescue]  # [S, N]
             m = sv.mean(axis=1)
             var = m.var(ddof=1) + float((sv * (1 - sv)).mean(axis=0).sum()) / rescue.sum() ** 2
-            per["rescue_rate"] = {"mean": float(m.mean()), "ci95": float(Z95 * math.sqrt(var)), "per_seed": m}
+            per["rescue_rate"] = {"mean": float(m.mean()), "ci95": float(Z95 * math.sqrt(var)), "per_seed": m,
+                                  "per_prompt": sv.mean(axis=0)}
         else:
-            per["rescue_rate"] = {"mean": None, "ci95": None, "per_seed": None}
+            per["rescue_rate"] = {"mean": None, "ci95": None, "per_seed": None, "per_prompt": None}
         out[name] = per
     return out
 
 
 def paired_ties(summary: dict[str, dict[str, Any]], key: str, best: str) -> list[str]:
-    """Regimes whose ``key`` is not clearly below ``best``'s: the 95 % interval of the per-seed difference (paired
-    over the bandit seeds, with both regimes' evaluation and prompt variance) includes 0."""
+    """Regimes whose expected ``key`` is not clearly below ``best``'s: the 95 % interval of the expected difference
+    includes 0 — paired over the bandit seeds (common random numbers: the standard error of their mean difference)
+    plus a bootstrap over prompts of the per-prompt difference (another pool of the same size). The evaluation's
+    binomial noise is left out: it blurs one run's outcome, not which regime is better on average."""
     ties = []
     b = summary[best][key]
     for name, per in summary.items():
@@ -359,13 +366,23 @@ def paired_ties(summary: dict[str, dict[str, Any]], key: str, best: str) -> list
         if name == best or v.get("per_seed") is None or b.get("per_seed") is None:
             continue
         d = b["per_seed"] - v["per_seed"]
-        half_b, half_v = b["ci95"] / Z95, v["ci95"] / Z95  # one run's s.d. each (seeds + evaluation + prompts)
-        seeds_b, seeds_v = np.var(b["per_seed"], ddof=1), np.var(v["per_seed"], ddof=1)
-        # the paired difference keeps its own seed variance in place of the two regimes' separate ones
-        var = np.var(d, ddof=1) + max(half_b**2 - seeds_b, 0.0) + max(half_v**2 - seeds_v, 0.0)
+        var = np.var(d, ddof=1) / len(d) + float(np.var(b["per_prompt"] - v["per_prompt"], ddof=1)) / len(b["per_prompt"])
         if d.mean() - Z95 * math.sqrt(var) <= 0:
             ties.append(name)
     return ties
+
+
+#: ``--objective`` -> the summary's key
+OBJECTIVES = {"final": "final", "heldout": "heldout", "rescue": "rescue_rate"}
+
+
+def choose(summary: dict[str, dict[str, Any]], key: str) -> tuple[str, list[str]] | None:
+    """The regime with the best predicted mean ``key`` and those :func:`paired_ties` cannot separate from it; None
+    when no regime has one."""
+    ranked = sorted((n for n in summary if summary[n][key]["mean"] is not None), key=lambda n: -summary[n][key]["mean"])
+    if not ranked:
+        return None
+    return ranked[0], paired_ties(summary, key, ranked[0])
 
 
 def predict_kernel(counts: Counts, kernel: np.ndarray, curves: Curves, names: tuple[str, ...], run: dict[str, Any],
@@ -386,15 +403,15 @@ def predict_kernel(counts: Counts, kernel: np.ndarray, curves: Curves, names: tu
     cfg = kernel_config(run, regimes, sc, ks, seeds, thl_sigma)
     traj = simulate_kernel(sc, cfg, curves.steps, int(run["eval_k"]))
     summary = summarise(traj, curves, int(run["eval_k"]))
-    key = {"final": "final", "heldout": "heldout", "rescue": "rescue_rate"}[objective]
-    ranked = sorted((n for n in summary if summary[n][key]["mean"] is not None), key=lambda n: -summary[n][key]["mean"])
-    if not ranked:
-        raise ConfigError(f"no regime has a predicted {key} (e.g. no rescue set or no held-out prompts); choose "
-                          "another --objective")
-    best = ranked[0]
-    ties = paired_ties(summary, key, best)
+    choice = {obj: choose(summary, key) for obj, key in OBJECTIVES.items()}
+    if choice[objective] is None:
+        raise ConfigError(f"no regime has a predicted {OBJECTIVES[objective]} (e.g. no rescue set or no held-out "
+                          "prompts); choose another --objective")
+    best, ties = choice[objective]
     return {"settings": ks, "fit": fit, "summary": summary, "use": best, "ties_with_use": ties,
-            "clear_winner": not ties, "objective": objective, "ordering": ranked,
+            "clear_winner": not ties, "objective": objective,
+            "by_objective": {o: None if c is None else {"use": c[0], "ties_with_use": c[1], "clear_winner": not c[1]}
+                             for o, c in choice.items()},
             "seconds": {"fit": t_fit, "predict": time.perf_counter() - t0 - t_fit}}
 
 

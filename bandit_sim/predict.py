@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,7 @@ from bandit_sim.metrics import seed_summary
 from bandit_sim.presets import get_preset
 from bandit_sim.stats import spearman
 from shared_interfaces.config_io import INT_MAX, ConfigError
+from shared_interfaces.dynamics import Dynamics
 from shared_interfaces.regimes import STANDARD_REGIMES, parse_regime
 from shared_interfaces.success_matrix import SuccessMatrix, SuccessMatrixError
 
@@ -49,6 +50,9 @@ class PredictOptions:
     seeds: int = 32
     preset: str = "paper"
     objective: str = "final"
+    #: ``tabular`` (calibrated per-prompt logits, fitted on a probe's curve) or ``kernel`` (the measured transfer
+    #: kernel, fitted on a GRPO run's per-prompt dynamics: :mod:`bandit_sim.kernel_fit`)
+    model: str = "tabular"
     arms: int = 16
     alpha: float = 0.01
     thl_sigma: float = 0.0
@@ -59,8 +63,10 @@ class PredictOptions:
     max_work: int = DEFAULT_MAX_WORK
 
     def __post_init__(self) -> None:
-        if self.objective not in ("final", "rescue"):
-            raise ConfigError(f"--objective must be final or rescue, got {self.objective!r}")
+        if self.objective not in ("final", "heldout", "rescue"):
+            raise ConfigError(f"--objective must be final, heldout or rescue, got {self.objective!r}")
+        if self.model not in ("tabular", "kernel"):
+            raise ConfigError(f"--model must be tabular or kernel, got {self.model!r}")
         if self.seeds < 2:
             raise ConfigError(f"--seeds must be >= 2 (the interval needs two), got {self.seeds}")
         if not self.regimes:
@@ -103,14 +109,19 @@ def work_estimate(policies: int, prompts: int, run: dict[str, Any], regimes: int
     return regimes * seeds * policies * (steps * free.epochs * per_step + table)
 
 
+#: about how many GRPO-only simulations (at 8 seeds) the kernel model's fit runs (:func:`bandit_sim.kernel_fit.fit_kernel`)
+KERNEL_FIT_RUNS = 70
+
+
 def check_work(m: SuccessMatrix, run: dict[str, Any], n_regimes: int, free: FreeSettings, opts: PredictOptions,
-               probe_run: dict[str, Any] | None = None) -> int:
+               probe_run: dict[str, Any] | None = None, fit_runs: int = 0) -> int:
     """The prediction's :func:`work_estimate` (plus the probe fit's over its grid of settings); past
     ``opts.max_work`` a :class:`ConfigError` giving the number, the settings behind it and the flag to raise it."""
     P, C = len(m.policies), len(m.prompts)
     work = work_estimate(P, C, run, n_regimes, opts.seeds, opts.arms, free)
     if probe_run is not None:
         work += sum(work_estimate(P, C, probe_run, 1, opts.seeds, opts.arms, f) for f in SimOptions().grid())
+    work += fit_runs * work_estimate(P, C, run, 1, 8, opts.arms, free)
     if work > opts.max_work:
         raise ConfigError(
             f"predict would simulate about {work} arm draws ({n_regimes} regimes x {opts.seeds} seeds x {P} policies x "
@@ -165,9 +176,17 @@ def _interval(x: np.ndarray) -> dict[str, float | None]:
     return {"mean": None if math.isnan(mean) else mean, "ci95": None if math.isnan(ci) else ci}
 
 
-def predict(m: SuccessMatrix, probe: SuccessMatrix | None = None, opts: PredictOptions | None = None) -> dict[str, Any]:
-    """The prediction (module docstring) as a JSON-able dict."""
+def predict(m: SuccessMatrix, probe: SuccessMatrix | None = None, opts: PredictOptions | None = None,
+            dynamics: Dynamics | None = None) -> dict[str, Any]:
+    """The prediction (module docstring) as a JSON-able dict; ``--model kernel``: :func:`predict_with_kernel` on the
+    GRPO run's ``dynamics``."""
     opts = opts or PredictOptions()
+    if opts.model == "kernel":
+        check_work(m, run_settings(m, opts, where="the success matrix"), len(opts.regimes),
+                   FreeSettings("adam", 1.0, 1), opts, None, fit_runs=KERNEL_FIT_RUNS)
+        return predict_with_kernel(m, dynamics, opts)
+    if dynamics is not None:
+        raise ConfigError("--dynamics is the kernel model's fit input; pass --model kernel, or leave --dynamics out")
     run = run_settings(m, opts, where="the success matrix")
     regimes = tuple(parse_regime(r).name for r in opts.regimes)
     cal_cfg = CalibrationConfig(arms=opts.arms, alpha=opts.alpha)  # (its checks first: the arms bound the work)
@@ -180,20 +199,27 @@ def predict(m: SuccessMatrix, probe: SuccessMatrix | None = None, opts: PredictO
     cal = calibrate(_counts(m), m.prompts, m.policies, cal_cfg,
                     steps=int(run["steps"]), batch_prompts=int(run["prompts_per_step"]),
                     group_size=int(run["group_size"]))
-    free, how = free_settings(m, run, cal.scenario, probe, opts)
+    scenario, rescue_set = cal.scenario, cal.rescue
+    train = None if m.split is None else np.array([x == "train" for x in m.split])
+    if train is not None:  # held-out prompts are evaluated, never drawn (the tabular model never moves them)
+        scenario, rescue_set = replace(scenario, train=train), cal.rescue & train
+    free, how = free_settings(m, run, scenario, probe, opts)
     sim = SimOptions(seeds=opts.seeds, thl_sigma=opts.thl_sigma)
-    cfg = bandit_config(run, regimes, cal.scenario.n_contexts, free, sim, int(run["group_size"]),
+    cfg = bandit_config(run, regimes, int(scenario.train_index.size), free, sim, int(run["group_size"]),
                         eval_gcd(np.array([1.0]), int(run["steps"])))
-    pred = simulate(cal.scenario, cfg, int(run["eval_k"]))
+    pred = simulate(scenario, cfg, int(run["eval_k"]))
+    own = _own_family_heldout(m, train)
     per = {}
     for r, name in enumerate(pred.regimes):
-        final = pred.accuracy[r, -1].mean(axis=-1)  # [S]
+        qc = pred.correct_prob[r, -1]  # [S, P, C]
+        final = pred.accuracy[r, -1].mean(axis=-1) if train is None else qc[:, :, train].mean(axis=(1, 2))  # [S]
         q = pred.final_solve_prob[r]  # [S, P, C]
-        rescue = q[:, cal.rescue].mean(axis=-1) if cal.rescue.any() else np.full(q.shape[0], np.nan)
-        per[name] = {"final": _interval(final), "rescue_rate": _interval(rescue)}
-    key = "final" if opts.objective == "final" else "rescue_rate"
+        rescue = q[:, rescue_set].mean(axis=-1) if rescue_set.any() else np.full(q.shape[0], np.nan)
+        held = ((qc * own).sum(-1) / np.maximum(own.sum(-1), 1)).mean(-1) if own.any() else np.full(q.shape[0], np.nan)
+        per[name] = {"final": _interval(final), "heldout": _interval(held), "rescue_rate": _interval(rescue)}
+    key = {"final": "final", "heldout": "heldout", "rescue": "rescue_rate"}[opts.objective]
     ordering = {k: sorted(per, key=lambda n, k=k: -(per[n][k]["mean"] if per[n][k]["mean"] is not None else -1))
-                for k in ("final", "rescue_rate")}
+                for k in ("final", "heldout", "rescue_rate")}
     best = ordering[key][0]
     lo = per[best][key]["mean"] - (per[best][key]["ci95"] or 0.0) if per[best][key]["mean"] is not None else None
     ties = [n for n in ordering[key][1:] if lo is not None and per[n][key]["mean"] is not None
@@ -204,7 +230,81 @@ def predict(m: SuccessMatrix, probe: SuccessMatrix | None = None, opts: PredictO
         "run": _run_used(run, cfg),
         "free_settings": {"optimizer": free.optimizer, "lr": free.lr, "epochs": free.epochs, **how},
         "seeds": opts.seeds, "regimes": per, "ordering": ordering, "objective": opts.objective,
-        "use": best, "ties_with_use": ties,
+        "use": best, "ties_with_use": ties, "clear_winner": not ties, "model": "tabular",
+        "ci95": "over the bandit seeds of one calibrated scenario (the simulator's own noise)",
+    }
+    if m.outcomes:
+        out["observed"] = observed_agreement(per, m.outcomes)
+    return out
+
+
+def _own_family_heldout(m: SuccessMatrix, train: np.ndarray | None) -> np.ndarray:
+    """``[P, C]``: the held-out prompts of each policy's own family (the family of its highest step-0 sampled
+    accuracy over the training prompts; every held-out prompt without families); empty without a split."""
+    P, C = m.samples.shape
+    if train is None:
+        return np.zeros((P, C), dtype=bool)
+    held = ~train
+    if m.families is None:
+        return np.broadcast_to(held, (P, C)).copy()
+    fam = np.array(m.families)
+    rate = m.successes / np.maximum(m.samples, 1)
+    out = np.zeros((P, C), dtype=bool)
+    names = sorted(set(m.families))
+    for i in range(P):
+        acc = [rate[i, train & (fam == f)].mean() if (train & (fam == f)).any() else -1.0 for f in names]
+        out[i] = held & (fam == names[int(np.argmax(acc))])
+    return out
+
+
+def predict_with_kernel(m: SuccessMatrix, dyn: Dynamics | None, opts: PredictOptions) -> dict[str, Any]:
+    """``--model kernel`` (:mod:`bandit_sim.kernel_fit`): fitted on the pair's GRPO run ``dyn``, every regime
+    predicted with a one-run interval; the matrix must carry the policies' kernels."""
+    from bandit_sim.kernel_fit import curves_from_dynamics, predict_kernel
+
+    if m.kernel is None:
+        raise SuccessMatrixError("--model kernel needs the policies' transfer kernels in the success matrix; measure "
+                                 "them with `python -m mrl_llm kernel --run RUN_DIR` on the run the matrix came from")
+    missing = [p for i, p in enumerate(m.policies) if np.isnan(m.kernel[i]).any()]
+    if missing:
+        raise SuccessMatrixError(f"the success matrix has no kernel for policies {missing}; measure them with "
+                                 "`python -m mrl_llm kernel --run RUN_DIR`")
+    if dyn is None:
+        raise SuccessMatrixError("--model kernel is fitted on the pair's GRPO run: pass --dynamics RUN_DIR/dynamics.json "
+                                 "of that run (`python -m mrl_llm dynamics --run RUN_DIR` writes it)")
+    other = [d for d in dyn.mismatch(m.run) if d.split(":")[0] in ("seed", "prompts_per_step", "group_size", "eval_k")]
+    if other:
+        raise SuccessMatrixError(f"--dynamics is of another run than the success matrix ({'; '.join(other)}); give the "
+                                 "dynamics of the GRPO run of the same seed and settings")
+    curves = curves_from_dynamics(dyn, m.prompts, m.policies)
+    if m.split is not None and [x == "train" for x in m.split] != curves.train.tolist():
+        raise SuccessMatrixError("--dynamics splits the prompts into train / held-out differently from the success "
+                                 "matrix; give the dynamics of the run the matrix came from")
+    run = {**run_settings(m, opts, where="the success matrix"), **{k: dyn.run[k] for k in ("steps", "eval_k")
+                                                                    if opts.__dict__.get(k) is None and k in dyn.run}}
+    run["regime"] = {**(m.run or {}).get("regime", {}), "name": dyn.run["regime"]["name"]}
+    regimes = tuple(parse_regime(r).name for r in opts.regimes)
+    meta = m.kernel_meta or {}
+    lp = np.array([(e or {}).get("logprob") or [np.nan] * len(m.prompts) for e in meta.get("policies", [])],
+                  dtype=float) if meta.get("policies") else None
+    res = predict_kernel(_counts(m), m.kernel, curves, m.policies, run, regimes, objective=opts.objective,
+                         seeds=opts.seeds, arms=opts.arms, thl_sigma=opts.thl_sigma, start_logprob=lp)
+    ks = res["settings"]
+    per = {n: {k: {"mean": v["mean"], "ci95": v["ci95"]} for k, v in d.items()} for n, d in res["summary"].items()}
+    ordering = {k: sorted(per, key=lambda n, k=k: -(per[n][k]["mean"] if per[n][k]["mean"] is not None else -1))
+                for k in ("final", "heldout", "rescue_rate")}
+    out = {
+        "policies": list(m.policies), "prompts": len(m.prompts), "model": "kernel",
+        "rescue_set_sizes": {p: int(curves.rescue_set()[i].sum()) for i, p in enumerate(m.policies)},
+        "run": {k: run[k] for k in ("steps", "prompts_per_step", "group_size", "eval_k")},
+        "free_settings": {"optimizer": ks.optimizer, "lr": ks.lr, "temperature_lr": ks.temperature_lr,
+                          "drift": ks.drift, "floor": ks.floor, "log_likelihood": res["fit"]["log_likelihood"],
+                          "evaluations": res["fit"]["evaluations"], "seconds": res["seconds"],
+                          "source": "fitted on the GRPO run's per-prompt dynamics (binomial likelihood)"},
+        "seeds": opts.seeds, "regimes": per, "ordering": ordering, "objective": opts.objective,
+        "use": res["use"], "ties_with_use": res["ties_with_use"], "clear_winner": res["clear_winner"],
+        "by_objective": res["by_objective"],
+        "ci95": "one LLM run: the bandit seeds' spread + the evaluation's binomial noise + a bootstrap over prompts",
     }
     if m.outcomes:
         out["observed"] = observed_agreement(per, m.outcomes)
@@ -240,21 +340,31 @@ def observed_agreement(per: dict[str, dict], outcomes: dict[str, dict]) -> dict[
 
 def format_prediction(res: dict[str, Any]) -> str:
     f = res["free_settings"]
+    if res.get("model") == "kernel":
+        how = (f"kernel model: {f['optimizer']} lr {f['lr']:g}, temperature rate {f['temperature_lr']:g}, drift "
+               f"{f['drift']:g}, floor {f['floor']:g} — {f['source']} (log-likelihood {f['log_likelihood']:.1f}, "
+               f"{f['evaluations']} simulations, {f['seconds']['fit']:.0f} s)")
+    else:
+        how = f"learning rate: {f['optimizer']} lr {f['lr']:g}, {f['epochs']} epoch(s) — {f['source']}"
+    keys = [k for k in ("final", "heldout", "heldout_change", "rescue_rate")
+            if any(k in v and v[k]["mean"] is not None for v in res["regimes"].values())]
     lines = [f"policies {res['policies']}, {res['prompts']} prompts; rescue-set sizes {res['rescue_set_sizes']}",
              f"run: {res['run']}; {res['seeds']} bandit seeds",
              *([f"prompts_per_step {res['run']['prompts_per_step_given']} is capped at the matrix's "
                 f"{res['prompts']} prompts (a step draws each prompt at most once)"]
                if "prompts_per_step_given" in res["run"] else []),
-             f"learning rate: {f['optimizer']} lr {f['lr']:g}, {f['epochs']} epoch(s) — {f['source']}",
-             f"{'regime':>14}  {'final accuracy':>18}  {'rescue rate':>18}"]
+             how, f"± : 95 % interval, {res.get('ci95', 'over the bandit seeds')}",
+             f"{'regime':>14}  " + "  ".join(f"{k.replace('_', ' '):>18}" for k in keys)]
     for name, v in res["regimes"].items():
         cells = []
-        for k in ("final", "rescue_rate"):
-            m, c = v[k]["mean"], v[k]["ci95"]
-            cells.append("n/a (no rescue set)" if m is None else f"{m:.4f} ± {c or 0.0:.4f}")
-        lines.append(f"{name:>14}  {cells[0]:>18}  {cells[1]:>18}")
-    lines.append(f"predicted ordering by final accuracy: {' > '.join(res['ordering']['final'])}")
-    lines.append(f"predicted ordering by rescue rate:    {' > '.join(res['ordering']['rescue_rate'])}")
+        for k in keys:
+            m, c = v.get(k, {}).get("mean"), v.get(k, {}).get("ci95")
+            cells.append(("n/a (no rescue set)" if k == "rescue_rate" else "n/a") if m is None
+                         else f"{m:.4f} ± {c or 0.0:.4f}")
+        lines.append(f"{name:>14}  " + "  ".join(f"{c:>18}" for c in cells))
+    for k in ("final", "heldout", "rescue_rate"):
+        if k in res["ordering"]:
+            lines.append(f"predicted ordering by {k.replace('_', ' ')}: {' > '.join(res['ordering'][k])}")
     if "observed" in res:
         for k in ("final", "rescue_rate"):
             o = res["observed"][k]
@@ -263,8 +373,11 @@ def format_prediction(res: dict[str, Any]) -> str:
                 continue
             rho = "n/a" if o["spearman"] is None else f"{o['spearman']:.2f}"
             lines.append(f"observed ordering by {k}: {' > '.join(o['observed_ordering'])} (Spearman vs predicted {rho})")
-    tie = f" (within the interval: {', '.join(res['ties_with_use'])})" if res["ties_with_use"] else ""
-    lines.append(f"use: {res['use']} — best predicted {res['objective']}{tie}")
+    if res["ties_with_use"]:
+        lines.append(f"no clear winner on {res['objective']}: {res['use']} is best predicted, but "
+                     f"{', '.join(res['ties_with_use'])} within its interval")
+    lines.append(f"use: {res['use']} — best predicted {res['objective']}"
+                 + ("" if not res["ties_with_use"] else " (no clear winner)"))
     return "\n".join(lines)
 
 

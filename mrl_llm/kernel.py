@@ -26,7 +26,9 @@ coordinate hashed to a bucket with a random sign: unbiased for inner products, w
 one parameter's), or exactly (``dim`` None or 0, or ``>=`` the parameter count; the ``[C, N]`` gradients are
 then held). On the CPU in fp32, one prompt at a time, two passes for Adam (``v`` first), with the run's
 ``threads``. The matrix (version 2, its ``split`` included) is written to ``--out`` (default: the run's
-``success_matrix.json``, replaced atomically); the cost (seconds, peak RSS) is printed and stored.
+``success_matrix.json``, replaced atomically); the cost (seconds, peak RSS) is printed and stored, and so is each
+target's ``log pi(y*|x)`` at the start (``logprob``: where a never-solved prompt's correct answer starts, which the
+kernel model of ``bandit_sim`` uses instead of a floor).
 """
 
 from __future__ import annotations

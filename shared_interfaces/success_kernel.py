@@ -41,6 +41,8 @@ PRECONDITIONERS = ("adam", "identity")
 TARGETS = ("gold", "success")
 KEYS = ("projection_dim", "seed", "lr_weighted", "seconds", "peak_rss_mb", "policies")
 POLICY_KEYS = ("preconditioner", "parameters", "target", "seconds", "matrix")
+#: significant digits a kernel entry is written with (:func:`kernel_dict`)
+DIGITS = 7
 #: optional keys of a policy's entry: ``logprob`` [C], log pi(y*|x) of each prompt's target at the start
 POLICY_OPTIONAL = ("logprob",)
 FIX = "write it again with `python -m mrl_llm kernel --run RUN_DIR`"
@@ -123,7 +125,13 @@ def _policy(e: Any, i: int, C: int, K: np.ndarray, fail: Any) -> dict[str, Any]:
 
 
 def kernel_dict(K: np.ndarray, meta: dict[str, Any]) -> dict[str, Any]:
-    """The JSON section of ``(K, meta)`` (the inverse of :func:`parse_kernel`)."""
-    pols = [None if e is None else {**e, "matrix": np.asarray(K[i], dtype=float).tolist()}
-            for i, e in enumerate(meta["policies"])]
+    """The JSON section of ``(K, meta)`` (the inverse of :func:`parse_kernel` up to rounding): each matrix made
+    exactly symmetric and written to :data:`DIGITS` significant digits (a count-sketched kernel's error is ~1e-2;
+    the full float64 text triples the file)."""
+    def rounded(a: np.ndarray) -> list:
+        a = np.asarray(a, dtype=float)
+        a = (a + a.T) / 2
+        return [[float(f"{x:.{DIGITS}g}") for x in row] for row in a]
+
+    pols = [None if e is None else {**e, "matrix": rounded(K[i])} for i, e in enumerate(meta["policies"])]
     return {**{k: meta[k] for k in KEYS if k != "policies"}, "policies": pols}

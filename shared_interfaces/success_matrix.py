@@ -49,6 +49,7 @@ to calibrate a scenario. Neither backend imports the other: both go through this
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import os
@@ -344,9 +345,12 @@ def read_success_matrix(path: str | Path) -> SuccessMatrix:
         raise SuccessMatrixError(f"success matrix {p} does not exist; write one with `python -m mrl_llm success-matrix "
                                  "--run RUN_DIR`")
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
+        raw = gzip.decompress(p.read_bytes()) if p.suffix == ".gz" else p.read_bytes()
+        data = json.loads(raw.decode("utf-8"))
     except (ValueError, UnicodeDecodeError) as err:  # (JSONDecodeError, an integer of over 4300 digits)
         raise SuccessMatrixError(f"success matrix {p} is not valid JSON: {err}") from err
+    except (OSError, EOFError) as err:  # a damaged or truncated .gz
+        raise SuccessMatrixError(f"success matrix {p} is not a readable gzip file: {err}") from err
     except RecursionError as err:
         raise SuccessMatrixError(f"success matrix {p} is nested too deeply to read; write it again from the run "
                                  "(`python -m mrl_llm success-matrix --run RUN_DIR`)") from err
@@ -354,10 +358,12 @@ def read_success_matrix(path: str | Path) -> SuccessMatrix:
 
 
 def write_success_matrix(path: str | Path, matrix: SuccessMatrix) -> Path:
-    """Write ``matrix`` as JSON (atomically: a temporary file renamed over ``path``)."""
+    """Write ``matrix`` as JSON, gzip-compressed when ``path`` ends in ``.gz`` (atomically: a temporary file renamed
+    over ``path``)."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(matrix.to_dict(), allow_nan=False) + "\n", encoding="utf-8")
+    text = (json.dumps(matrix.to_dict(), allow_nan=False) + "\n").encode("utf-8")
+    tmp.write_bytes(gzip.compress(text, mtime=0) if p.suffix == ".gz" else text)
     os.replace(tmp, p)
     return p

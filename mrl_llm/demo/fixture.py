@@ -10,7 +10,7 @@ from its directory as the run's end writes it (:func:`mrl_llm.success_matrix.mat
 
 Written to ``--out``:
 
-* ``seed<S>.json`` — the seed's success matrix (:mod:`shared_interfaces.success_matrix`): the step-0
+* ``seed<S>.json.gz`` — the seed's success matrix (gzip-compressed) (:mod:`shared_interfaces.success_matrix`): the step-0
   ``samples`` / ``successes`` / ``greedy_correct`` pooled over the *distinct* step-0 evaluations of the
   seed's runs (every regime starts from the same weights; identical copies are counted once, as
   ``experiments/crosscheck`` pools them; greedy correct if correct in any copy), ``run`` and ``curve``
@@ -18,7 +18,7 @@ Written to ``--out``:
   ``bandit_sim predict --probe-run``), and ``outcomes``: every regime's own outcome in that seed.
 * ``seed<S>/<regime>.dynamics.json.gz`` — each run's per-prompt dynamics (:mod:`shared_interfaces.dynamics`),
   gzip-compressed, the kernel model's fit input (GRPO's) and its observed outcomes (every regime's).
-* with ``--kernel`` (the default), ``seed<S>.json`` also carries the policies' transfer kernels at the seed's
+* with ``--kernel`` (the default), ``seed<S>.json.gz`` also carries the policies' transfer kernels at the seed's
   start (:func:`mrl_llm.kernel.run_kernel` on the probe run: every regime starts from the same weights).
 * ``observed.json`` — ``{"source", "policies", "seeds", "outcomes"}``, per regime pooled over the seeds:
   ``final_accuracy`` per policy and ``mean_accuracy`` are means over the seeds, ``rescue_set`` the sum of
@@ -157,7 +157,7 @@ def with_kernel(m: SuccessMatrix, run_dir: Path, tmp: Path) -> SuccessMatrix:
 
 def build_fixture(demo_dir: str | Path, out_dir: str | Path, *, probe_regime: str = "grpo",
                   kernel: bool = True) -> list[Path]:
-    """Write ``seed<S>.json`` per seed (with its kernel when ``kernel``), every run's ``seed<S>/<regime>.dynamics
+    """Write ``seed<S>.json.gz`` per seed (with its kernel when ``kernel``), every run's ``seed<S>/<regime>.dynamics
     .json.gz`` and ``observed.json`` to ``out_dir``; returns the files written."""
     import tempfile
 
@@ -175,7 +175,7 @@ def build_fixture(demo_dir: str | Path, out_dir: str | Path, *, probe_regime: st
         if kernel:
             with tempfile.TemporaryDirectory() as tmp:
                 per_seed[seed] = with_kernel(per_seed[seed], regs[probe_regime], Path(tmp) / "k.json")
-    files += [write_success_matrix(out / f"seed{seed}.json", m) for seed, m in per_seed.items()]
+    files += [write_success_matrix(out / f"seed{seed}.json.gz", m) for seed, m in per_seed.items()]
     doc = {"source": f"python -m mrl_llm.demo.fixture over the demo's runs ({len(per_seed)} seeds)",
            "policies": list(next(iter(per_seed.values())).policies), "seeds": sorted(per_seed), "outcomes": observed}
     (out / OBSERVED).write_text(json.dumps(doc, indent=1) + "\n")

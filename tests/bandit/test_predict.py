@@ -1,12 +1,12 @@
-"""``bandit_sim predict`` (:mod:`bandit_sim.predict`) on the committed demo fixture (``tests/fixtures/demo``,
-built from the demo's runs by ``python -m mrl_llm.demo.fixture``): its step-0 counts calibrate to the
-cross-check's scenarios; the prediction's ordering is compared with the demo's
-observed LLM ordering as a rank correlation (reported, not asserted equal)."""
+"""``bandit_sim predict`` (:mod:`bandit_sim.predict`) with the tabular model on the demo fixtures: the earlier
+demo's (``tests/fixtures/demo_v1``, version-1 matrices without a split, lr 3e-4: its step-0 counts calibrate to
+the cross-check's scenarios, and its predictions are pinned, so the tabular model's results stay unchanged) and
+the current demo's (``tests/fixtures/demo``, version 2: a train / held-out split). The kernel model:
+``tests/bandit/test_predict_kernel.py``."""
 
 from __future__ import annotations
 
 import json
-import math
 import os
 from dataclasses import replace
 from pathlib import Path
@@ -27,7 +27,8 @@ from shared_interfaces.success_matrix import (
 )
 
 REPO = Path(__file__).resolve().parents[2]
-FIXTURE = REPO / "tests" / "fixtures" / "demo"
+FIXTURE = REPO / "tests" / "fixtures" / "demo_v1"
+FIXTURE_V2 = REPO / "tests" / "fixtures" / "demo"
 CROSSCHECK = REPO / "experiments" / "crosscheck" / "demo"
 
 
@@ -52,20 +53,11 @@ def test_predict_on_the_fixture_against_the_observed_ordering(capsys):
     for v in res["regimes"].values():
         assert 0 <= v["final"]["mean"] <= 1 and v["final"]["ci95"] >= 0 and 0 <= v["rescue_rate"]["mean"] <= 1
     assert res["use"] == res["ordering"]["final"][0]
-    observed = json.loads((FIXTURE / "observed.json").read_text())["outcomes"]
-    agree = observed_agreement(res["regimes"], observed)
-    for key in ("final", "rescue_rate"):
-        rho = agree[key]["spearman"]
-        assert -1.0 <= rho <= 1.0
-        print(f"predict (preset lr) vs the demo's 5-seed LLM ordering by {key}: Spearman {rho:.2f}")
     # the seed's own outcomes (the fixture's per-seed final accuracy and rescue rate) are compared in the output
     own = m.outcomes
     assert res["observed"]["rescue_rate"]["observed"] == {r: own[r]["rescue_rate"] for r in res["regimes"]}
     assert sorted(res["observed"]["rescue_rate"]["observed_ordering"]) == sorted(res["regimes"])
-    for key in ("final", "rescue_rate"):
-        rho = res["observed"][key]["spearman"]
-        assert -1.0 <= rho <= 1.0
-        print(f"predict (preset lr) vs seed 0's own LLM ordering by {key}: Spearman {rho:.2f}")
+    assert res["model"] == "tabular" and res["regimes"]["grpo"]["heldout"]["mean"] is None  # no split in version 1
 
 
 @pytest.mark.slow
@@ -77,10 +69,7 @@ def test_predict_with_the_probe_fit(tmp_path):
     assert res["free_settings"]["rmse"] < res["free_settings"]["flat_baseline_rmse"]
     observed = json.loads((FIXTURE / "observed.json").read_text())["outcomes"]
     agree = observed_agreement(res["regimes"], observed)
-    for key in ("final", "rescue_rate"):
-        for name, rho in (("the 5-seed", agree[key]["spearman"]), ("seed 0's own", res["observed"][key]["spearman"])):
-            assert not math.isnan(rho)
-            print(f"predict (probe fit {res['free_settings']}) vs {name} LLM ordering by {key}: Spearman {rho:.2f}")
+    assert agree["regimes"] == list(res["regimes"])
 
 
 def test_cli_predict(tmp_path, capsys):

@@ -42,6 +42,18 @@ def test_round_trip(tmp_path):
     assert np.isnan(back.curve_accuracy[0, 2]) and back.outcomes["grpo"]["rescue_set"] == 2
 
 
+def test_gzip_round_trip_and_a_damaged_gzip(tmp_path):
+    import gzip
+
+    p = write_success_matrix(tmp_path / "m.json.gz", from_dict(good()))
+    assert gzip.decompress(p.read_bytes()).startswith(b"{")
+    assert read_success_matrix(p).to_dict() == read_success_matrix(write_success_matrix(tmp_path / "m.json",
+                                                                                        from_dict(good()))).to_dict()
+    p.write_bytes(p.read_bytes()[:10])
+    with pytest.raises(SuccessMatrixError, match="not a readable gzip file"):
+        read_success_matrix(p)
+
+
 def test_minimal_matrix():
     d = good()
     for k in ("families", "run", "curve", "outcomes"):

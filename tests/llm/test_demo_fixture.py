@@ -105,7 +105,7 @@ def test_command_writes_the_fixture(tmp_path, capsys):
 def test_committed_fixture_is_the_demos_five_seeds_and_pools_to_observed():
     obs = json.loads((FIXTURE / "observed.json").read_text())
     assert obs["seeds"] == [0, 1, 2, 3, 4]
-    per_seed = {s: read_success_matrix(FIXTURE / f"seed{s}.json") for s in obs["seeds"]}
+    per_seed = {s: read_success_matrix(FIXTURE / f"seed{s}.json.gz") for s in obs["seeds"]}
     for s, m in per_seed.items():
         assert m.run["seed"] == s and m.run["regime"]["name"] == "grpo" and m.families is not None
         assert sorted(m.outcomes) == sorted(obs["outcomes"])
