@@ -6,7 +6,7 @@
   shared by all contexts, ``w`` starting at 0 (so ``pi_0`` is the scenario's): learning on one prompt
   moves every other prompt whose features overlap.
 
-* :class:`KernelModel`: ``z(c, a) = beta * s(c, a)``; a step moves the correct-answer logit of **every** context
+* :class:`KernelModel`: ``z(c, a) = beta * u(c, a)``; a step moves the correct-answer logit of **every** context
   by the learning rate x a measured transfer kernel ``K(c, c')`` x the loss's gradient on the batch's correct
   answers (the first-order change of log pi(y*|c) under a step on c', the LLM's empirical NTK), the batch's
   wrong arms as the tabular model does (scaled by ``K(c, c)``), a per-policy inverse temperature ``beta``

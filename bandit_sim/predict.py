@@ -226,7 +226,7 @@ def predict(m: SuccessMatrix, probe: SuccessMatrix | None = None, opts: PredictO
             and per[n][key]["mean"] + (per[n][key]["ci95"] or 0.0) >= lo]
     out = {
         "policies": list(m.policies), "prompts": len(m.prompts),
-        "rescue_set_sizes": {p: int(cal.rescue[i].sum()) for i, p in enumerate(m.policies)},
+        "rescue_set_sizes": {p: int(rescue_set[i].sum()) for i, p in enumerate(m.policies)},
         "run": _run_used(run, cfg),
         "free_settings": {"optimizer": free.optimizer, "lr": free.lr, "epochs": free.epochs, **how},
         "seeds": opts.seeds, "regimes": per, "ordering": ordering, "objective": opts.objective,

@@ -102,7 +102,7 @@ def test_out_is_checked_before_the_run_and_a_rerun_leaves_no_stale_figure(tmp_pa
 
 def test_scenario_and_predict_out_files_are_checked_before_the_work(tmp_path, capsys):
     (tmp_path / "afile").write_text("x")
-    fixture = str(Path(__file__).resolve().parents[1] / "fixtures" / "demo" / "seed0.json")
+    fixture = str(Path(__file__).resolve().parents[1] / "fixtures" / "demo" / "seed0.json.gz")
     for cmd in (["scenario", "--preset", "smoke"], ["predict", "--success-matrix", fixture, "--seeds", "2"]):
         for out, msg in ((tmp_path, "is a directory; give a file name"), (tmp_path / "afile" / "x", "is a file, not a"),
                          ("", "--out is empty")):
@@ -229,7 +229,7 @@ def test_configs_built_in_code_refuse_non_finite_values(field, value, msg):
 
 
 def test_predict_refuses_an_infinite_thl_sigma(capsys):
-    fixture = str(Path(__file__).resolve().parents[1] / "fixtures" / "demo" / "seed0.json")
+    fixture = str(Path(__file__).resolve().parents[1] / "fixtures" / "demo" / "seed0.json.gz")
     assert main(["predict", "--success-matrix", fixture, "--seeds", "2", "--steps", "1", "--thl-sigma", "inf"]) == 2
     err = capsys.readouterr().err
     assert "thl_sigma must be >= 0 and finite, got inf" in err and "Traceback" not in err

@@ -60,6 +60,21 @@ def test_predict_on_the_fixture_against_the_observed_ordering(capsys):
     assert res["model"] == "tabular" and res["regimes"]["grpo"]["heldout"]["mean"] is None  # no split in version 1
 
 
+def test_the_tabular_model_on_a_split_matrix_trains_the_pool_only():
+    """Version 2 (the current demo's fixture): held-out prompts are evaluated, never drawn, so the tabular model
+    leaves their accuracy where it started; ``final`` is the pool's, the rescue set the pool's."""
+    m = read_success_matrix(FIXTURE_V2 / "seed0.json.gz")
+    res = predict(m, None, PredictOptions(seeds=2, regimes=("grpo", "sgt"), steps=5))
+    train = np.array([x == "train" for x in m.split])
+    rates = m.successes / m.samples
+    start = [rates[i, ~train & (np.array(m.families) == f)].mean() for i, f in enumerate(("add", "sub"))]
+    for v in res["regimes"].values():
+        assert v["heldout"]["mean"] == pytest.approx(np.mean(start), abs=0.02)  # calibrated start, never moved
+    cal = calibrate(Counts(m.samples, m.successes, m.greedy_known), m.prompts, m.policies, CalibrationConfig(),
+                    steps=5, batch_prompts=16, group_size=8)
+    assert sum(res["rescue_set_sizes"].values()) == int((cal.rescue & train).sum()) < int(cal.rescue.sum())
+
+
 @pytest.mark.slow
 def test_predict_with_the_probe_fit(tmp_path):
     """The seed's GRPO curve as the probe: the fit picks the lr, as the cross-check does."""

@@ -26,12 +26,12 @@ def _demo(tmp_path: Path, seeds=(0, 1)) -> Path:
 def test_fixture_from_demo_runs(tmp_path):
     files = build_fixture(_demo(tmp_path), tmp_path / "fx", kernel=False)
     assert sorted(str(f.relative_to(tmp_path / "fx")) for f in files) == [
-        "observed.json", "seed0.json", *[f"seed0/{r}.dynamics.json.gz" for r in ("grpo", "sgt", "xgrpo")],
-        "seed1.json", *[f"seed1/{r}.dynamics.json.gz" for r in ("grpo", "sgt", "xgrpo")]]
+        "observed.json", "seed0.json.gz", *[f"seed0/{r}.dynamics.json.gz" for r in ("grpo", "sgt", "xgrpo")],
+        "seed1.json.gz", *[f"seed1/{r}.dynamics.json.gz" for r in ("grpo", "sgt", "xgrpo")]]
     dyn = read_dynamics(tmp_path / "fx" / "seed1" / "sgt.dynamics.json.gz")
     assert dyn.run["seed"] == 1 and dyn.run["regime"]["name"] == "sgt" and dyn.prompts == dynamics_from_run(
         tmp_path / "demo" / "seed1" / "sgt").prompts
-    m = read_success_matrix(tmp_path / "fx" / "seed1.json")
+    m = read_success_matrix(tmp_path / "fx" / "seed1.json.gz")
     s0, g0 = start_counts(4, 4)
     order = np.argsort(two_family_prompts(4))
     # every regime starts from the same evaluation: one copy counted, not three
@@ -57,7 +57,7 @@ def test_distinct_starts_are_pooled_and_the_rescue_rate_is_weighted_by_set_size(
             r["successes"] = 4  # a different step-0 evaluation: pooled with the others' (identical) one
     ev.write_text("".join(json.dumps(r) + "\n" for r in rows))
     build_fixture(demo, tmp_path / "fx", kernel=False)
-    m = read_success_matrix(tmp_path / "fx" / "seed0.json")
+    m = read_success_matrix(tmp_path / "fx" / "seed0.json.gz")
     c = m.prompts.index("add:0")
     assert m.samples[0, c] == 8 and m.successes[0, c] == 1 + 4 and m.samples[1, 0] == 8
     per_seed = {0: m, 1: m}
