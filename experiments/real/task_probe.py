@@ -1,12 +1,17 @@
 """Probe: on which task can SmolLM2-135M-Instruct and Gemma-3-270M learn from each other?
 
 A candidate is (task, few-shot examples, prompt format, temperature). For each model and candidate this samples
-``k`` responses to each of ``--prompts`` prompts (the same prompts for both models) with the project's HF engine
-(:class:`mrl_llm.rollout.hf_engine.HFEngine`, the trainer's sampler; ``--sampler loop`` is the earlier hand-written
-loop, kept to measure against) and scores them with the project's arithmetic verifier (the last ``\\boxed{}`` must
-hold the gold integer; a response ends at its first newline or EOS, as a trainer stopping there would see it). Rows
-go to a JSONL file (one per model x candidate, with every prompt's number of right samples); a candidate already
-there is not sampled again, so a run can be resumed or widened. ``--table`` prints the pair table of a file.
+``k`` responses to each of ``--prompts`` prompts (the same prompts for both models) and scores them with the
+project's arithmetic verifier (the last ``\\boxed{}`` must hold the gold integer; a response ends at its first newline
+or EOS, as a trainer stopping there would see it). Rows go to a JSONL file (one per model x candidate, with every
+prompt's number of right samples); a candidate already there is not sampled again, so a run can be resumed or
+widened. ``--table`` prints the pair table of a file.
+
+Samplers (``--sampler``), both plain ancestral sampling from ``softmax(logits / T)`` over the full vocabulary (no
+top-k / top-p), stopping at a token that holds a newline or EOS: ``loop`` (the default), a hand-written loop that
+prefills each prompt once and repeats its KV cache ``k`` times; ``engine``, the trainer's
+:class:`mrl_llm.rollout.hf_engine.HFEngine` (continuous batching, draws on the device), which prefills each of the
+``k`` copies of a prompt and so measured about 2x slower here (``--bench``; experiments/real/README.md).
 
 The criterion (issue 41, item 2): each model's sampled accuracy in [5 %, 60 %], and each solves (>= 1 of k right)
 at least 15 % of the prompts the other solves none of.
@@ -142,7 +147,7 @@ def sample_loop(tok, model, texts: list[str], k: int, temperature: float, max_ne
                 special_tokens: bool, stops: list[int], seed: int) -> list[list[str]]:
     """``k`` sampled continuations of each text (``special_tokens`` False: a chat template put them there).
 
-    The earlier hand-written sampler, kept to measure the engine against: plain ancestral sampling at
+    Plain ancestral sampling at
     ``temperature`` (no top-k / top-p, ``torch.multinomial`` on the global RNG seeded ``seed``), the prompt's
     prefill computed once and its KV cache repeated ``k`` times; a sequence stops at a token of ``stops``, its
     text at the first newline."""
@@ -376,7 +381,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--k", type=int, default=8)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--max-new-tokens", type=int, default=10)
-    ap.add_argument("--sampler", default="engine", help="engine (the trainer's HFEngine) or loop (the earlier one)")
+    ap.add_argument("--sampler", default="loop", help="loop (prefill once, KV cache x k) or engine (HFEngine)")
     ap.add_argument("--batch-prompts", type=int, default=25, help="loop: prompts per prefill (x k sequences)")
     ap.add_argument("--batch-rows", type=int, default=200, help="engine: the most sequences in flight")
     ap.add_argument("--threads", type=int, default=2)

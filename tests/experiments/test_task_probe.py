@@ -132,8 +132,16 @@ class _Tok:
     def __init__(self):
         self.decoded: list[list[int]] = []  # every id list the engine decoded
 
-    def __call__(self, text, add_special_tokens=True):
-        return {"input_ids": [1] + [6 + ord(c) % 30 for c in text]}
+    def __call__(self, text, add_special_tokens=True, return_tensors=None, padding=False):
+        if isinstance(text, str):
+            return {"input_ids": [1] + [6 + ord(c) % 30 for c in text]}
+        rows = [self(t)["input_ids"] for t in text]  # a batch, left-padded, as the loop asks for it
+        width = max(len(r) for r in rows)
+        return {"input_ids": torch.tensor([[0] * (width - len(r)) + r for r in rows]),
+                "attention_mask": torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])}
+
+    def batch_decode(self, batch, skip_special_tokens=True):
+        return [self.decode(r, skip_special_tokens) for r in batch.tolist()]
 
     def decode(self, ids, skip_special_tokens=True):
         self.decoded.append(list(ids))
@@ -167,21 +175,30 @@ def test_engine_sampler_stops_at_a_newline_and_keeps_the_prefix_it_would_draw_wi
     assert got == full  # each draw is a pure function of (prompt, seed, step): the stop changes only the length
 
 
-def test_engine_sampler_draws_softmax_of_logits_over_temperature(tiny):
+def test_loop_sampler_stops_at_a_newline(tiny):
+    tok = _Tok()
+    got = tp.sample_loop(tok, tiny, ["What is 1+2?", "Q"], 6, 0.7, 12, 1, True, [5, 3], seed=1)
+    assert [len(g) for g in got] == [6, 6] and not any("\n" in t for g in got for t in g)
+    ended = [s for s in tok.decoded if 5 in s]
+    assert ended and all(set(s[s.index(5) + 1:]) <= {0} for s in ended)  # only pads after the newline
+
+
+@pytest.mark.parametrize("sampler", ["loop", "engine"])
+def test_samplers_draw_softmax_of_logits_over_temperature(tiny, sampler):
     import copy
 
     peaked = copy.deepcopy(tiny)
     with torch.no_grad():  # far from uniform, so that the temperature shows
         peaked.lm_head.weight *= 8
     tok, n = _Tok(), 4000
-    tp.sample_engine(tok, peaked, ["ab"], n, 0.7, 1, 512, True, [5], seed=0)
-    freq = torch.zeros(40)
-    for s in tok.decoded:
-        freq[s[0]] += 1 / n
+    fn = tp.sample_loop if sampler == "loop" else tp.sample_engine
+    fn(tok, peaked, ["ab"], n, 0.7, 1, 1 if sampler == "loop" else 512, True, [5], seed=0)
+    first = [s[0] for s in tok.decoded]
+    freq = torch.bincount(torch.tensor(first), minlength=40).float() / n
     with torch.no_grad():
         logits = peaked(torch.tensor([tok("ab")["input_ids"]])).logits[0, -1]
     tv = {t: 0.5 * float((freq - torch.softmax(logits / t, -1)).abs().sum()) for t in (0.5, 0.7, 1.0)}
-    assert len(tok.decoded) == n and tv[0.7] < 0.06 < min(tv[0.5], tv[1.0]), tv  # total variation
+    assert len(first) == n and tv[0.7] < 0.06 < min(tv[0.5], tv[1.0]), tv  # total variation
 
 
 def test_cli_refuses_empty_runs_and_bad_tasks_before_loading_a_model(tmp_path, capsys):
