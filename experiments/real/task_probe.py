@@ -1,28 +1,41 @@
 """Probe: on which task can SmolLM2-135M-Instruct and Gemma-3-270M learn from each other?
 
-A candidate is (task, prompt format, temperature). For each model and candidate this samples ``k`` responses to
-each of ``--prompts`` prompts (the same prompts for both models) with HF ``generate`` and scores them with the
-project's arithmetic verifier (the last ``\\boxed{}`` must hold the gold integer; a response ends at its first
-newline or EOS, as a trainer stopping there would see it). Rows go to a JSONL file (one per model x candidate, with every
+A candidate is (task, few-shot examples, prompt format, temperature). For each model and candidate this samples
+``k`` responses to each of ``--prompts`` prompts (the same prompts for both models) and scores them with the
+project's arithmetic verifier (the last ``\\boxed{}`` must hold the gold integer; a response ends at its first newline
+or EOS, as a trainer stopping there would see it). Rows go to a JSONL file (one per model x candidate, with every
 prompt's number of right samples); a candidate already there is not sampled again, so a run can be resumed or
 widened. ``--table`` prints the pair table of a file.
+
+Samplers (``--sampler``), both plain ancestral sampling from ``softmax(logits / T)`` over the full vocabulary (no
+top-k / top-p), stopping at a token that holds a newline or EOS: ``loop`` (the default), a hand-written loop that
+prefills each prompt once and repeats its KV cache ``k`` times; ``engine``, the trainer's
+:class:`mrl_llm.rollout.hf_engine.HFEngine` (continuous batching, draws on the device), which prefills each of the
+``k`` copies of a prompt and so measured about 2x slower here (``--bench``; experiments/real/README.md).
 
 The criterion (issue 41, item 2): each model's sampled accuracy in [5 %, 60 %], and each solves (>= 1 of k right)
 at least 15 % of the prompts the other solves none of.
 
-Tasks are arithmetic families (:class:`mrl_llm.rewards.arithmetic.Family`: every pair of the operand ranges,
-``--prompts`` of them drawn with ``--seed``; 3 more of the same family, not among them, are the few-shot examples):
+Tasks are arithmetic families (:class:`mrl_llm.rewards.arithmetic.Family`, every pair of the operand ranges) or a
+mix of them, ``add+mul``: ``--prompts`` split evenly over the families (the first ones get the remainder), each
+family's share drawn with ``random.Random("<seed>:<family>")`` exactly as a single-family task draws it:
 
-    add     a + b, a, b in 0..19        sub   a - b, 0 <= b <= a <= 19     mul   a * b, a in 0..9, b in 0..19
-    add2    a + b, a, b in 10..99       mul1  a * b, a, b in 2..9 (64: use --prompts <= 61)
+    add     a + b, a, b in 0..19 (400)   sub   a - b, 0 <= b <= a <= 19 (210)   mul   a * b, a in 0..9, b in 0..19 (200)
+    add2    a + b, a, b in 10..99 (8100) mul1  a * b, a, b in 2..9 (64)
 
-Formats: ``plain`` -- "Q: What is 12+7?\\nA: \\boxed{19}" three times, then the question and "A:" (both models);
-``chat`` -- the same three pairs as earlier user / assistant turns of the model's chat template (SmolLM2 only;
+Few-shot examples (``--shots``), 3 per prompt, always of the prompt's own family and never among the prompts:
+``fixed`` -- 3 drawn with the prompts, the same for every prompt of the family; ``distinct`` -- per prompt, 3 whose
+answers differ from each other and from the prompt's answer (a model that copies an example's answer is then
+always wrong), drawn with ``random.Random("<seed>:<prompt id>")``.
+
+Formats: ``plain`` -- "Q: What is 12+7?\\nA: \\boxed{19}" per example, then the question and "A:" (both models);
+``chat`` -- the same pairs as earlier user / assistant turns of the model's chat template (SmolLM2 only;
 Gemma-3-270M is a base model without one).
 
-    python -m experiments.real.task_probe --models-dir models --tasks add,sub,mul --formats plain,chat \\
-        --temperatures 0.5,1.0 --prompts 50 --out experiments/real/screen.jsonl
+    python -m experiments.real.task_probe --models-dir models --tasks add,add+mul --shots fixed,distinct \\
+        --formats plain,chat --temperatures 0.5,1.0 --prompts 50 --out experiments/real/screen.jsonl
     python -m experiments.real.task_probe --table experiments/real/screen.jsonl
+    python -m experiments.real.task_probe --models-dir models --bench 20   # engine vs loop, printed
 """
 
 from __future__ import annotations
@@ -32,8 +45,10 @@ import json
 import random
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
+from mrl_llm.data.problem import Problem
 from mrl_llm.rewards.arithmetic import Family, arithmetic_reward
 
 TASKS: dict[str, Family] = {
@@ -45,16 +60,66 @@ TASKS: dict[str, Family] = {
 }
 MODELS = ("smollm2-135m-instruct", "gemma-3-270m")
 SHOTS = 3
+SHOT_MODES = ("fixed", "distinct")
 ACC_RANGE, EXCLUSIVE_MIN = (0.05, 0.60), 0.15
 
 
-def prompts_of(task: str, n: int, seed: int) -> tuple[list, list]:
-    """``n`` problems of ``task`` and ``SHOTS`` few-shot examples (disjoint), drawn with ``seed``."""
-    problems = [TASKS[task].problem(a, b) for a, b in TASKS[task].pairs()]
-    if n + SHOTS > len(problems):
-        raise SystemExit(f"task {task} has {len(problems)} problems; ask for at most {len(problems) - SHOTS} prompts")
-    drawn = random.Random(f"{seed}:{task}").sample(problems, n + SHOTS)
-    return drawn[SHOTS:], drawn[:SHOTS]
+@dataclass(frozen=True)
+class Prompt:
+    """One prompt: its problem and its few-shot examples (problems of the same family, none of them a prompt)."""
+
+    problem: Problem
+    shots: tuple[Problem, ...]
+
+
+def families_of(task: str) -> list[str]:
+    """The families of a task name: ``"add"`` -> ``["add"]``, ``"add+mul"`` -> ``["add", "mul"]``."""
+    names = task.split("+")
+    unknown = [n for n in names if n not in TASKS]
+    if unknown or not task:
+        raise SystemExit(f"task {task!r}: unknown family {unknown or ['']}; use one of {sorted(TASKS)} or a mix "
+                         "such as add+mul")
+    if len(set(names)) < len(names):
+        raise SystemExit(f"task {task!r} names a family twice; name each once (add+mul)")
+    return names
+
+
+def draw_prompts(task: str, n: int, seed: int, shots: str = "fixed") -> list[Prompt]:
+    """``n`` prompts of ``task`` (module docstring: the split over families, the draw, the ``shots`` modes)."""
+    if shots not in SHOT_MODES:
+        raise SystemExit(f"unknown --shots {shots!r}; use one of {', '.join(SHOT_MODES)}")
+    names = families_of(task)
+    out: list[Prompt] = []
+    for i, name in enumerate(names):
+        n_f = n // len(names) + (i < n % len(names))
+        problems = [TASKS[name].problem(a, b) for a, b in TASKS[name].pairs()]
+        if n_f + SHOTS > len(problems):
+            raise SystemExit(f"task {task}: family {name} has {len(problems)} problems, too few for {n_f} prompts "
+                             f"and {SHOTS} examples; ask for at most {(len(problems) - SHOTS) * len(names)} prompts")
+        drawn = random.Random(f"{seed}:{name}").sample(problems, n_f + SHOTS)
+        chosen = drawn[SHOTS:]
+        if shots == "fixed":
+            out += [Prompt(p, tuple(drawn[:SHOTS])) for p in chosen]
+            continue
+        taken = {p.prompt_id for p in chosen}
+        pool = [p for p in problems if p.prompt_id not in taken]
+        out += [Prompt(p, distinct_shots(p, pool, random.Random(f"{seed}:{p.prompt_id}"))) for p in chosen]
+    return out
+
+
+def distinct_shots(problem: Problem, pool: list[Problem], rng: random.Random) -> tuple[Problem, ...]:
+    """``SHOTS`` problems of ``pool`` in ``rng``'s order whose answers differ from each other and from
+    ``problem``'s; a ``SystemExit`` when the pool holds too few distinct answers."""
+    picked: list[Problem] = []
+    used = {problem.gold}
+    for p in rng.sample(pool, len(pool)):
+        if p.gold not in used:
+            picked.append(p)
+            used.add(p.gold)
+            if len(picked) == SHOTS:
+                return tuple(picked)
+    raise SystemExit(f"{problem.prompt_id}: the examples left ({len(pool)}) hold fewer than {SHOTS} answers other "
+                     f"than {problem.gold}; ask for fewer prompts or use --shots fixed")
 
 
 def render(tok, fmt: str, question: str, shots: list) -> str | None:
@@ -78,14 +143,17 @@ def stop_ids(tok) -> list[int]:
     return sorted({i for i, t in enumerate(texts) if "\n" in t} | {tok.eos_token_id})
 
 
-def sample(tok, model, texts: list[str], k: int, temperature: float, max_new_tokens: int, batch_prompts: int,
-           special_tokens: bool, stops: list[int]) -> list[list[str]]:
+def sample_loop(tok, model, texts: list[str], k: int, temperature: float, max_new_tokens: int, batch_prompts: int,
+                special_tokens: bool, stops: list[int], seed: int) -> list[list[str]]:
     """``k`` sampled continuations of each text (``special_tokens`` False: a chat template put them there).
 
-    Plain ancestral sampling at ``temperature`` (no top-k / top-p), the prompt's prefill computed once and its
-    KV cache repeated ``k`` times; a sequence stops at a token of ``stops``, its text at the first newline."""
+    Plain ancestral sampling at
+    ``temperature`` (no top-k / top-p, ``torch.multinomial`` on the global RNG seeded ``seed``), the prompt's
+    prefill computed once and its KV cache repeated ``k`` times; a sequence stops at a token of ``stops``, its
+    text at the first newline."""
     import torch
 
+    torch.manual_seed(seed)
     out: list[list[str]] = []
     stop = torch.tensor(stops)
     for i in range(0, len(texts), batch_prompts):
@@ -117,48 +185,124 @@ def sample(tok, model, texts: list[str], k: int, temperature: float, max_new_tok
     return out
 
 
-def measure(args: argparse.Namespace) -> None:
+def sample_engine(tok, model, texts: list[str], k: int, temperature: float, max_new_tokens: int, batch_rows: int,
+                  special_tokens: bool, stops: list[int], seed: int) -> list[list[str]]:
+    """``k`` sampled continuations of each text with the trainer's :class:`HFEngine` (continuous batching, draws on
+    the model's device, at most ``batch_rows`` sequences in flight).
+
+    The same distribution as :func:`sample_loop`: ``log_softmax(logits / temperature)`` over the full vocabulary
+    (``top_p = 1``; the engine has no top-k), one token at a time; the engine stops a sequence at its EOS ids,
+    which here are ``stops`` (every token whose text holds a newline, and EOS) as well, and the text is cut at its
+    first newline. Sequence ``j`` is seeded from ``(seed, j)`` (``SamplingConfig.seed``)."""
+    from mrl_llm.rollout.base import SamplingConfig
+    from mrl_llm.rollout.hf_engine import HFEngine
+
+    engine = HFEngine(model, tok, max_batch_size=batch_rows)
+    engine.eos_ids = sorted(set(engine.eos_ids) | set(stops))
+    ids = [tok(t, add_special_tokens=special_tokens)["input_ids"] for t in texts]
+    groups = engine.generate(ids, k, SamplingConfig(temperature=temperature, top_p=1.0, max_new_tokens=max_new_tokens,
+                                                    seed=seed))
+    return [[s.text.split("\n", 1)[0] for s in g] for g in groups]
+
+
+def load(models_dir: str, name: str):
+    """``name``'s tokenizer (left padding), model (fp32, eval) and stop ids."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = Path(models_dir) / name
+    tok = AutoTokenizer.from_pretrained(path, padding_side="left")
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    return tok, model, stop_ids(tok)
+
+
+def run_sampler(args: argparse.Namespace, sampler: str, tok, model, texts: list[str], temperature: float,
+                special_tokens: bool, stops: list[int]) -> list[list[str]]:
+    if sampler == "loop":
+        return sample_loop(tok, model, texts, args.k, temperature, args.max_new_tokens, args.batch_prompts,
+                           special_tokens, stops, args.seed)
+    if sampler == "engine":
+        return sample_engine(tok, model, texts, args.k, temperature, args.max_new_tokens, args.batch_rows,
+                             special_tokens, stops, args.seed)
+    raise SystemExit(f"unknown --sampler {sampler!r}; use engine or loop")
+
+
+def row_key(r: dict) -> tuple:
+    """What identifies a measured candidate (rows written before ``shots`` existed used ``fixed``)."""
+    return (r["model"], r["task"], r.get("shots", "fixed"), r["format"], r["temperature"], r["prompts"], r["k"],
+            r["seed"])
+
+
+def family_accuracy(ids: list[str], right: list[int], k: int) -> dict[str, float]:
+    """Sampled accuracy per family (the part of a prompt id before ``:``); empty for no prompts."""
+    fams: dict[str, list[int]] = {}
+    for pid, x in zip(ids, right, strict=True):
+        fams.setdefault(pid.split(":", 1)[0], []).append(x)
+    return {f: round(sum(xs) / (k * len(xs)), 3) for f, xs in fams.items()}
+
+
+def measure(args: argparse.Namespace) -> None:
+    import torch
 
     torch.set_num_threads(args.threads)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    done = {(r["model"], r["task"], r["format"], r["temperature"], r["prompts"], r["k"], r["seed"])
-            for r in read_rows(out)}
+    done = {row_key(r) for r in read_rows(out)}
     for name in args.models.split(","):
-        tok = model = None
+        tok = model = stops = None
         for task in args.tasks.split(","):
-            problems, shots = prompts_of(task, args.prompts, args.seed)
-            for fmt in args.formats.split(","):
-                for temp in (float(t) for t in args.temperatures.split(",")):
-                    key = (name, task, fmt, temp, args.prompts, args.k, args.seed)
-                    if key in done:
-                        continue
-                    if tok is None:
-                        path = Path(args.models_dir) / name
-                        tok = AutoTokenizer.from_pretrained(path, padding_side="left")
-                        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-                        stops = stop_ids(tok)
-                    texts = [render(tok, fmt, p.question, shots) for p in problems]
-                    if texts[0] is None:
-                        continue
-                    torch.manual_seed(args.seed)
-                    t0 = time.perf_counter()
-                    responses = sample(tok, model, texts, args.k, temp, args.max_new_tokens, args.batch_prompts,
-                                       special_tokens=fmt != "chat", stops=stops)
-                    right = [sum(arithmetic_reward(r, p.gold) for r in rs)
-                             for p, rs in zip(problems, responses, strict=True)]
-                    row = {"model": name, "task": task, "format": fmt, "temperature": temp, "prompts": args.prompts,
-                           "k": args.k, "seed": args.seed, "ids": [p.prompt_id for p in problems],
-                           "right": [int(x) for x in right], "seconds": round(time.perf_counter() - t0, 1),
-                           "threads": args.threads, "example": responses[0][:2]}
-                    with out.open("a", encoding="utf-8") as f:
-                        f.write(json.dumps(row) + "\n")
-                    acc = sum(right) / (args.k * len(right))
-                    print(f"{name} {task} {fmt} T={temp}: accuracy {acc:.3f}, solved "
-                          f"{sum(x > 0 for x in right)}/{len(right)}, {row['seconds']} s, e.g. {row['example']!r}",
-                          flush=True)
+            for shots in args.shots.split(","):
+                prompts = draw_prompts(task, args.prompts, args.seed, shots)
+                for fmt in args.formats.split(","):
+                    for temp in (float(t) for t in args.temperatures.split(",")):
+                        row = {"model": name, "task": task, "shots": shots, "format": fmt, "temperature": temp,
+                               "prompts": args.prompts, "k": args.k, "seed": args.seed}
+                        if row_key(row) in done:
+                            continue
+                        if tok is None:
+                            tok, model, stops = load(args.models_dir, name)
+                        texts = [render(tok, fmt, p.problem.question, list(p.shots)) for p in prompts]
+                        if texts[0] is None:
+                            continue
+                        t0 = time.perf_counter()
+                        responses = run_sampler(args, args.sampler, tok, model, texts, temp, fmt != "chat", stops)
+                        right = [sum(arithmetic_reward(r, p.problem.gold) for r in rs)
+                                 for p, rs in zip(prompts, responses, strict=True)]
+                        ids = [p.problem.prompt_id for p in prompts]
+                        row.update(ids=ids, right=[int(x) for x in right],
+                                   seconds=round(time.perf_counter() - t0, 1), threads=args.threads,
+                                   sampler=args.sampler, example=responses[0][:2])
+                        with out.open("a", encoding="utf-8") as f:
+                            f.write(json.dumps(row) + "\n")
+                        acc = sum(right) / (args.k * len(right))
+                        print(f"{name} {task} {shots} {fmt} T={temp}: accuracy {acc:.3f} "
+                              f"{family_accuracy(ids, row['right'], args.k)}, solved "
+                              f"{sum(x > 0 for x in right)}/{len(right)}, {row['seconds']} s, e.g. {row['example']!r}",
+                              flush=True)
+
+
+def bench(args: argparse.Namespace) -> None:
+    """Both samplers on the first candidate of the arguments at ``--bench`` prompts, each model: times, ratio."""
+    import torch
+
+    torch.set_num_threads(args.threads)
+    task, shots, fmt = args.tasks.split(",")[0], args.shots.split(",")[0], args.formats.split(",")[0]
+    temp = float(args.temperatures.split(",")[0])
+    prompts = draw_prompts(task, args.bench, args.seed, shots)
+    for name in args.models.split(","):
+        tok, model, stops = load(args.models_dir, name)
+        model_fmt = fmt if render(tok, fmt, "x", []) is not None else "plain"
+        texts = [render(tok, model_fmt, p.problem.question, list(p.shots)) for p in prompts]
+        seconds, accs = {}, {}
+        for sampler in ("loop", "engine"):
+            t0 = time.perf_counter()
+            responses = run_sampler(args, sampler, tok, model, texts, temp, model_fmt != "chat", stops)
+            seconds[sampler] = time.perf_counter() - t0
+            accs[sampler] = sum(arithmetic_reward(r, p.problem.gold) for p, rs in zip(prompts, responses, strict=True)
+                                for r in rs) / (args.k * len(prompts))
+        print(f"{name} {task} {shots} {model_fmt} T={temp} {args.bench} prompts x {args.k}: loop "
+              f"{seconds['loop']:.1f} s (accuracy {accs['loop']:.3f}), engine {seconds['engine']:.1f} s (accuracy "
+              f"{accs['engine']:.3f}); loop / engine = {seconds['loop'] / seconds['engine']:.2f}", flush=True)
 
 
 def read_rows(path: Path) -> list[dict]:
@@ -168,19 +312,19 @@ def read_rows(path: Path) -> list[dict]:
 
 
 def pair_table(rows: list[dict]) -> list[dict]:
-    """One line per (task, temperature, SmolLM2 format, Gemma format, prompts, k) measured for both models."""
+    """One line per (task, shots, temperature, SmolLM2 format, Gemma format, prompts, k, seed) measured for both
+    models on the same prompts; empty when there is none."""
     smol = [r for r in rows if r["model"] == MODELS[0]]
     gemma = [r for r in rows if r["model"] == MODELS[1]]
     table = []
     for s in smol:
         for g in gemma:
-            if (s["task"], s["temperature"], s["prompts"], s["k"], s["seed"]) != \
-                    (g["task"], g["temperature"], g["prompts"], g["k"], g["seed"]) or s["ids"] != g["ids"]:
+            if _pairing(s) != _pairing(g) or s["ids"] != g["ids"]:
                 continue
             n, k = len(s["ids"]), s["k"]
             s_zero = [i for i in range(n) if g["right"][i] == 0]  # prompts Gemma solves none of
             g_zero = [i for i in range(n) if s["right"][i] == 0]
-            line = {"task": s["task"], "formats": f"{s['format']}/{g['format']}", "T": s["temperature"],
+            line = {"task": s["task"], "shots": s.get("shots", "fixed"), "formats": f"{s['format']}/{g['format']}", "T": s["temperature"],
                     "prompts": n, "k": k,
                     "acc_smol": sum(s["right"]) / (n * k), "acc_gemma": sum(g["right"]) / (n * k),
                     "solved_smol": sum(x > 0 for x in s["right"]) / n, "solved_gemma": sum(x > 0 for x in g["right"]) / n,
@@ -192,23 +336,37 @@ def pair_table(rows: list[dict]) -> list[dict]:
     return table
 
 
+def _pairing(r: dict) -> tuple:
+    """What two models' rows must share to be paired: the candidate less the model and its format."""
+    key = row_key(r)
+    return key[1:3] + key[4:]
+
+
 def _frac(right: list[int], among: list[int]) -> float:
     """The fraction of the prompts ``among`` with at least one right sample (0 when there are none)."""
     return sum(right[i] > 0 for i in among) / len(among) if among else 0.0
 
 
-def print_table(path: Path) -> None:
-    table = pair_table(read_rows(path))
-    if not table:
-        print(f"{path}: no candidate measured for both models yet")
-        return
-    print("| task | formats (SmolLM2/Gemma) | T | prompts x k | accuracy SmolLM2 | accuracy Gemma | solved SmolLM2 "
+HEADER = ("| task | shots | formats (SmolLM2/Gemma) | T | prompts x k | accuracy SmolLM2 | accuracy Gemma | solved SmolLM2 "
           "| solved Gemma | SmolLM2 solves of Gemma's 0/k | Gemma solves of SmolLM2's 0/k | s (S+G) | qualifies |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+
+
+def table_lines(table: list[dict]) -> list[str]:
+    """:func:`pair_table` as Markdown (header and rule first); no lines for an empty table."""
+    if not table:
+        return []
+    lines = [HEADER, "|---" * HEADER.count(" | ") + "|---|"]
     for t in table:
-        print(f"| {t['task']} | {t['formats']} | {t['T']} | {t['prompts']} x {t['k']} | {t['acc_smol']:.3f} | "
-              f"{t['acc_gemma']:.3f} | {t['solved_smol']:.2f} | {t['solved_gemma']:.2f} | {t['smol_only']:.2f} | "
-              f"{t['gemma_only']:.2f} | {t['seconds']} | {'yes' if t['qualifies'] else 'no'} |")
+        lines.append(f"| {t['task']} | {t['shots']} | {t['formats']} | {t['T']} | {t['prompts']} x {t['k']} | "
+                     f"{t['acc_smol']:.3f} | {t['acc_gemma']:.3f} | {t['solved_smol']:.2f} | {t['solved_gemma']:.2f} | "
+                     f"{t['smol_only']:.2f} | {t['gemma_only']:.2f} | {t['seconds']} | "
+                     f"{'yes' if t['qualifies'] else 'no'} |")
+    return lines
+
+
+def print_table(path: Path) -> None:
+    lines = table_lines(pair_table(read_rows(path)))
+    print("\n".join(lines) if lines else f"{path}: no candidate measured for both models yet")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -216,25 +374,38 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--models-dir", default="models", help="where `python -m mrl_llm models prepare` wrote them")
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--tasks", default="add,sub,mul")
+    ap.add_argument("--shots", default="fixed", help="few-shot examples: fixed, distinct (module docstring)")
     ap.add_argument("--formats", default="plain,chat")
     ap.add_argument("--temperatures", default="0.5,1.0")
     ap.add_argument("--prompts", type=int, default=50)
     ap.add_argument("--k", type=int, default=8)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--max-new-tokens", type=int, default=10)
-    ap.add_argument("--batch-prompts", type=int, default=25, help="prompts per generate call (x k sequences)")
+    ap.add_argument("--sampler", default="loop", help="loop (prefill once, KV cache x k) or engine (HFEngine)")
+    ap.add_argument("--batch-prompts", type=int, default=25, help="loop: prompts per prefill (x k sequences)")
+    ap.add_argument("--batch-rows", type=int, default=200, help="engine: the most sequences in flight")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default="experiments/real/probe.jsonl")
     ap.add_argument("--table", metavar="JSONL", help="print the pair table of a probe file and exit")
+    ap.add_argument("--bench", type=int, metavar="N", help="time both samplers on the first candidate at N prompts "
+                    "(nothing written) and exit")
     args = ap.parse_args(argv)
     if args.table:
         print_table(Path(args.table))
         return
+    if args.prompts < 1 or args.k < 1 or (args.bench is not None and args.bench < 1):
+        sys.exit("--prompts, --k and --bench must be at least 1")
     for name in args.models.split(","):
         if not (Path(args.models_dir) / name / "config.json").is_file():
             sys.exit(f"{Path(args.models_dir) / name} is not prepared; run python -m mrl_llm models prepare "
                      f"--out {args.models_dir}")
-    measure(args)
+    for task in args.tasks.split(","):  # a bad task or shots mode fails here, before a model loads
+        for shots in args.shots.split(","):
+            draw_prompts(task, args.prompts if args.bench is None else args.bench, args.seed, shots)
+    if args.bench is not None:
+        bench(args)
+    else:
+        measure(args)
 
 
 if __name__ == "__main__":
