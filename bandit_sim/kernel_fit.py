@@ -12,10 +12,11 @@ rate ``temperature_lr``, the ``drift`` and the ``floor``. λ, the peer weight, t
 prompts per step and G are the LLM run's (:func:`bandit_sim.fit.bandit_config`).
 
 **Fit** (:func:`fit_kernel`), on the GRPO run only: maximise the binomial log-likelihood of every evaluated
-(policy, step > 0, prompt) count under the bandit's mean correct-answer probability over its seeds, plus a
-Gaussian log-likelihood of the entropy's change (the LLM's per-token sampling entropy relative to its first
-steps, against the bandit's mean arm entropy over the training contexts relative to step 0; s.d. the LLM
-entropy's own step-to-step noise over a window). Coordinate search over log-spaced grids, twice round.
+(policy, step > 0, prompt) count under the bandit's mean correct-answer probability over its seeds, plus
+:data:`ENTROPY_WEIGHT` x a Gaussian log-likelihood of the entropy's change (the LLM's per-token sampling entropy
+relative to its first steps, against the bandit's mean arm entropy over the training contexts relative to step
+0; s.d. the LLM entropy's own step-to-step noise over a window; weight 0 by default, see there). A coarse joint
+grid, then coordinate steps over log-spaced grids, twice round.
 
 **Prediction** (:func:`predict_kernel`): every regime with the fitted settings over ``seeds`` bandit seeds, and per
 regime ``final`` (sampled accuracy on the training prompts at the end, mean over policies), ``heldout`` (sampled
@@ -231,8 +232,11 @@ def simulate_kernel(scenario: Scenario, cfg: SimConfig, eval_steps: np.ndarray, 
     return Trajectory(tuple(s.name for s in eng.specs), np.array(want), tr(qs), tr(solves), tr(ents))
 
 
-#: the entropy term's weight in the fit's log-likelihood
-ENTROPY_WEIGHT = 1.0
+#: the entropy term's weight in the fit's log-likelihood. 0 by default: the LLM's per-token sampling entropy is not
+#: the bandit's entropy over arms (on the demo GRPO's token entropy falls by half, mostly on tokens no answer depends
+#: on, while its accuracy rises by a third), and at weight 1 the fit bought the entropy's fall with a learning rate
+#: that moved SGT's rescue set 1.7x too fast (``experiments/crosscheck/README.md``)
+ENTROPY_WEIGHT = 0.0
 
 
 def log_likelihood(traj: Trajectory, curves: Curves, entropy_weight: float | None = None) -> float:

@@ -197,6 +197,10 @@ def test_fit_and_prediction_on_a_small_case():
     assert traj.q.shape == (len(REGIMES), 3, 4, 2, C)
     np.testing.assert_allclose(traj.q[:, 0], traj.q[:1, 0].repeat(len(REGIMES), 0))  # every regime starts alike
     assert math.isfinite(log_likelihood(traj, cv))
+    # the entropy term is a penalty (off by default: ENTROPY_WEIGHT), absent when the run recorded no entropy
+    assert log_likelihood(traj, cv, entropy_weight=1.0) < log_likelihood(traj, cv, entropy_weight=0.0)
+    flat = _curves(entropy=False)
+    assert log_likelihood(traj, flat, entropy_weight=1.0) == log_likelihood(traj, flat, entropy_weight=0.0)
     summ = summarise(traj, cv, 8)
     assert set(summ) == set(REGIMES) and summ["grpo"]["final"]["ci95"] > 0
     assert paired_ties(summ, "final", "grpo") is not None

@@ -80,7 +80,9 @@ def test_kernel_model_errors(capsys):
 @pytest.mark.slow
 def test_the_crosscheck_numbers_on_the_five_seeds():
     """``python -m experiments.crosscheck.kernel_demo`` (issue 40's acceptance, ``experiments/crosscheck/README.md``):
-    the means over the 5 seeds, pinned within tolerances that the kernel model meets and the tabular one does not."""
+    the means over the 5 seeds, pinned at the checks the kernel model meets (the tabular model meets none of the
+    final-accuracy ones: SGT - GRPO +0.085, the wrong sign). The ``use`` and coverage checks it misses are not
+    pinned."""
     from experiments.crosscheck.kernel_demo import seed_result
 
     per = {s: seed_result(FIXTURE, s, 16) for s in range(5)}
@@ -88,13 +90,17 @@ def test_the_crosscheck_numbers_on_the_five_seeds():
     def mean(f):
         return float(np.mean([f(per[s]) for s in per]))
 
-    for r in ("grpo", "xgrpo", "prp_thl", "prp_snapshot", "sgt"):
+    for r, bound in (("grpo", 2.0), ("xgrpo", 2.0), ("prp_thl", 2.0), ("prp_snapshot", 2.0), ("sgt", 1.5)):
         ratio = mean(lambda x, r=r: x["kernel"]["regimes"][r]["rescue_rate"]["mean"]) / mean(
             lambda x, r=r: x["observed"][r]["rescue_rate"])
-        assert 0.5 <= ratio <= 2.0, (r, ratio)
+        assert 1 / bound <= ratio <= bound, (r, ratio)
     d_pred = mean(lambda x: x["kernel"]["regimes"]["sgt"]["final"]["mean"] - x["kernel"]["regimes"]["grpo"]["final"]["mean"])
     d_obs = mean(lambda x: x["observed"]["sgt"]["final"] - x["observed"]["grpo"]["final"])
     assert d_obs < 0 and d_pred < 0 and abs(d_pred - d_obs) <= 0.03
+    p_pred = mean(lambda x: x["kernel"]["regimes"]["prp_snapshot"]["final"]["mean"]
+                  - x["kernel"]["regimes"]["grpo"]["final"]["mean"])
+    p_obs = mean(lambda x: x["observed"]["prp_snapshot"]["final"] - x["observed"]["grpo"]["final"])
+    assert abs(p_pred - p_obs) <= 0.05
     h_pred = mean(lambda x: x["kernel"]["regimes"]["grpo"]["heldout_change"]["mean"])
     h_obs = mean(lambda x: x["observed"]["grpo"]["heldout_change"])
     assert abs(h_pred - h_obs) <= 0.10
