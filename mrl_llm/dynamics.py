@@ -171,7 +171,8 @@ def _data_file_ids(data: dict[str, Any], config: Path) -> set[str] | None:
 def training_pool(d: Path, cfg: dict[str, Any]) -> tuple[set[str] | None, str]:
     """``(pool, how)`` of run directory ``d`` (module docstring, 2): the training prompt ids, or None when every
     evaluated prompt is one; ``how`` says how it was decided. :class:`DynamicsError` when it cannot be."""
-    from mrl_llm.run_problems import FILE_NAME as PROBLEMS, read_run_problems
+    from mrl_llm.run_problems import FILE_NAME as PROBLEMS
+    from mrl_llm.run_problems import read_run_problems
     from mrl_llm.run_setup import EVAL_ON_TRAINING
 
     recorded = read_run_problems(d)  # what the trainer records at a run's start: the one source when present
