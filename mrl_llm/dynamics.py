@@ -48,14 +48,13 @@ from typing import Any
 import numpy as np
 
 from mrl_llm.runstate import read_json_object
-from mrl_llm.success_matrix import read_run_eval
+from mrl_llm.success_matrix import read_run_config, read_run_eval
 from shared_interfaces.dynamics import Dynamics, DynamicsError, write_dynamics
 from shared_interfaces.success_matrix import SuccessMatrixError
 
 log = logging.getLogger(__name__)
 
 FILE_NAME = "dynamics.json"
-CONFIG_FIX = "train writes it at a run's start: restore it from the experiment's YAML config"
 
 
 def _is_int(v: Any, lo: int = 0) -> bool:
@@ -63,32 +62,8 @@ def _is_int(v: Any, lo: int = 0) -> bool:
 
 
 def _config(path: Path) -> dict[str, Any]:
-    """``config.json`` of a run, checked for what the dynamics read; errors name the file and the key."""
-    cfg = read_json_object(path, CONFIG_FIX, DynamicsError)
-    for key in ("policies", "regime", "steps", "prompts_per_step"):
-        if key not in cfg:
-            raise DynamicsError(f"{path} has no {key!r}; {CONFIG_FIX}")
-    pols = cfg["policies"]
-    if not isinstance(pols, list) or not pols or not all(isinstance(p, dict) and isinstance(p.get("name"), str)
-                                                         for p in pols):
-        raise DynamicsError(f"{path}: 'policies' is not a list of policies with a 'name' each; {CONFIG_FIX}")
-    if not isinstance(cfg["regime"], dict) or not isinstance(cfg["regime"].get("name"), str):
-        raise DynamicsError(f"{path}: 'regime' has no 'name' (e.g. {{\"name\": \"sgt\"}}); {CONFIG_FIX}")
-    for key in ("data", "eval", "loss"):
-        if cfg.get(key) is not None and not isinstance(cfg[key], dict):
-            raise DynamicsError(f"{path}: {key!r} is {cfg[key]!r}, not a section (an object) or null; {CONFIG_FIX}")
-    ev = cfg.get("eval") or {}
-    if ev.get("data") is not None and not isinstance(ev["data"], dict):
-        raise DynamicsError(f"{path}: 'eval.data' is {ev['data']!r}, not a section or null; {CONFIG_FIX}")
-    ints = [("steps", cfg["steps"], 1), ("prompts_per_step", cfg["prompts_per_step"], 1), ("seed", cfg.get("seed", 0), 0),
-            ("eval.k", ev.get("k", 4), 0),
-            *((f"policies[{i}].group_size", p.get("group_size", 8), 1) for i, p in enumerate(pols))]
-    for key, v, lo in ints:
-        if not _is_int(v, lo):
-            raise DynamicsError(f"{path}: {key} is {v!r}, not a whole number >= {lo}; {CONFIG_FIX}")
-    if cfg.get("name") is not None and not isinstance(cfg["name"], str):
-        raise DynamicsError(f"{path}: 'name' is {cfg['name']!r}, not a string or null; {CONFIG_FIX}")
-    return cfg
+    """``config.json`` of a run, checked for what the dynamics read (:func:`mrl_llm.success_matrix.read_run_config`)."""
+    return read_run_config(path, DynamicsError)
 
 
 def run_settings(cfg: dict[str, Any], split_from: str) -> dict[str, Any]:

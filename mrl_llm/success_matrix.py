@@ -30,6 +30,7 @@ import numpy as np
 from mrl_llm.evaluate import peer_exclusive_sets, read_eval_rows, solved
 from mrl_llm.run_problems import run_split
 from mrl_llm.runstate import read_json_object
+from shared_interfaces.config_io import ConfigError
 from shared_interfaces.success_matrix import SuccessMatrix, SuccessMatrixError, write_success_matrix
 
 log = logging.getLogger(__name__)
@@ -37,29 +38,41 @@ log = logging.getLogger(__name__)
 FILE_NAME = "success_matrix.json"
 
 
-def _config(path: Path) -> dict[str, Any]:
-    """``config.json`` of a run, checked for what the matrix reads; errors name the file and the key."""
-    fix = "train writes it at a run's start: restore it from the experiment's YAML config"
-    cfg = read_json_object(path, fix, SuccessMatrixError)
+CONFIG_FIX = "train writes it at a run's start: restore it from the experiment's YAML config"
+
+
+def read_run_config(path: Path, error: type[ConfigError] = SuccessMatrixError) -> dict[str, Any]:
+    """``config.json`` of a run, checked for what the success matrix and the dynamics read; ``error`` (the reader's
+    error class) names the file and the key."""
+    cfg = read_json_object(path, CONFIG_FIX, error)
     for key in ("policies", "regime", "steps", "prompts_per_step"):
         if key not in cfg:
-            raise SuccessMatrixError(f"{path} has no {key!r}; {fix}")
+            raise error(f"{path} has no {key!r}; {CONFIG_FIX}")
     pols = cfg["policies"]
     if not isinstance(pols, list) or not pols or not all(isinstance(p, dict) and isinstance(p.get("name"), str)
                                                          for p in pols):
-        raise SuccessMatrixError(f"{path}: 'policies' is not a list of policies with a 'name' each; {fix}")
+        raise error(f"{path}: 'policies' is not a list of policies with a 'name' each; {CONFIG_FIX}")
     if not isinstance(cfg["regime"], dict) or not isinstance(cfg["regime"].get("name"), str):
-        raise SuccessMatrixError(f"{path}: 'regime' has no 'name' (e.g. {{\"name\": \"sgt\"}}); {fix}")
-    ints = [("steps", cfg["steps"]), ("prompts_per_step", cfg["prompts_per_step"]), ("seed", cfg.get("seed", 0)),
-            *((f"policies[{i}].group_size", p.get("group_size", 8)) for i, p in enumerate(pols))]
-    for key, v in ints:
-        if not _is_int(v):
-            raise SuccessMatrixError(f"{path}: {key} is {v!r}, not a whole number; {fix}")
+        raise error(f"{path}: 'regime' has no 'name' (e.g. {{\"name\": \"sgt\"}}); {CONFIG_FIX}")
+    for key in ("data", "eval", "loss"):
+        if cfg.get(key) is not None and not isinstance(cfg[key], dict):
+            raise error(f"{path}: {key!r} is {cfg[key]!r}, not a section (an object) or null; {CONFIG_FIX}")
+    ev = cfg.get("eval") or {}
+    if ev.get("data") is not None and not isinstance(ev["data"], dict):
+        raise error(f"{path}: 'eval.data' is {ev['data']!r}, not a section or null; {CONFIG_FIX}")
+    ints = [("steps", cfg["steps"], 1), ("prompts_per_step", cfg["prompts_per_step"], 1), ("seed", cfg.get("seed", 0), 0),
+            ("eval.k", ev.get("k", 4), 0),
+            *((f"policies[{i}].group_size", p.get("group_size", 8), 1) for i, p in enumerate(pols))]
+    for key, v, lo in ints:
+        if not _is_int(v, lo):
+            raise error(f"{path}: {key} is {v!r}, not a whole number >= {lo}; {CONFIG_FIX}")
+    if cfg.get("name") is not None and not isinstance(cfg["name"], str):
+        raise error(f"{path}: 'name' is {cfg['name']!r}, not a string or null; {CONFIG_FIX}")
     return cfg
 
 
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
+def _is_int(v: Any, lo: int | None = None) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and (lo is None or v >= lo)
 
 
 def read_run_eval(path: Path, policies: list[str], config: Path) -> list[dict[str, Any]]:
@@ -135,7 +148,7 @@ def matrix_from_run(run_dir: str | Path) -> SuccessMatrix:
     cfg_path, ev_path = d / "config.json", d / "eval.jsonl"
     if not cfg_path.is_file() or not ev_path.is_file():
         raise SuccessMatrixError(f"{d} is not a run directory with an evaluation (it needs config.json and eval.jsonl)")
-    cfg = _config(cfg_path)
+    cfg = read_run_config(cfg_path)
     pols = [p["name"] for p in cfg["policies"]]
     rows = [r for r in read_run_eval(ev_path, pols, cfg_path) if not r["skipped"]]
     step0 = [r for r in rows if r["step"] == 0]

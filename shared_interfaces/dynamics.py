@@ -39,10 +39,7 @@ value: a missing number is ``null``.
 
 from __future__ import annotations
 
-import gzip
-import json
 import math
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,6 +47,7 @@ from typing import Any
 import numpy as np
 
 from shared_interfaces.config_io import INT_MAX, ConfigError
+from shared_interfaces.json_file import read_json_document, write_json_document
 
 FORMAT = "mrl-dynamics"
 VERSION = 1
@@ -305,25 +303,11 @@ def read_dynamics(path: str | Path) -> Dynamics:
         raise DynamicsError(f"dynamics {p} is a directory; {hint}")
     if not p.is_file():
         raise DynamicsError(f"dynamics {p} does not exist; {WRITE_HINT}")
-    try:
-        raw = gzip.decompress(p.read_bytes()) if p.suffix == ".gz" else p.read_bytes()
-        data = json.loads(raw.decode("utf-8"))
-    except (ValueError, UnicodeDecodeError) as err:  # (JSONDecodeError, an integer of over 4300 digits)
-        raise DynamicsError(f"dynamics {p} is not valid JSON: {err}; {WRITE_HINT}") from err
-    except (OSError, EOFError) as err:  # a damaged or truncated .gz
-        raise DynamicsError(f"dynamics {p} is not a readable gzip file: {err}; {WRITE_HINT}") from err
-    except RecursionError as err:
-        raise DynamicsError(f"dynamics {p} is nested too deeply to read; {WRITE_HINT}") from err
+    data = read_json_document(p, DynamicsError, "dynamics", WRITE_HINT)
     return from_dict(data, where=f"dynamics {p}")
 
 
 def write_dynamics(path: str | Path, dynamics: Dynamics) -> Path:
     """Write ``dynamics`` as JSON, gzip-compressed when ``path`` ends in ``.gz`` (atomically: a temporary file
     renamed over ``path``)."""
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
-    text = (json.dumps(dynamics.to_dict(), allow_nan=False) + "\n").encode("utf-8")
-    tmp.write_bytes(gzip.compress(text, mtime=0) if p.suffix == ".gz" else text)
-    os.replace(tmp, p)
-    return p
+    return write_json_document(path, dynamics.to_dict())

@@ -49,10 +49,7 @@ to calibrate a scenario. Neither backend imports the other: both go through this
 
 from __future__ import annotations
 
-import gzip
-import json
 import math
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -60,6 +57,7 @@ from typing import Any
 import numpy as np
 
 from shared_interfaces.config_io import INT_MAX, ConfigError
+from shared_interfaces.json_file import read_json_document, write_json_document
 from shared_interfaces.regimes import parse_regime
 from shared_interfaces.success_kernel import kernel_dict, parse_kernel
 
@@ -344,26 +342,12 @@ def read_success_matrix(path: str | Path) -> SuccessMatrix:
     if not p.is_file():
         raise SuccessMatrixError(f"success matrix {p} does not exist; write one with `python -m mrl_llm success-matrix "
                                  "--run RUN_DIR`")
-    try:
-        raw = gzip.decompress(p.read_bytes()) if p.suffix == ".gz" else p.read_bytes()
-        data = json.loads(raw.decode("utf-8"))
-    except (ValueError, UnicodeDecodeError) as err:  # (JSONDecodeError, an integer of over 4300 digits)
-        raise SuccessMatrixError(f"success matrix {p} is not valid JSON: {err}") from err
-    except (OSError, EOFError) as err:  # a damaged or truncated .gz
-        raise SuccessMatrixError(f"success matrix {p} is not a readable gzip file: {err}") from err
-    except RecursionError as err:
-        raise SuccessMatrixError(f"success matrix {p} is nested too deeply to read; write it again from the run "
-                                 "(`python -m mrl_llm success-matrix --run RUN_DIR`)") from err
+    data = read_json_document(p, SuccessMatrixError, "success matrix",
+                              "write it again from the run (`python -m mrl_llm success-matrix --run RUN_DIR`)")
     return from_dict(data, where=f"success matrix {p}")
 
 
 def write_success_matrix(path: str | Path, matrix: SuccessMatrix) -> Path:
     """Write ``matrix`` as JSON, gzip-compressed when ``path`` ends in ``.gz`` (atomically: a temporary file renamed
     over ``path``)."""
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
-    text = (json.dumps(matrix.to_dict(), allow_nan=False) + "\n").encode("utf-8")
-    tmp.write_bytes(gzip.compress(text, mtime=0) if p.suffix == ".gz" else text)
-    os.replace(tmp, p)
-    return p
+    return write_json_document(path, matrix.to_dict())
