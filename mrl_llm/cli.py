@@ -287,6 +287,16 @@ def _study(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_norm_flags(p: argparse.ArgumentParser) -> None:
+    """The demo's and the study's flags for the normalisation layers' learning rate and SGT's gradient on them."""
+    p.add_argument("--norm-lr", type=float, help="RL learning rate of the norm layers (train.lr_groups)")
+    p.add_argument("--no-norm-lr", action="store_true", help="the norm layers train at --lr")
+    p.add_argument("--norm-sgt", action=argparse.BooleanOptionalAction, default=None,
+                   help="whether the norm layers take gradient from SGT's term (train.lr_groups sgt; needs --norm-lr)")
+    p.add_argument("--final-norm-sgt", action=argparse.BooleanOptionalAction, default=None,
+                   help="whether the final norm (before the LM head) takes gradient from SGT's term")
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="mrl_llm", description="Mutual RL for heterogeneous LLM policies.")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -353,12 +363,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--prompts-per-step", type=int)
     d.add_argument("--group-size", type=int)
     d.add_argument("--lr", type=float, help="RL learning rate (AdamW)")
-    d.add_argument("--norm-lr", type=float, help="RL learning rate of the norm layers (train.lr_groups)")
-    d.add_argument("--no-norm-lr", action="store_true", help="the norm layers train at --lr")
-    d.add_argument("--norm-sgt", action=argparse.BooleanOptionalAction, default=None,
-                   help="whether the norm layers take gradient from SGT's term (needs --norm-lr)")
-    d.add_argument("--final-norm-sgt", action=argparse.BooleanOptionalAction, default=None,
-                   help="whether the final norm (before the LM head) takes gradient from SGT's term")
+    add_norm_flags(d)
     d.add_argument("--sgt-weight", type=float, help="SGT lambda")
     d.add_argument("--kl-coef", type=float)
     d.add_argument("--pool-per-family", type=int_at_least(1), help="RL prompt pool size per family")
@@ -386,12 +391,7 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--eval-every", type=int)
     st.add_argument("--eval-k", type=int)
     st.add_argument("--sft-steps", type=int, help="SFT steps of every policy (default: per policy)")
-    st.add_argument("--norm-lr", type=float, help="RL learning rate of the norm layers (train.lr_groups)")
-    st.add_argument("--no-norm-lr", action="store_true", help="the norm layers train at --lr")
-    st.add_argument("--norm-sgt", action=argparse.BooleanOptionalAction, default=None,
-                    help="whether the norm layers take gradient from SGT's term (train.lr_groups sgt; needs --norm-lr)")
-    st.add_argument("--final-norm-sgt", action=argparse.BooleanOptionalAction, default=None,
-                    help="whether the final norm (before the LM head) takes gradient from SGT's term (needs --norm-lr)")
+    add_norm_flags(st)
     st.add_argument("--embed-lr", type=float, help="RL learning rate of the token embeddings (0 freezes them)")
     st.add_argument("--no-embed-lr", action="store_true", help="the token embeddings train at --lr")
     st.add_argument("--lr-policy", action="append", metavar="NAME=LR",
