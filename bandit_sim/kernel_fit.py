@@ -201,7 +201,7 @@ def kernel_config(run: dict[str, Any], regimes: tuple[str, ...], scenario: Scena
     n_train = int(scenario.train_index.size)
     cfg = bandit_config(run, regimes, n_train, FreeSettings(ks.optimizer, ks.lr, 1), SimOptions(seeds=seeds, thl_sigma=thl_sigma),
                         int(run["group_size"]))
-    return replace(cfg, model="kernel", temperature_lr=ks.temperature_lr, drift=ks.drift, plan_table=cfg.plan_table)
+    return replace(cfg, model="kernel", temperature_lr=ks.temperature_lr, drift=ks.drift)
 
 
 def simulate_kernel(scenario: Scenario, cfg: SimConfig, eval_steps: np.ndarray, eval_k: int) -> Trajectory:

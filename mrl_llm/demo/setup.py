@@ -104,6 +104,9 @@ class DemoConfig:
         check_settings(self, "demo")
         if self.norm_lr is not None and not self.norm_lr > 0:
             raise ValueError(f"demo: --norm-lr must be > 0 (or --no-norm-lr), got {self.norm_lr}")
+        for name in ("norm_sgt", "final_norm_sgt"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"demo: {name} must be True or False, got {getattr(self, name)!r}")
         if not self.norm_sgt and self.norm_lr is None:
             raise ValueError("demo: --no-norm-sgt takes the norm layers' group out of SGT's term; give that group "
                              "its own learning rate with --norm-lr X")

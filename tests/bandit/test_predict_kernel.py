@@ -69,6 +69,9 @@ def test_kernel_model_errors(capsys):
     fewer = replace(dyn, prompts=dyn.prompts[:-1] + ("add:99+99",))
     with pytest.raises(ConfigError, match="prompts are not the success matrix's"):
         predict(m, None, opts, fewer)
+    swapped = replace(dyn, policies=("qwen-add", "gpt2-mul"))
+    with pytest.raises(ConfigError, match="trains policies"):
+        curves_from_dynamics(swapped, m.prompts, m.policies)
     with pytest.raises(ConfigError, match="pass --model kernel"):
         predict(m, None, PredictOptions(seeds=2, regimes=("grpo",)), dyn)
     with pytest.raises(ConfigError, match="--model must be tabular or kernel"):

@@ -260,6 +260,8 @@ def test_run_config_norm_groups_and_per_sample_seeding():
         DemoConfig(norm_lr=0.0)
     with pytest.raises(ValueError, match="--norm-lr X"):
         DemoConfig(norm_lr=None, norm_sgt=False)
+    with pytest.raises(ValueError, match="norm_sgt must be True or False"):
+        DemoConfig(norm_sgt="no")
 
 
 def test_change_from_start_is_the_per_seed_change_of_the_policy_means():
