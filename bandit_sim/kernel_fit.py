@@ -263,41 +263,91 @@ def log_likelihood(traj: Trajectory, curves: Curves, entropy_weight: float | Non
 LR_GRID = (0.003, 0.01, 0.03, 0.06, 0.1, 0.2, 0.4, 0.8)
 TEMPERATURE_GRID = (0.0, 0.001, 0.003, 0.01, 0.03)
 DRIFT_GRID = (0.0, 0.02, 0.05, 0.1, 0.2, 0.4)
-FLOOR_GRID = (1e-4, 1e-3, 3e-3, 1e-2, 3e-2)
+FLOOR_GRID = (1e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1)
 
 
 def fit_kernel(counts: Counts, kernel: np.ndarray, curves: Curves, names: tuple[str, ...], run: dict[str, Any], *,
                arms: int = 16, seeds: int = 8, rounds: int = 2, start_logprob: np.ndarray | None = None,
                log=None) -> dict[str, Any]:
-    """Search of :class:`KernelSettings` maximising :func:`log_likelihood` on the GRPO run ``run`` / ``curves``
-    (module docstring): the best of a coarse joint grid, then ``rounds`` of coordinate steps over each setting's
-    grid. Returns ``{"settings", "log_likelihood", "evaluations"}``."""
+    """The profile likelihood over :data:`LR_GRID` on the GRPO run ``run`` / ``curves`` (module docstring): at each
+    learning rate the other settings maximising :func:`log_likelihood` — the best of a joint start grid and the
+    previous learning rate's best, then ``rounds`` coordinate steps over each setting's grid. The fit is the
+    profile's best point. Returns ``{"settings", "log_likelihood", "evaluations", "profile", "dispersion"}``:
+    ``profile`` the ``(settings, log-likelihood)`` of every learning rate, ``dispersion`` :func:`dispersion` at the
+    best point."""
     if parse_name(run) != "grpo":
         raise ConfigError(f"the kernel model is fitted on a GRPO run; this run is {parse_name(run)}")
-    cache: dict[KernelSettings, float] = {}
+    cache: dict[KernelSettings, tuple[float, float]] = {}
 
     def score(ks: KernelSettings) -> float:
         if ks not in cache:
             sc = kernel_scenario(counts, kernel, curves.train, names, arms, ks.floor, start_logprob)
             cfg = kernel_config(run, ("grpo",), sc, ks, seeds)
             try:
-                cache[ks] = log_likelihood(simulate_kernel(sc, cfg, curves.steps, int(run["eval_k"])), curves)
+                traj = simulate_kernel(sc, cfg, curves.steps, int(run["eval_k"]))
+                cache[ks] = (log_likelihood(traj, curves), dispersion(traj, curves))
             except ValueError:  # diverged (non-finite logits): the worst score
-                cache[ks] = -math.inf
+                cache[ks] = (-math.inf, math.nan)
             if log is not None:
-                log(f"  {ks}: {cache[ks]:.1f}")
-        return cache[ks]
+                log(f"  {ks}: {cache[ks][0]:.1f}")
+        return cache[ks][0]
 
-    # a coarse joint start (the settings trade off: a large lr with no temperature fits GRPO's pool nearly as well as
-    # a small one with some, and coordinate steps from one corner stay there), then coordinate refinement
-    start = [KernelSettings(lr, tl, dr, FLOOR_GRID[-1]) for lr in LR_GRID[1::2] for tl in TEMPERATURE_GRID[:3]
-             for dr in DRIFT_GRID[1::2]]
-    best = max(start, key=score)
-    grids = {"lr": LR_GRID, "temperature_lr": TEMPERATURE_GRID, "drift": DRIFT_GRID, "floor": FLOOR_GRID}
-    for _ in range(rounds):
-        for name, grid in grids.items():
-            best = max((replace(best, **{name: v}) for v in grid), key=score)
-    return {"settings": best, "log_likelihood": cache[best], "evaluations": len(cache)}
+    # the settings trade off (a large lr with no temperature fits GRPO's pool nearly as well as a small one with
+    # some), so each learning rate gets its own joint start and coordinate refinement: a search over all four from
+    # one start stopped on a ridge (demo seed 0: lr 0.2 at -3836.1 where lr 0.06 reaches -3832.4)
+    grids = {"temperature_lr": TEMPERATURE_GRID, "drift": DRIFT_GRID, "floor": FLOOR_GRID}
+    profile: list[tuple[KernelSettings, float]] = []
+    previous: KernelSettings | None = None
+    for lr in LR_GRID:
+        start = [KernelSettings(lr, tl, dr, FLOOR_GRID[-1]) for tl in TEMPERATURE_GRID[:3] for dr in DRIFT_GRID[1::2]]
+        if previous is not None:
+            start.append(replace(previous, lr=lr))
+        best = max(start, key=score)
+        for _ in range(rounds):
+            for name, grid in grids.items():
+                best = max((replace(best, **{name: v}) for v in grid), key=score)
+        profile.append((best, cache[best][0]))
+        previous = best
+    best, ll = max(profile, key=lambda p: p[1])
+    return {"settings": best, "log_likelihood": ll, "evaluations": len(cache), "profile": profile,
+            "dispersion": cache[best][1]}
+
+
+def dispersion(traj: Trajectory, curves: Curves) -> float:
+    """The binomial deviance per degree of freedom of the counts :func:`log_likelihood` scores (``[4]`` free
+    settings), at least 1: how much more the per-prompt counts scatter around the model than binomial sampling
+    explains (quasi-likelihood's dispersion; 1.5-2.2 on the demo's GRPO runs)."""
+    q = np.clip(traj.q[0].mean(axis=1), 1e-6, 1 - 1e-6)
+    idx = [int(np.searchsorted(traj.steps, s)) for s in curves.steps]
+    dev, n_obs = 0.0, 0
+    for i in range(1, len(curves.steps)):
+        s, n = curves.successes[:, i], curves.samples[:, i]
+        ok = n > 0
+        s, n, qi = s[ok], n[ok], q[idx[i]][ok]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            dev += 2 * float(np.where(s > 0, s * np.log(s / (n * qi)), 0.0).sum()
+                             + np.where(n > s, (n - s) * np.log((n - s) / (n * (1 - qi))), 0.0).sum())
+        n_obs += int(ok.sum())
+    return max(1.0, dev / max(n_obs - 4, 1))
+
+
+#: profile points with less weight than this are not simulated (their weights go to the others)
+MIN_WEIGHT = 0.01
+
+
+def profile_weights(profile: list[tuple[KernelSettings, float]], phi: float) -> list[tuple[KernelSettings, float]]:
+    """The learning rates' weights ``w_i = exp((ll_i - ll_max) / phi)`` (the quasi-likelihood with dispersion ``phi``,
+    a flat prior over :data:`LR_GRID`), those under :data:`MIN_WEIGHT` dropped, normalised to sum to 1. Empty
+    profile: empty list."""
+    finite = [(ks, ll) for ks, ll in profile if math.isfinite(ll)]
+    if not finite:
+        return []
+    top = max(ll for _, ll in finite)
+    phi = phi if math.isfinite(phi) and phi >= 1 else 1.0
+    w = [(ks, math.exp((ll - top) / phi)) for ks, ll in finite]
+    w = [(ks, x) for ks, x in w if x >= MIN_WEIGHT]
+    total = sum(x for _, x in w)
+    return [(ks, x / total) for ks, x in w]
 
 
 def parse_name(run: dict[str, Any]) -> str:
@@ -358,20 +408,54 @@ def summarise(traj: Trajectory, curves: Curves, eval_k: int) -> dict[str, dict[s
     return out
 
 
+def mix(parts: list[tuple[float, dict[str, dict[str, Any]]]]) -> dict[str, dict[str, Any]]:
+    """The summaries (:func:`summarise`) of the profile's points, weighted (:func:`profile_weights`) into one: per
+    regime and key the weighted ``mean``; a ``ci95`` of the mixture, ``1.96 * sqrt(sum_i w_i (var_i + (mean_i -
+    mean)^2))`` — each point's one-run variance plus the spread between the learning rates the GRPO run cannot tell
+    apart; and the points' ``components`` ``(w, per_seed, per_prompt)`` for :func:`paired_ties`. One point with
+    weight 1: its own mean and ci95. No parts: an empty dict."""
+    if not parts:
+        return {}
+    first = parts[0][1]
+    out: dict[str, dict[str, Any]] = {}
+    for name in first:
+        out[name] = {}
+        for key in first[name]:
+            vals = [(w, s[name][key]) for w, s in parts]
+            if any(v["mean"] is None for _, v in vals):
+                out[name][key] = {"mean": None, "ci95": None, "components": None}
+                continue
+            mean = sum(w * v["mean"] for w, v in vals)
+            var = sum(w * ((v["ci95"] / Z95) ** 2 + (v["mean"] - mean) ** 2) for w, v in vals)
+            out[name][key] = {"mean": float(mean), "ci95": float(Z95 * math.sqrt(var)),
+                              "components": [(w, v["per_seed"], v["per_prompt"]) for w, v in vals]}
+    return out
+
+
+def _components(v: dict[str, Any]) -> list[tuple[float, np.ndarray, np.ndarray]]:
+    return v["components"] if v.get("components") is not None else [(1.0, v["per_seed"], v["per_prompt"])]
+
+
 def paired_ties(summary: dict[str, dict[str, Any]], key: str, best: str) -> list[str]:
     """Regimes whose expected ``key`` is not clearly below ``best``'s: the 95 % interval of the expected difference
-    includes 0 — paired over the bandit seeds (common random numbers: the standard error of their mean difference)
-    plus a bootstrap over prompts of the per-prompt difference (another pool of the same size). The evaluation's
-    binomial noise is left out: it blurs one run's outcome, not which regime is better on average."""
+    includes 0. At each of the profile's points (:func:`mix`'s ``components``; a :func:`summarise` entry is one) the
+    difference is paired over the bandit seeds (common random numbers: the standard error of their mean difference)
+    plus a bootstrap over prompts of the per-prompt difference (another pool of the same size); the points are then
+    mixed by their weights, their spread included. The evaluation's binomial noise is left out: it blurs one run's
+    outcome, not which regime is better on average."""
     ties = []
     b = summary[best][key]
     for name, per in summary.items():
         v = per.get(key) or {}
-        if name == best or v.get("per_seed") is None or b.get("per_seed") is None:
+        if name == best or v.get("mean") is None or b.get("mean") is None:
             continue
-        d = b["per_seed"] - v["per_seed"]
-        var = np.var(d, ddof=1) / len(d) + float(np.var(b["per_prompt"] - v["per_prompt"], ddof=1)) / len(b["per_prompt"])
-        if d.mean() - Z95 * math.sqrt(var) <= 0:
+        parts = []
+        for (w, bs, bp), (_, vs, vp) in zip(_components(b), _components(v), strict=True):
+            d = bs - vs
+            parts.append((w, float(d.mean()), float(np.var(d, ddof=1)) / len(d) + float(np.var(bp - vp, ddof=1)) / len(bp)))
+        mean = sum(w * m for w, m, _ in parts)
+        var = sum(w * (x + (m - mean) ** 2) for w, m, x in parts)
+        if mean - Z95 * math.sqrt(var) <= 0:
             ties.append(name)
     return ties
 
@@ -393,7 +477,8 @@ def predict_kernel(counts: Counts, kernel: np.ndarray, curves: Curves, names: tu
                    regimes: tuple[str, ...], *, objective: str = "final", seeds: int = 32, arms: int = 16,
                    fit_seeds: int = 8, thl_sigma: float = 0.0, start_logprob: np.ndarray | None = None,
                    log=None) -> dict[str, Any]:
-    """Fit on the GRPO run (:func:`fit_kernel`), simulate ``regimes``, summarise (:func:`summarise`) and choose:
+    """Fit on the GRPO run (:func:`fit_kernel`), simulate ``regimes`` at every learning rate of the profile with
+    weight (:func:`profile_weights`; ``points``), summarise each (:func:`summarise`), mix them (:func:`mix`) and choose:
     ``use`` the best mean on ``objective`` (``final``, ``heldout`` or ``rescue``), ``ties_with_use`` the regimes
     :func:`paired_ties` cannot separate from it, ``clear_winner`` False when there are any."""
     import time
@@ -403,16 +488,23 @@ def predict_kernel(counts: Counts, kernel: np.ndarray, curves: Curves, names: tu
                      log=log)
     t_fit = time.perf_counter() - t0
     ks = fit["settings"]
-    sc = kernel_scenario(counts, kernel, curves.train, names, arms, ks.floor, start_logprob)
-    cfg = kernel_config(run, regimes, sc, ks, seeds, thl_sigma)
-    traj = simulate_kernel(sc, cfg, curves.steps, int(run["eval_k"]))
-    summary = summarise(traj, curves, int(run["eval_k"]))
+    points = profile_weights(fit["profile"], fit["dispersion"])
+    if not points:
+        raise ConfigError("the kernel model diverged at every learning rate of the fit's grid (non-finite logits); "
+                          "check the success matrix's kernel (`python -m mrl_llm kernel --run DIR` again)")
+    parts = []
+    for point, w in points:
+        sc = kernel_scenario(counts, kernel, curves.train, names, arms, point.floor, start_logprob)
+        cfg = kernel_config(run, regimes, sc, point, seeds, thl_sigma)
+        parts.append((w, summarise(simulate_kernel(sc, cfg, curves.steps, int(run["eval_k"])), curves,
+                                   int(run["eval_k"]))))
+    summary = mix(parts)
     choice = {obj: choose(summary, key) for obj, key in OBJECTIVES.items()}
     if choice[objective] is None:
         raise ConfigError(f"no regime has a predicted {OBJECTIVES[objective]} (e.g. no rescue set or no held-out "
                           "prompts); choose another --objective")
     best, ties = choice[objective]
-    return {"settings": ks, "fit": fit, "summary": summary, "use": best, "ties_with_use": ties,
+    return {"settings": ks, "fit": fit, "points": points, "summary": summary, "use": best, "ties_with_use": ties,
             "clear_winner": not ties, "objective": objective,
             "by_objective": {o: None if c is None else {"use": c[0], "ties_with_use": c[1], "clear_winner": not c[1]}
                              for o, c in choice.items()},

@@ -300,11 +300,16 @@ def predict_with_kernel(m: SuccessMatrix, dyn: Dynamics | None, opts: PredictOpt
         "free_settings": {"optimizer": ks.optimizer, "lr": ks.lr, "temperature_lr": ks.temperature_lr,
                           "drift": ks.drift, "floor": ks.floor, "log_likelihood": res["fit"]["log_likelihood"],
                           "evaluations": res["fit"]["evaluations"], "seconds": res["seconds"],
-                          "source": "fitted on the GRPO run's per-prompt dynamics (binomial likelihood)"},
+                          "source": "fitted on the GRPO run's per-prompt dynamics (binomial likelihood)",
+                          "dispersion": res["fit"]["dispersion"],
+                          "profile": [{"lr": k.lr, "temperature_lr": k.temperature_lr, "drift": k.drift,
+                                       "floor": k.floor, "log_likelihood": ll} for k, ll in res["fit"]["profile"]],
+                          "weights": [{"lr": k.lr, "weight": w} for k, w in res["points"]]},
         "seeds": opts.seeds, "regimes": per, "ordering": ordering, "objective": opts.objective,
         "use": res["use"], "ties_with_use": res["ties_with_use"], "clear_winner": res["clear_winner"],
         "by_objective": res["by_objective"],
-        "ci95": "one LLM run: the bandit seeds' spread + the evaluation's binomial noise + a bootstrap over prompts",
+        "ci95": "one LLM run: the bandit seeds' spread + the evaluation's binomial noise + a bootstrap over prompts, "
+                "mixed over the learning rates the GRPO run cannot tell apart (free_settings.weights)",
     }
     if m.outcomes:
         out["observed"] = observed_agreement(per, m.outcomes)
@@ -344,6 +349,10 @@ def format_prediction(res: dict[str, Any]) -> str:
         how = (f"kernel model: {f['optimizer']} lr {f['lr']:g}, temperature rate {f['temperature_lr']:g}, drift "
                f"{f['drift']:g}, floor {f['floor']:g} — {f['source']} (log-likelihood {f['log_likelihood']:.1f}, "
                f"{f['evaluations']} simulations, {f['seconds']['fit']:.0f} s)")
+        if len(f.get("weights", [])) > 1:
+            how += ("\nthe GRPO run cannot tell these learning rates apart (dispersion "
+                    f"{f['dispersion']:.2f}); predictions mixed with weights "
+                    + ", ".join(f"lr {w['lr']:g}: {w['weight']:.2f}" for w in f["weights"]))
     else:
         how = f"learning rate: {f['optimizer']} lr {f['lr']:g}, {f['epochs']} epoch(s) — {f['source']}"
     keys = [k for k in ("final", "heldout", "heldout_change", "rescue_rate")

@@ -211,3 +211,60 @@ def test_fit_and_prediction_on_a_small_case():
                        arms=6, fit_seeds=2)
     with pytest.raises(ConfigError, match="floor"):
         kernel_scenario(counts, K, cv.train, ("p0", "p1"), 6, 0.7)
+
+
+def test_profile_weights_temper_by_the_dispersion_and_drop_the_negligible():
+    from bandit_sim.kernel_fit import MIN_WEIGHT, profile_weights
+
+    a, b, c = (KernelSettings(lr, 0.0, 0.0, 1e-3) for lr in (0.01, 0.1, 1.0))
+    assert profile_weights([], 1.0) == []
+    assert profile_weights([(a, -math.inf)], 1.0) == []  # every point diverged
+    w = dict(profile_weights([(a, -10.0), (b, -11.0), (c, -100.0)], 1.0))
+    assert set(w) == {a, b} and math.isclose(sum(w.values()), 1.0)
+    assert math.isclose(w[b] / w[a], math.exp(-1.0))
+    tempered = dict(profile_weights([(a, -10.0), (b, -11.0)], 2.0))  # quasi-likelihood: ll / phi
+    assert math.isclose(tempered[b] / tempered[a], math.exp(-0.5))
+    assert profile_weights([(a, -10.0), (b, -11.0)], math.nan) == profile_weights([(a, -10.0), (b, -11.0)], 1.0)
+    far = -10.0 + math.log(MIN_WEIGHT) - 1e-6
+    assert dict(profile_weights([(a, -10.0), (b, far)], 1.0)) == {a: 1.0}
+
+
+def _summary(mean_seeds, prompts):
+    return {"final": {"mean": float(np.mean(mean_seeds)), "ci95": 0.01, "per_seed": np.asarray(mean_seeds),
+                      "per_prompt": np.asarray(prompts)}}
+
+
+def test_mix_of_one_point_is_that_point_and_the_spread_between_points_widens_it():
+    from bandit_sim.kernel_fit import mix
+
+    assert mix([]) == {}
+    one = {"grpo": _summary([0.3, 0.31, 0.29], [0.3, 0.3]), "sgt": _summary([0.2, 0.21, 0.19], [0.2, 0.2])}
+    m = mix([(1.0, one)])
+    assert m["grpo"]["final"]["mean"] == pytest.approx(0.3) and m["grpo"]["final"]["ci95"] == pytest.approx(0.01)
+    assert paired_ties(m, "final", "grpo") == paired_ties(one, "final", "grpo") == []
+    # a second learning rate, as likely, under which SGT is the better: the mixture cannot separate them
+    other = {"grpo": _summary([0.3, 0.31, 0.29], [0.3, 0.3]), "sgt": _summary([0.4, 0.41, 0.39], [0.4, 0.4])}
+    both = mix([(0.5, one), (0.5, other)])
+    assert both["sgt"]["final"]["mean"] == pytest.approx(0.3)
+    assert both["sgt"]["final"]["ci95"] > 0.19  # the points' spread (0.1 either side) dominates
+    assert paired_ties(both, "final", "grpo") == ["sgt"]
+    missing = {"grpo": {"final": {"mean": None, "ci95": None, "per_seed": None, "per_prompt": None}}}
+    assert mix([(1.0, missing)])["grpo"]["final"]["mean"] is None
+
+
+def test_the_fit_is_the_best_of_a_profile_over_the_learning_rates():
+    from bandit_sim.kernel_fit import LR_GRID, dispersion, fit_kernel
+
+    cv = _curves()
+    C = cv.train.size
+    K = np.stack([np.eye(C), np.eye(C)])
+    counts = Counts(cv.samples[:, 0], cv.successes[:, 0], np.zeros((2, C), bool))
+    fit = fit_kernel(counts, K, cv, ("p0", "p1"), _run_settings(), arms=6, seeds=2, rounds=1)
+    assert [ks.lr for ks, _ in fit["profile"]] == list(LR_GRID)
+    assert fit["log_likelihood"] == max(ll for _, ll in fit["profile"])
+    assert fit["settings"] == max(fit["profile"], key=lambda p: p[1])[0]
+    assert fit["dispersion"] >= 1.0
+    ks = fit["settings"]
+    sc = kernel_scenario(counts, K, cv.train, ("p0", "p1"), 6, ks.floor)
+    traj = simulate_kernel(sc, kernel_config(_run_settings(), ("grpo",), sc, ks, 2), cv.steps, 8)
+    assert dispersion(traj, cv) == fit["dispersion"]

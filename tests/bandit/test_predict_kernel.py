@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from bandit_sim.cli import main
-from bandit_sim.kernel_fit import curves_from_dynamics
+from bandit_sim.kernel_fit import LR_GRID, curves_from_dynamics
 from bandit_sim.predict import PredictOptions, predict
 from shared_interfaces.config_io import ConfigError
 from shared_interfaces.dynamics import read_dynamics
@@ -46,6 +46,12 @@ def test_kernel_prediction_on_one_seed(capsys):
         for k in ("final", "heldout", "heldout_change", "rescue_rate"):
             assert v[k]["mean"] is not None and v[k]["ci95"] > 0
     assert res["clear_winner"] == (not res["ties_with_use"])
+    # the fit is the best point of the profile over the learning rates (a joint search from one start stopped at
+    # lr 0.2, a few log-likelihood units short), and the predictions mix the learning rates it cannot tell apart
+    f = res["free_settings"]
+    assert [p["lr"] for p in f["profile"]] == list(LR_GRID)
+    assert f["log_likelihood"] == max(p["log_likelihood"] for p in f["profile"]) > -3819.0 and f["lr"] == 0.1
+    assert len(f["weights"]) == 2 and sum(w["weight"] for w in f["weights"]) == pytest.approx(1.0)
     # SGT rescues the peer's family far more than GRPO, and pays on its own family's held-out prompts
     assert res["regimes"]["sgt"]["rescue_rate"]["mean"] > 2 * res["regimes"]["grpo"]["rescue_rate"]["mean"]
     assert res["regimes"]["sgt"]["heldout"]["mean"] < res["regimes"]["grpo"]["heldout"]["mean"]
@@ -53,7 +59,7 @@ def test_kernel_prediction_on_one_seed(capsys):
                  str(FIXTURE / "seed0" / "grpo.dynamics.json.gz"), "--seeds", "2", "--regimes", "grpo,sgt",
                  "--objective", "heldout"]) == 0
     out = capsys.readouterr().out
-    assert "kernel model: adam lr" in out and "held-out" in out.replace("heldout", "held-out") and "use: " in out
+    assert "kernel model: adam lr" in out and "predictions mixed with weights lr 0.1" in out and "held-out" in out.replace("heldout", "held-out") and "use: " in out
 
 
 def test_kernel_model_errors(capsys):
