@@ -147,3 +147,17 @@ def test_shot_formats_are_checked():
                       ({"shot_text": "{question} {answer} {gold}"}, r"has \{answer\}, which no example fills")):
         with pytest.raises(TemplateError, match=words):
             TemplateConfig(**kw)
+
+
+def test_the_data_fingerprint_covers_the_examples_and_is_unchanged_without_them():
+    import hashlib
+    import json
+
+    from mrl_llm.data import fingerprint
+
+    old = hashlib.sha256()  # the fingerprint as it was before examples existed
+    for p in POOL:
+        old.update(json.dumps([p.prompt_id, p.question, p.gold, list(p.choices), p.verifier]).encode("utf-8") + b"\n")
+    assert fingerprint(POOL) == old.hexdigest()
+    a, b = (attach_shots(POOL, EXAMPLES, FewShotConfig(shots=3, seed=s)) for s in (0, 1))
+    assert len({fingerprint(POOL), fingerprint(a), fingerprint(b)}) == 3  # a resume with other examples is caught

@@ -13,7 +13,7 @@ import pytest
 from mrl_llm.config import config_from_mapping
 from mrl_llm.data import DataError, write_jsonl
 from mrl_llm.data.shots import FewShotConfig, draw_shots
-from mrl_llm.rewards.arithmetic import ArithmeticTask, arithmetic_reward
+from mrl_llm.rewards.arithmetic import ArithmeticTask, ArithmeticVerifier, arithmetic_reward
 from mrl_llm.rollout.base import graded_text, newline_token_ids
 from mrl_llm.run_problems import read_run_problems
 from mrl_llm.run_setup import resolve_problems
@@ -21,7 +21,7 @@ from mrl_llm.templates import PromptTemplate, TemplateConfig
 from mrl_llm.trainer import train
 from shared_interfaces.config_io import ConfigError
 from shared_interfaces.exchange import DiskLogExchange
-from tests.llm.helpers import tiny
+from tests.llm.helpers import install_verifier, tiny
 
 TASK = ArithmeticTask(families=("add",), eval_fraction=0.2, seed=0)
 CHAT = {"text": "{question}", "chat": "require"}
@@ -39,7 +39,7 @@ def files(tmp_path):
 
 def mapping(shared_dir, paths, regime="sgt", shots=2):
     toks = shared_dir / "tokenizers"
-    sampling = {"temperature": 1.0, "max_new_tokens": 6, "stop_at_newline": True}
+    sampling = {"temperature": 1.0, "max_new_tokens": 12, "stop_at_newline": True}
     return {
         "name": "few-shot", "seed": 1, "steps": 1, "prompts_per_step": 2, "regime": {"name": regime},
         "data": {"path": str(paths["pool"]), "verifier": "arithmetic"},
@@ -56,9 +56,23 @@ def mapping(shared_dir, paths, regime="sgt", shots=2):
     }
 
 
-def test_a_few_shot_run_renders_chat_turns_and_plain_blocks_and_stops_at_newlines(shared_dir, tmp_path):
+class RecordingVerifier(ArithmeticVerifier):
+    """The arithmetic verifier, keeping every text it grades."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.graded: list[str] = []
+
+    def score(self, response, gold, **kw):
+        self.graded.append(response)
+        return super().score(response, gold, **kw)
+
+
+def test_a_few_shot_run_renders_chat_turns_and_plain_blocks_and_stops_at_newlines(shared_dir, tmp_path, monkeypatch):
     from transformers import AutoTokenizer
 
+    verifier = RecordingVerifier()
+    install_verifier(monkeypatch, verifier)
     paths = files(tmp_path)
     out = tmp_path / "run"
     train(config_from_mapping(mapping(shared_dir, paths)), out)
@@ -82,6 +96,9 @@ def test_a_few_shot_run_renders_chat_turns_and_plain_blocks_and_stops_at_newline
         assert r.prompt_text.count("\\boxed{") == 2
         assert not newlines[r.policy_id] & set(r.token_ids[:-1])  # a newline token can only be the last
         assert r.reward == arithmetic_reward(graded_text(r.response_text, True), prob.gold)
+    # responses end at a newline token (kept), and what the verifier saw is the text before the first newline
+    assert any("\n" in r.response_text for r in recs)  # this run's seed samples some (else nothing is tested)
+    assert verifier.graded and not any("\n" in t for t in verifier.graded)
     qwen = next(r.prompt_text for r in recs if r.policy_id == "qwen")
     assert qwen.count("<|im_start|>assistant\n\\boxed{") == 2 and qwen.endswith("<|im_start|>assistant\n")
     llama = next(r.prompt_text for r in recs if r.policy_id == "llama")
