@@ -139,3 +139,24 @@ def test_prompt_lengths_count_the_examples(shared_dir, tmp_path):
     resolve_problems(config_from_mapping({**base, "few_shot": {"shots": 0}}), None, None)
     with pytest.raises(DataError, match=r"policy 'llama': prompt .* tokens > max_prompt_len 20 \(template applied\)"):
         resolve_problems(config_from_mapping(base), None, None)
+
+
+def test_a_run_saved_before_few_shot_existed_resumes_and_a_changed_section_does_not(shared_dir, tmp_path):
+    from mrl_llm.rundir import check_run_dir
+    from shared_interfaces.config_io import to_mapping
+
+    paths = files(tmp_path)
+    m = mapping(shared_dir, paths)
+    for p in m["policies"]:
+        p["sampling"] = {**p["sampling"], "stop_at_newline": False}
+    cfg = config_from_mapping({**m, "few_shot": {"shots": 0}})
+    old = to_mapping(cfg)
+    del old["few_shot"]  # what a run of the version before wrote
+    for p in old["policies"]:
+        del p["template"]["shot_text"], p["template"]["shot_reply"], p["sampling"]["stop_at_newline"]
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "config.json").write_text(json.dumps(old))
+    check_run_dir(cfg, out, resume=True)  # the new keys at their defaults are no difference
+    with pytest.raises(ConfigError, match=r"differs from the run's in \['few_shot'\]"):
+        check_run_dir(config_from_mapping(m), out, resume=True)
