@@ -19,13 +19,13 @@ turn):
 has a chat template) or ``require`` (an error if it has none). In plain mode ``system``, if set, is
 put before the text, followed by a blank line.
 
-**Few-shot examples** (:class:`mrl_llm.data.shots.FewShotConfig`, the run's ``few_shot`` section; none by default): each problem
-carries its examples (``Problem.shots``, drawn once for the run by :func:`mrl_llm.data.shots.attach_shots`, the same for every
-policy), and the template renders them before the problem: in chat mode as earlier user / assistant turns (the
-user turn is the template text of the example's question, the assistant turn ``shot_reply``), in plain mode as
-blocks of ``shot_text`` (after ``system``, before the text). Both fill ``{question}`` and ``{gold}`` (the
-example's gold answer) in one pass, so ``\\boxed{{gold}}`` reads ``\\boxed{19}``. A problem without examples
-renders exactly as before.
+**Few-shot examples** (:class:`mrl_llm.data.shots.FewShotConfig`, the run's ``few_shot`` section; none by
+default): each problem carries its examples (``Problem.shots``, drawn once for the run by
+:func:`mrl_llm.data.shots.attach_shots`, the same for every policy), and the template renders them before the
+problem: in chat mode as earlier user / assistant turns (the user turn is the template text of the example's
+question, the assistant turn ``shot_reply``), in plain mode as blocks of ``shot_text`` (after ``system``, before
+the text). Both fill ``{question}`` and ``{gold}`` (the example's gold answer) in one pass, so ``\\boxed{{gold}}``
+reads ``\\boxed{19}``. A problem without examples renders exactly as before.
 
 Tokenize a plain prompt with the tokenizer's special tokens (``add_special_tokens=True``: BOS where
 the tokenizer adds one) and a chat prompt without them (the chat template holds them);
@@ -71,7 +71,8 @@ def _check_shot_format(key: str, text: str, needs: tuple[str, ...]) -> None:
     if "\\boxed{gold}" in text:
         raise TemplateError(f"template {key} {text!r} writes \\boxed{{gold}}, which would read \\boxed19; write "
                             "\\boxed{{gold}} (the box's braces around the {gold} placeholder)")
-    unknown = [m.group(0) for m in _LOOKS_LIKE_PLACEHOLDER.finditer(text) if not _SHOT_PLACEHOLDER.fullmatch(m.group(0))]
+    unknown = [m.group(0) for m in _LOOKS_LIKE_PLACEHOLDER.finditer(text)
+               if not _SHOT_PLACEHOLDER.fullmatch(m.group(0))]
     if unknown:
         raise TemplateError(f"template {key} {text!r} has {', '.join(unknown)}, which no example fills (the "
                             "placeholders are {question} and {gold}); correct the name, or remove the braces")

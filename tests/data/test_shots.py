@@ -4,6 +4,7 @@ cases; the templates' rendering of them (chat turns, plain blocks) and the byte-
 from __future__ import annotations
 
 import random
+import re
 
 import pytest
 
@@ -91,7 +92,8 @@ def test_bad_settings_are_one_line_errors_naming_the_key():
 
 
 def test_an_example_that_is_a_problem_of_the_run_is_refused():
-    with pytest.raises(ShotsError, match=r"few_shot.data holds 1 problem\(s\) of the RL pool, e.g. '" + POOL[0].prompt_id.replace("+", r"\+") + "'"):
+    first = re.escape(POOL[0].prompt_id)
+    with pytest.raises(ShotsError, match=rf"few_shot.data holds 1 problem\(s\) of the RL pool, e.g. '{first}'"):
         check_apart(EXAMPLES + [POOL[0]], POOL[:1], "the RL pool")
     twin = Problem("other-id", POOL[0].question, POOL[0].gold, "arithmetic", family="add")  # the same question
     with pytest.raises(ShotsError, match="'other-id'"):
@@ -136,7 +138,8 @@ def test_chat_examples_are_earlier_user_and_assistant_turns():
     assert got == (f"<system>Be brief.</system><user>What is 19+1?\n{inst}</user><assistant>\\boxed{{20}}</assistant>"
                    f"<user>What is 10+5?\n{inst}</user><assistant>\\boxed{{15}}</assistant>"
                    f"<user>What is 3+5?\n{inst}</user><assistant>")
-    assert PromptTemplate(cfg, ChatTok()).render(Q) == f"<system>Be brief.</system><user>What is 3+5?\n{inst}</user><assistant>"
+    without = PromptTemplate(cfg, ChatTok()).render(Q)
+    assert without == f"<system>Be brief.</system><user>What is 3+5?\n{inst}</user><assistant>"
 
 
 def test_shot_formats_are_checked():

@@ -95,6 +95,7 @@ def test_the_setting_is_checked_and_reaches_the_policy_engine(model):
     with pytest.raises(ConfigError, match="sampling.stop_at_newline must be true or false, got 'yes'"):
         SamplingSection(stop_at_newline="yes")
     for flag, want in ((False, [3]), (True, [3, NEWLINE])):
-        pol = PolicyConfig(name="p", model_config={"model_type": "qwen2"}, sampling=SamplingSection(stop_at_newline=flag))
+        pol = PolicyConfig(name="p", model_config={"model_type": "qwen2"},
+                           sampling=SamplingSection(stop_at_newline=flag))
         eng = make_rollout_engine(pol, model, _Tok(), seed=0, max_positions=128, engine_args={})
         assert eng.eos_ids == want
