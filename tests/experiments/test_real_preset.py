@@ -38,6 +38,7 @@ def test_the_preset_is_the_issue_s_and_item_2_s_setting(cfg, tmp_path):
         assert p.engine == "hf" and p.group_size == 8 and p.sampling.max_new_tokens == 16
         assert (p.sampling.temperature, p.sampling.top_p, p.sampling.stop_at_newline) == (0.5, 1.0, True)
         assert p.dtype == "fp32" and [g.sgt for g in p.train.lr_groups] == [False]
+        assert [g.lr for g in p.train.lr_groups] == [p.train.lr]  # the final norm at the base rate
     assert (cfg.few_shot.shots, cfg.few_shot.mode) == (tp.SHOTS, "distinct")
     assert cfg.eval.temperature == 0.5 and cfg.eval.k == 8
     assert cfg.regime_spec.name == "sgt"
