@@ -10,17 +10,19 @@ Layout (every key optional unless marked; unknown keys are errors naming the key
     loss: {clip_low: 0.2, clip_high: 0.28, agg: token-mean, kl_coef: 0.001}  # shared_interfaces LossConfig
     data: {path: train.jsonl, verifier: math, fields: {question: problem, answer: solution}}  # mrl_llm.data
     eval: {data: {...}, every: 10, k: 4, max_prompts: 64}
+    few_shot: {shots: 3, mode: distinct, seed: 0, data: {path: examples.jsonl, verifier: math}}  # mrl_llm.data.shots
     policies:                      # required, at least one
       - name: qwen                 # required, unique; [A-Za-z0-9][A-Za-z0-9._-]{0,63} (it names folders)
         model_dir: models/Qwen2.5-Math-1.5B    # an HF model directory, or a hub id (Qwen/Qwen2.5-Math-1.5B) ...
         model_config: {model_type: llama, hidden_size: 64, ...}  # ... or a config for a fresh tiny model
         tokenizer_dir: ...         # default: model_dir; "utf8-bytes": the built-in byte tokenizer
-        template: {text: "{question}\n{instruction}\n", instruction: ..., chat: never}  # mrl_llm.templates
+        template: {text: "{question}\n{instruction}\n", instruction: ..., chat: never,  # mrl_llm.templates
+                   shot_text: "Q: {question}\nA: \\boxed{{gold}}\n\n", shot_reply: "\\boxed{{gold}}"}
         dtype: bf16                # fp32 | bf16 (float32 / bfloat16 accepted)
         group_size: 8              # G
         max_prompt_len: 1024       # longer prompts are an error naming the prompt
         engine: hf                 # hf | vllm
-        sampling: {temperature: 1.0, top_p: 1.0, max_new_tokens: 1024}
+        sampling: {temperature: 1.0, top_p: 1.0, max_new_tokens: 1024, stop_at_newline: false}
         train: {optimizer: adamw, lr: 1e-6, micro_batch: 4, grad_accum: null, grad_clip: 1.0,
                 gradient_checkpointing: true, max_tokens_per_micro_batch: 16384, logprob_chunk: 1024,
                 lr_groups: [{match: "*norm*", lr: 1e-3}],   # optional per-parameter-name rates; lr 0 freezes, sgt: false keeps them out of SGT
@@ -59,6 +61,7 @@ from typing import Any, Literal
 
 from mrl_llm.byte_tokenizer import BYTE_TOKENIZER_ID
 from mrl_llm.data import DataConfig
+from mrl_llm.data.shots import FewShotConfig, check_run_section
 from mrl_llm.distributed.memory import SIZE_KEYS
 from mrl_llm.hub import is_hub_id
 from mrl_llm.param_groups import LrGroup
@@ -124,8 +127,14 @@ class SamplingSection:
     # splits the step's prompts over its ranks (k ranks equal one); call: one seed per engine call (the samples
     # depend on the call's prompts, so rank 0 samples the whole step while the other ranks wait)
     seeding: Literal["call", "sample"] = "sample"
+    # true: a response also ends at its first token whose text holds a newline (kept, like EOS; the engine's stop
+    # ids, mrl_llm.rollout.base.newline_token_ids), and it is graded on its text before that newline -- one-line
+    # answers after few-shot examples (a base model goes on with the next "Q:" otherwise)
+    stop_at_newline: bool = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.stop_at_newline, bool):
+            raise ConfigError(f"sampling.stop_at_newline must be true or false, got {self.stop_at_newline!r}")
         if not self.temperature > 0:
             raise ConfigError(f"sampling.temperature must be > 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
@@ -422,6 +431,7 @@ class RunConfig:
     loss: LossConfig = field(default_factory=LossConfig)
     data: DataConfig | None = None
     eval: EvalConfig = field(default_factory=EvalConfig)
+    few_shot: FewShotConfig = field(default_factory=FewShotConfig)
     name: str = ""
     seed: int = 0
     steps: int = 10
@@ -453,6 +463,10 @@ class RunConfig:
         if not isinstance(self.regime, Mapping):
             raise ConfigError("config: regime must be a mapping like {name: sgt}")
         self.regime_spec  # noqa: B018 - validates the section
+        try:
+            check_run_section(self.few_shot)
+        except ValueError as err:
+            raise ConfigError(f"config: {err}") from None
         if self.eval.enabled and self.eval.k > 0:  # the sampled half of evaluation runs on each policy's engine
             for p in self.policies:
                 if p.engine == "vllm":
@@ -537,7 +551,8 @@ def _resolve_paths(cfg: RunConfig, base: Path) -> RunConfig:
     pols = tuple(
         replace(p, model_dir=model_path(p.model_dir), tokenizer_dir=model_path(p.tokenizer_dir)) for p in cfg.policies
     )
-    return replace(cfg, policies=pols, data=data(cfg.data), eval=replace(cfg.eval, data=data(cfg.eval.data)))
+    return replace(cfg, policies=pols, data=data(cfg.data), eval=replace(cfg.eval, data=data(cfg.eval.data)),
+                   few_shot=replace(cfg.few_shot, data=data(cfg.few_shot.data)))
 
 
 def config_from_mapping(data: Mapping[str, Any], *, base_dir: str | Path = ".", where: str = "config") -> RunConfig:

@@ -8,6 +8,8 @@ data's first ``eval.max_prompts``). The run writes, at its start::
      "train": [prompt ids of the RL pool],
      "eval": [{"prompt_id", "question", "gold", "verifier", "choices", "family"} per evaluated prompt]}
 
+(an evaluated prompt with few-shot examples also has ``"shots"``: a list of such objects, its examples in order)
+
 so that the success matrix can say which evaluated prompts were trained on (its ``split``) and the kernel
 (:mod:`mrl_llm.kernel`) can render every evaluated prompt again. A run directory from before this file
 falls back, in order, on (:func:`run_split`, :func:`run_eval_problems`):
@@ -43,13 +45,29 @@ FIELDS = ("prompt_id", "question", "gold", "verifier", "choices", "family")
 def write_run_problems(out: Path, train: Sequence[Problem], evaluated: Sequence[Problem]) -> Path:
     """Write ``out/problems.json`` (module docstring), atomically."""
     doc = {"format": FORMAT, "version": VERSION, "train": [str(p.prompt_id) for p in train],
-           "eval": [{"prompt_id": str(p.prompt_id), "question": p.question, "gold": p.gold, "verifier": p.verifier,
-                     "choices": list(p.choices), "family": p.family} for p in evaluated]}
+           "eval": [_row(p) for p in evaluated]}
     path = Path(out) / FILE_NAME
     tmp = path.with_name(f".{FILE_NAME}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(doc) + "\n", encoding="utf-8")
     os.replace(tmp, path)
     return path
+
+
+def _row(p: Problem) -> dict[str, Any]:
+    row = {"prompt_id": str(p.prompt_id), "question": p.question, "gold": p.gold, "verifier": p.verifier,
+           "choices": list(p.choices), "family": p.family}
+    return {**row, "shots": [_row(s) for s in p.shots]} if p.shots else row
+
+
+def _problem(row: Any) -> Problem:
+    """The :class:`Problem` of a row (with its examples); a ``TypeError`` / ``ProblemError`` when malformed."""
+    if not isinstance(row, dict) or set(row) - {"shots"} != set(FIELDS):
+        raise TypeError(f"must be an object with exactly {list(FIELDS)} (and optionally 'shots')")
+    shots = row.get("shots", [])
+    if not isinstance(shots, list):
+        raise TypeError("'shots' must be a list of problems")
+    fields = {k: row[k] for k in FIELDS}
+    return Problem(**{**fields, "choices": tuple(row["choices"] or ())}, shots=tuple(_problem(s) for s in shots))
 
 
 def read_run_problems(run_dir: Path) -> tuple[set[str], dict[str, Problem]] | None:
@@ -70,12 +88,13 @@ def read_run_problems(run_dir: Path) -> tuple[set[str], dict[str, Problem]] | No
         raise SuccessMatrixError(f"{path}: 'train' must be a list of prompt ids and 'eval' a list of problems; {fix}")
     problems: dict[str, Problem] = {}
     for k, row in enumerate(ev):
-        if not isinstance(row, dict) or set(row) != set(FIELDS):
-            raise SuccessMatrixError(f"{path}: eval[{k}] must be an object with exactly {list(FIELDS)}; {fix}")
         try:
-            problems[row["prompt_id"]] = Problem(**{**row, "choices": tuple(row["choices"] or ())})
-        except (ProblemError, TypeError) as err:
+            prob = _problem(row)
+        except TypeError as err:
+            raise SuccessMatrixError(f"{path}: eval[{k}] {err}; {fix}") from None
+        except ProblemError as err:
             raise SuccessMatrixError(f"{path}: eval[{k}]: {err}; {fix}") from None
+        problems[prob.prompt_id] = prob
     return set(train), problems
 
 

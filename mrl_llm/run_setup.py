@@ -17,6 +17,7 @@ import torch
 
 from mrl_llm.config import RunConfig
 from mrl_llm.data import DataConfig, DataCursor, LoadReport, Problem, load_jsonl
+from mrl_llm.data.shots import ShotsError, attach_shots, check_apart
 from mrl_llm.distributed.actors import PolicyActorSpec
 from mrl_llm.evaluate import peer_exclusive_sets, summarize
 from mrl_llm.metrics import TIMES, MetricsLog, read_metrics
@@ -77,7 +78,9 @@ def resolve_problems(config: RunConfig, problems: Sequence[Problem] | None,
     else loaded from the config's ``data`` / ``eval.data`` (evaluation defaults to the training data).
     Before any model loads, the policies' tokenizers and model configs are checked and every prompt must
     fit every policy's ``max_prompt_len`` (:mod:`mrl_llm.preflight`: an error, or skipped and counted
-    under the dataset's ``on_malformed: skip``); ``prompts_per_step`` may not exceed the prompts that remain."""
+    under the dataset's ``on_malformed: skip``); ``prompts_per_step`` may not exceed the prompts that remain.
+    With a ``few_shot`` section every problem of both sets gets its examples first (:func:`with_shots`), so the
+    length check counts them."""
     from mrl_llm.preflight import check_model_configs, fit_prompts
 
     if problems is None:
@@ -88,6 +91,8 @@ def resolve_problems(config: RunConfig, problems: Sequence[Problem] | None,
     else:
         problems, source, rows, skipped_rows = list(problems), GIVEN_PROBLEMS, len(problems), 0
     tokenizers = check_model_configs(config)
+    examples = few_shot_examples(config)
+    problems = with_shots(config, examples, problems, "the RL pool (data)")
     train_mode = config.data.on_malformed if config.data is not None else "error"
     problems, long = fit_prompts(config, problems, on_malformed=train_mode, tokenizers=tokenizers, source=source)
     if not problems:
@@ -103,6 +108,8 @@ def resolve_problems(config: RunConfig, problems: Sequence[Problem] | None,
     elif eval_problems is not None:
         eval_problems = list(eval_problems)
         ev_source, ev_rows, ev_skipped = "the evaluation problems given to train()", len(eval_problems), 0
+    if eval_problems is not None:
+        eval_problems = with_shots(config, examples, eval_problems, "the evaluated prompts (eval.data)")
     else:
         eval_set = problems[: config.eval.max_prompts]
         use["eval"] = DataUse(EVAL_ON_TRAINING, len(eval_set), 0, 0, len(eval_set))
@@ -111,6 +118,29 @@ def resolve_problems(config: RunConfig, problems: Sequence[Problem] | None,
                                     on_malformed=ev.on_malformed if ev is not None else train_mode, source=ev_source)
     use["eval"] = DataUse(ev_source, ev_rows, ev_skipped, len(ev_long), len(eval_set))
     return RunProblems(problems, eval_set, use)
+
+
+def few_shot_examples(config: RunConfig) -> list[Problem]:
+    """The examples of the run's ``few_shot`` section (:mod:`mrl_llm.data.shots`); none when ``shots`` is 0."""
+    fs = config.few_shot
+    if fs.shots == 0 or fs.data is None:
+        return []
+    examples = list(load_problems(fs.data).problems)
+    if not examples:
+        raise ConfigError(f"few_shot.data {fs.data.path} holds no problems; give examples or set few_shot.shots: 0")
+    return examples
+
+
+def with_shots(config: RunConfig, examples: Sequence[Problem], problems: Sequence[Problem], what: str) -> list[Problem]:
+    """``problems`` with their few-shot examples drawn (:func:`mrl_llm.data.shots.attach_shots`), after checking that
+    no example is one of them (``what``: which set, for the error); the problems as they are without examples."""
+    if config.few_shot.shots == 0:
+        return list(problems)
+    try:
+        check_apart(examples, problems, what)
+        return attach_shots(problems, examples, config.few_shot)
+    except ShotsError as err:
+        raise ConfigError(str(err)) from None
 
 
 def setup_warnings(config: RunConfig) -> list[str]:

@@ -31,7 +31,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from mrl_llm.config import RunConfig
+from mrl_llm.config import RunConfig, config_from_mapping
 from mrl_llm.resume import RUN_STATE
 from mrl_llm.runstate import read_json
 from shared_interfaces.config_io import ConfigError, to_mapping
@@ -71,6 +71,16 @@ RESUMABLE_MARKERS = (Path("checkpoints") / RUN_STATE,)
 
 def _comparable(cfg: RunConfig) -> dict[str, Any]:
     return json.loads(json.dumps(_without_resumable(to_mapping(cfg))))
+
+
+def _saved_comparable(saved: dict[str, Any], where: str) -> dict[str, Any]:
+    """A run's saved ``config.json`` as this version reads it, so that a key added since it was written (at its
+    default: ``few_shot``, ``template.shot_text``, ``sampling.stop_at_newline``) is no difference; as saved when this
+    version cannot read it (the comparison then names what differs)."""
+    try:
+        return _comparable(config_from_mapping(saved, where=where))
+    except (ConfigError, ValueError, TypeError):
+        return _without_resumable(saved)
 
 
 #: The lock file in a run directory (:class:`RunDirLock`); not part of the run (an empty directory with only it is empty).
@@ -147,7 +157,7 @@ def check_run_dir(config: RunConfig, out: Path, resume: bool) -> None:
         if not isinstance(saved, dict):
             raise ConfigError(f"{out / 'config.json'}: not a run config (a JSON object); nothing to resume")
         mine = _comparable(config)
-        theirs = _without_resumable(saved)
+        theirs = _saved_comparable(saved, str(out / "config.json"))
         diff = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
         if diff:
             raise ConfigError(f"--resume {out}: the config differs from the run's in {diff}; resume with "

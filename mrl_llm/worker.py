@@ -56,6 +56,7 @@ from mrl_llm.rank.rollouts import make_records, rollout_sampling
 from mrl_llm.rank.scoring import Scorer
 from mrl_llm.rank.seeds import derive_seed
 from mrl_llm.rollout import SamplingConfig
+from mrl_llm.rollout.base import graded_text
 from mrl_llm.templates import PromptTemplate
 from shared_interfaces.config_io import ConfigError, from_mapping
 from shared_interfaces.records import ExperienceRecord
@@ -133,12 +134,15 @@ class LLMPolicyWorker:
         return self.scorer.verifier(name)
 
     def score(self, problem: Any, text: str, finish_reason: str) -> Any:
-        """The problem's verifier's :class:`~mrl_llm.rewards.Verdict` on ``text``."""
-        return self.scorer.score(problem, text, finish_reason)
+        """The problem's verifier's :class:`~mrl_llm.rewards.Verdict` on ``text`` (cut as :meth:`score_many` cuts)."""
+        return self.scorer.score(problem, graded_text(text, self.policy.sampling.stop_at_newline), finish_reason)
 
     def score_many(self, items: Sequence[tuple[Any, str, str]]) -> list[Any]:
-        """:meth:`score` of each ``(problem, text, finish_reason)``, in order, one batch per verifier."""
-        return self.scorer.score_many(items)
+        """:meth:`score` of each ``(problem, text, finish_reason)``, in order, one batch per verifier; with
+        ``sampling.stop_at_newline`` each text up to its first newline (:func:`~mrl_llm.rollout.base.graded_text`:
+        the policy's own rollouts, its evaluation and its re-check of peers' claims alike)."""
+        cut = self.policy.sampling.stop_at_newline
+        return self.scorer.score_many([(p, graded_text(t, cut), r) for p, t, r in items])
 
     def check_peer_records(self, records: Sequence[ExperienceRecord]) -> dict[str, str]:
         """``{record_id: outcome}`` of the peer ``records`` whose claims fail this policy's re-check

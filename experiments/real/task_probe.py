@@ -26,11 +26,13 @@ family's share drawn with ``random.Random("<seed>:<family>")`` exactly as a sing
 Few-shot examples (``--shots``), 3 per prompt, always of the prompt's own family and never among the prompts:
 ``fixed`` -- 3 drawn with the prompts, the same for every prompt of the family; ``distinct`` -- per prompt, 3 whose
 answers differ from each other and from the prompt's answer (a model that copies an example's answer is then
-always wrong), drawn with ``random.Random("<seed>:<prompt id>")``.
+always wrong), drawn by the trainer's :func:`mrl_llm.data.shots.draw_shots` (``random.Random("<seed>:<prompt
+id>")``) from the family's problems that are not prompts.
 
-Formats: ``plain`` -- "Q: What is 12+7?\\nA: \\boxed{19}" per example, then the question and "A:" (both models);
-``chat`` -- the same pairs as earlier user / assistant turns of the model's chat template (SmolLM2 only;
-Gemma-3-270M is a base model without one).
+Formats, rendered by the trainer's :class:`mrl_llm.templates.PromptTemplate` (:data:`FORMATS`): ``plain`` --
+"Q: What is 12+7?\\nA: \\boxed{19}" per example, then the question and "A:" (both models); ``chat`` -- the same
+pairs as earlier user / assistant turns of the model's chat template (SmolLM2 only; Gemma-3-270M is a base model
+without one).
 
     python -m experiments.real.task_probe --models-dir models --tasks add,add+mul --shots fixed,distinct \\
         --formats plain,chat --temperatures 0.5,1.0 --prompts 50 --out experiments/real/screen.jsonl
@@ -45,11 +47,14 @@ import json
 import random
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from mrl_llm.data.problem import Problem
+from mrl_llm.data.shots import FewShotConfig, ShotsError, draw_shots
 from mrl_llm.rewards.arithmetic import Family, arithmetic_reward
+from mrl_llm.rollout.base import newline_token_ids
+from mrl_llm.templates import PromptTemplate, TemplateConfig
 
 TASKS: dict[str, Family] = {
     "add": Family("add", "+", (0, 19), (0, 19)),
@@ -62,6 +67,9 @@ MODELS = ("smollm2-135m-instruct", "gemma-3-270m")
 SHOTS = 3
 SHOT_MODES = ("fixed", "distinct")
 ACC_RANGE, EXCLUSIVE_MIN = (0.05, 0.60), 0.15
+#: The prompt formats as trainer templates (``experiments/configs/real_cpu.yaml`` uses the same two).
+FORMATS = {"plain": TemplateConfig(text="Q: {question}\nA:", chat="never"),
+           "chat": TemplateConfig(text="{question}", chat="require")}
 
 
 @dataclass(frozen=True)
@@ -70,6 +78,10 @@ class Prompt:
 
     problem: Problem
     shots: tuple[Problem, ...]
+
+    def with_shots(self) -> Problem:
+        """The problem carrying its examples, as the trainer's templates render it."""
+        return replace(self.problem, shots=self.shots)
 
 
 def families_of(task: str) -> list[str]:
@@ -103,44 +115,34 @@ def draw_prompts(task: str, n: int, seed: int, shots: str = "fixed") -> list[Pro
             continue
         taken = {p.prompt_id for p in chosen}
         pool = [p for p in problems if p.prompt_id not in taken]
-        out += [Prompt(p, distinct_shots(p, pool, random.Random(f"{seed}:{p.prompt_id}"))) for p in chosen]
+        out += [Prompt(p, distinct_shots(p, pool, seed)) for p in chosen]
     return out
 
 
-def distinct_shots(problem: Problem, pool: list[Problem], rng: random.Random) -> tuple[Problem, ...]:
-    """``SHOTS`` problems of ``pool`` in ``rng``'s order whose answers differ from each other and from
-    ``problem``'s; a ``SystemExit`` when the pool holds too few distinct answers."""
-    picked: list[Problem] = []
-    used = {problem.gold}
-    for p in rng.sample(pool, len(pool)):
-        if p.gold not in used:
-            picked.append(p)
-            used.add(p.gold)
-            if len(picked) == SHOTS:
-                return tuple(picked)
-    raise SystemExit(f"{problem.prompt_id}: the examples left ({len(pool)}) hold fewer than {SHOTS} answers other "
-                     f"than {problem.gold}; ask for fewer prompts or use --shots fixed")
+def distinct_shots(problem: Problem, pool: list[Problem], seed: int) -> tuple[Problem, ...]:
+    """``SHOTS`` problems of ``pool`` whose answers differ from each other and from ``problem``'s, drawn as the
+    trainer draws them (:func:`mrl_llm.data.shots.draw_shots`, mode ``distinct``, ``seed``); a ``SystemExit``
+    when the pool holds too few distinct answers."""
+    try:
+        return draw_shots(problem, pool, FewShotConfig(shots=SHOTS, mode="distinct", seed=seed))
+    except ShotsError as err:
+        raise SystemExit(f"{err} (here: ask for fewer prompts or use --shots fixed)") from None
 
 
-def render(tok, fmt: str, question: str, shots: list) -> str | None:
-    """The prompt text of ``question`` in format ``fmt``; None when the model has no such format."""
-    if fmt == "plain":
-        return "".join(f"Q: {s.question}\nA: \\boxed{{{s.gold}}}\n\n" for s in shots) + f"Q: {question}\nA:"
-    if fmt == "chat":
-        if not tok.chat_template:
-            return None
-        turns = []
-        for s in shots:
-            turns += [{"role": "user", "content": s.question}, {"role": "assistant", "content": f"\\boxed{{{s.gold}}}"}]
-        turns.append({"role": "user", "content": question})
-        return tok.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
-    raise SystemExit(f"unknown format {fmt!r} (plain, chat)")
+def render(tok, fmt: str, problem: Problem) -> str | None:
+    """The prompt text of ``problem`` (with its examples, ``Problem.shots``) in format ``fmt`` (:data:`FORMATS`,
+    the trainer's template); None when the model has no such format (``chat`` without a chat template)."""
+    if fmt not in FORMATS:
+        raise SystemExit(f"unknown format {fmt!r} (plain, chat)")
+    if fmt == "chat" and not tok.chat_template:
+        return None
+    return PromptTemplate(FORMATS[fmt], tok).render(problem)
 
 
 def stop_ids(tok) -> list[int]:
-    """Token ids whose text holds a newline, and EOS: a response ends at the first of them."""
-    texts = tok.batch_decode([[i] for i in range(len(tok))])
-    return sorted({i for i, t in enumerate(texts) if "\n" in t} | {tok.eos_token_id})
+    """Token ids whose text holds a newline (:func:`mrl_llm.rollout.base.newline_token_ids`, what the trainer's
+    ``sampling.stop_at_newline`` stops on), and EOS: a response ends at the first of them."""
+    return sorted(set(newline_token_ids(tok)) | {tok.eos_token_id})
 
 
 def sample_loop(tok, model, texts: list[str], k: int, temperature: float, max_new_tokens: int, batch_prompts: int,
@@ -261,7 +263,7 @@ def measure(args: argparse.Namespace) -> None:
                             continue
                         if tok is None:
                             tok, model, stops = load(args.models_dir, name)
-                        texts = [render(tok, fmt, p.problem.question, list(p.shots)) for p in prompts]
+                        texts = [render(tok, fmt, p.with_shots()) for p in prompts]
                         if texts[0] is None:
                             continue
                         t0 = time.perf_counter()
@@ -291,8 +293,8 @@ def bench(args: argparse.Namespace) -> None:
     prompts = draw_prompts(task, args.bench, args.seed, shots)
     for name in args.models.split(","):
         tok, model, stops = load(args.models_dir, name)
-        model_fmt = fmt if render(tok, fmt, "x", []) is not None else "plain"
-        texts = [render(tok, model_fmt, p.problem.question, list(p.shots)) for p in prompts]
+        model_fmt = fmt if render(tok, fmt, prompts[0].with_shots()) is not None else "plain"
+        texts = [render(tok, model_fmt, p.with_shots()) for p in prompts]
         seconds, accs = {}, {}
         for sampler in ("loop", "engine"):
             t0 = time.perf_counter()

@@ -27,11 +27,15 @@ STATE_VERSION = 2  # 2: the fingerprint covers each problem's content, not only 
 
 def fingerprint(problems: Sequence[Problem]) -> str:
     """SHA-256 (hex) of the ordered problems as the run uses them: per problem the JSON list
-    ``[prompt_id, question, gold, list(choices), verifier]`` plus a newline. Changing any of these
+    ``[prompt_id, question, gold, list(choices), verifier]`` (and the ids of its few-shot examples, when it has
+    some) plus a newline. Changing any of these
     fields of any row, or the rows' order or number, changes it."""
     h = hashlib.sha256()
     for p in problems:
-        h.update(json.dumps([p.prompt_id, p.question, p.gold, list(p.choices), p.verifier]).encode("utf-8"))
+        row = [p.prompt_id, p.question, p.gold, list(p.choices), p.verifier]
+        if p.shots:  # a prompt's few-shot examples are part of it (absent: the fingerprint of a run without them)
+            row.append([s.prompt_id for s in p.shots])
+        h.update(json.dumps(row).encode("utf-8"))
         h.update(b"\n")
     return h.hexdigest()
 

@@ -4,7 +4,8 @@ A problem is what every policy is prompted with at a step: a stable ``prompt_id`
 exchange groups records by), the ``question`` text, the ``gold`` answer the verifier named by
 ``verifier`` checks responses against, optional multiple-choice ``choices`` (rendered as lettered
 options ``A. ...``), an optional ``family`` (a category used for per-family metrics and the
-peer-exclusive split) and free ``meta`` (JSON values copied from the row, read-only).
+peer-exclusive split), free ``meta`` (JSON values copied from the row, read-only) and its few-shot
+examples ``shots`` (other problems, rendered before it by the template; drawn by :mod:`mrl_llm.data.shots`).
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ class ProblemError(ValueError):
 @dataclass(frozen=True)
 class Problem:
     """One prompt: ``prompt_id``, ``question``, ``gold`` answer, ``verifier`` name, optional ``choices``
-    (multiple-choice options, labelled A, B, ... in order), optional ``family`` and read-only ``meta``."""
+    (multiple-choice options, labelled A, B, ... in order), optional ``family``, read-only ``meta`` and the
+    few-shot examples ``shots`` the template renders before it (:mod:`mrl_llm.data.shots`; none by default)."""
 
     prompt_id: str
     question: str
@@ -42,9 +44,13 @@ class Problem:
     choices: tuple[str, ...] = ()
     family: str | None = None
     meta: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    shots: tuple[Problem, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "choices", tuple(self.choices))
+        object.__setattr__(self, "shots", tuple(self.shots))
+        if not all(isinstance(s, Problem) for s in self.shots):
+            raise ProblemError(f"problem {self.prompt_id!r}: shots must be Problems (few-shot examples)")
         object.__setattr__(self, "meta", MappingProxyType(dict(self.meta)))
         for name in ("prompt_id", "question", "gold", "verifier"):
             value = getattr(self, name)

@@ -4,7 +4,8 @@
   starts from the policy's ``model_dir`` (a ``model_config`` policy's initial weights, or a policy with its
   own tokenizer directory, are saved to a directory first), seeded by ``derive_seed(run seed, policy,
   "engine")``, with the plan's ``engine_args`` and then the policy's own, ``max_model_len`` capped at the
-  model's positions, and the policy's drift check (``policies[].drift``).
+  model's positions, and the policy's drift check (``policies[].drift``); with ``sampling.stop_at_newline`` it
+  also stops at every newline-holding token (:meth:`~mrl_llm.rollout.base.RolloutEngine.add_stop_ids`).
 * :class:`RankEngine` — :meth:`~RankEngine.sample` runs the engine under the precision's autocast (the HF
   engine samples from the fp32 master model in the compute dtype); :meth:`~RankEngine.sync` gives the engine
   the trained weights after an update: for k > 1 gathered from the shards into the full rollout copy first
@@ -31,7 +32,7 @@ from mrl_llm.parallel.fsdp import gather_into
 from mrl_llm.precision import Precision
 from mrl_llm.rank.seeds import derive_seed
 from mrl_llm.rollout import DriftConfig, HFEngine, Sample, SamplingConfig
-from mrl_llm.rollout.base import release_cached_device_memory
+from mrl_llm.rollout.base import newline_token_ids, release_cached_device_memory
 from mrl_llm.rollout.drift import ReloadReport, model_vocab_size, probe_logprobs, reload_check, reload_probe
 from shared_interfaces.config_io import ConfigError
 
@@ -55,6 +56,14 @@ def make_rollout_engine(policy: PolicyConfig, model: torch.nn.Module, tokenizer:
                         max_positions: int, engine_args: dict[str, Any]) -> Any:
     """The engine of ``policy`` (module docstring) over the rollout ``model``; ``seed``: the run's seed;
     ``engine_args``: the plan's ``vllm.LLM`` settings (the policy's own ``engine_args`` win)."""
+    engine = _engine(policy, model, tokenizer, seed=seed, max_positions=max_positions, engine_args=engine_args)
+    if policy.sampling.stop_at_newline:
+        engine.add_stop_ids(newline_token_ids(tokenizer))
+    return engine
+
+
+def _engine(policy: PolicyConfig, model: torch.nn.Module, tokenizer: Any, *, seed: int, max_positions: int,
+            engine_args: dict[str, Any]) -> Any:
     if policy.engine == "hf":
         return HFEngine(model, tokenizer, max_batch_size=policy.sampling.max_batch_size)
     try:

@@ -46,6 +46,18 @@ def generation_eos_ids(model_dir: str | Path | None) -> tuple[int, ...]:
     return tuple(sorted(set(items)))
 
 
+def newline_token_ids(tokenizer) -> tuple[int, ...]:
+    """The ids of ``tokenizer`` whose decoded text (alone) holds a newline, sorted: what a response that ends at its
+    first newline stops on (:meth:`RolloutEngine.add_stop_ids`); () for a vocabulary without one."""
+    texts = tokenizer.batch_decode([[i] for i in range(len(tokenizer))])
+    return tuple(i for i, t in enumerate(texts) if "\n" in t)
+
+
+def graded_text(text: str, stop_at_newline: bool) -> str:
+    """What a response is graded on: its text up to its first newline when it stops there, else all of it."""
+    return text.split("\n", 1)[0] if stop_at_newline else text
+
+
 def check_prompts(prompts: Sequence[Sequence[int]], *, vocab_size: int | None, max_len: int | None) -> None:
     """A ``ValueError`` naming the first prompt that is empty, holds an id outside ``[0, vocab_size)``, or
     leaves no room for a response within ``max_len`` positions (prompt + response; ``None``: no limit)."""
@@ -110,6 +122,12 @@ class RolloutEngine(abc.ABC):
     ) -> list[list[Sample]]:
         """``n`` samples for each prompt (token ids in the policy's tokenizer, template applied); a prompt that
         :func:`check_prompts` refuses is a ``ValueError`` naming it."""
+
+    def add_stop_ids(self, ids: Sequence[int]) -> None:
+        """End a sequence also at any of ``ids`` (kept in the response with its log-prob, ``finish_reason = "stop"``,
+        as at EOS), e.g. :func:`newline_token_ids`. The engines stop on their ``eos_ids``; THL still maps only the
+        EOS ids it is given (:mod:`mrl_llm.thl.align`), so a peer's stop token reaches a learner as text."""
+        self.eos_ids = sorted(set(self.eos_ids) | {int(i) for i in ids})
 
     @abc.abstractmethod
     def sync_weights(self, model: torch.nn.Module) -> None:

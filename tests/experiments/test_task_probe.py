@@ -65,8 +65,8 @@ def test_too_few_problems_or_answers_is_a_one_line_error():
     with pytest.raises(SystemExit, match="ask for at most 394 prompts"):
         tp.draw_prompts("add+mul", 396, 0)
     same = [tp.TASKS["add"].problem(a, 10 - a) for a in range(5)]  # every example answers 10
-    with pytest.raises(SystemExit, match="fewer than 3 answers other than 3"):
-        tp.distinct_shots(tp.TASKS["add"].problem(1, 2), same, random.Random(0))
+    with pytest.raises(SystemExit, match=r"has 1 example answers other than its own \(3\), fewer than few_shot.shots"):
+        tp.distinct_shots(tp.TASKS["add"].problem(1, 2), same, 0)
     with pytest.raises(SystemExit, match="unknown --shots 'few'"):
         tp.draw_prompts("add", 5, 0, "few")
 
@@ -75,8 +75,37 @@ def test_empty_cases():
     assert tp.draw_prompts("add+mul", 0, 0) == [] == tp.draw_prompts("add", 0, 0, "distinct")
     assert tp.family_accuracy([], [], 8) == {}
     assert tp.pair_table([]) == [] and tp.table_lines([]) == []
-    with pytest.raises(SystemExit, match=r"examples left \(0\)"):
-        tp.distinct_shots(tp.TASKS["add"].problem(1, 2), [], random.Random(0))
+    with pytest.raises(SystemExit, match=r"has 0 example answers other than its own"):
+        tp.distinct_shots(tp.TASKS["add"].problem(1, 2), [], 0)
+
+
+def _render_as_in_item_2(tok, fmt, question, shots):
+    """The probe's own rendering before it used the trainer's templates (the prompts of screen.jsonl)."""
+    if fmt == "plain":
+        return "".join(f"Q: {s.question}\nA: \\boxed{{{s.gold}}}\n\n" for s in shots) + f"Q: {question}\nA:"
+    turns = []
+    for s in shots:
+        turns += [{"role": "user", "content": s.question}, {"role": "assistant", "content": f"\\boxed{{{s.gold}}}"}]
+    turns.append({"role": "user", "content": question})
+    return tok.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
+
+
+@pytest.mark.parametrize("shots", ["fixed", "distinct"])
+def test_prompts_render_through_the_trainer_template_exactly_as_in_item_2(shots):
+    from transformers import AutoTokenizer
+
+    from mrl_llm.config import find_shared_dir
+
+    tok = AutoTokenizer.from_pretrained(find_shared_dir() / "tokenizers" / "qwen1.5")  # it has a chat template
+    prompts = tp.draw_prompts("add+mul", 12, 0, shots)
+    for fmt in ("plain", "chat"):
+        for p in prompts:
+            assert tp.render(tok, fmt, p.with_shots()) == _render_as_in_item_2(tok, fmt, p.problem.question, p.shots)
+    assert "<|im_start|>assistant\n\\boxed{" in tp.render(tok, "chat", prompts[0].with_shots())
+    tok.chat_template = None
+    assert tp.render(tok, "chat", prompts[0].with_shots()) is None  # no chat format without a chat template
+    with pytest.raises(SystemExit, match="unknown format 'html'"):
+        tp.render(tok, "html", prompts[0].with_shots())
 
 
 def row(model, right, fmt="plain", shots=None, task="add+mul", seconds=10.0):
