@@ -129,16 +129,33 @@ def instrument(clock: Clock, actors: dict) -> None:
         a.worker.model.get_output_embeddings().register_forward_hook(count)
 
 
+class FewShot:
+    """A worker's template that renders a problem as its few-shot text (``texts[prompt_id]``); the rest (how the
+    text is tokenized) is the policy's own template's."""
+
+    def __init__(self, base, texts: dict[str, str]) -> None:
+        self.base, self.texts = base, texts
+
+    def render(self, problem) -> str:
+        return self.texts[problem.prompt_id]
+
+    def __getattr__(self, name: str):
+        return getattr(self.base, name)
+
+
 def prompts_of(args: argparse.Namespace, step: int, actors: dict) -> list:
-    """The step's problems, each policy's few-shot prompt text cached in its worker (``set_prompt``)."""
+    """The step's problems; each worker's template renders them as its few-shot text (:class:`FewShot`)."""
     from experiments.real.task_probe import draw_prompts, render
 
     drawn = draw_prompts("add", args.prompts * args.steps, args.seed, shots="distinct")
     mine = drawn[step * args.prompts:(step + 1) * args.prompts]
     for name, (_, fmt) in POLICIES.items():
         w = actors[name].worker
+        base = w.prompts.template.base if isinstance(w.prompts.template, FewShot) else w.prompts.template
+        texts = {p.problem.prompt_id: render(w.tokenizer, fmt, p.problem.question, list(p.shots)) for p in mine}
+        w.prompts.template = FewShot(base, texts)
         for p in mine:
-            w.set_prompt(p.problem.prompt_id, render(w.tokenizer, fmt, p.problem.question, list(p.shots)))
+            w.render(p.problem)
     return [p.problem for p in mine]
 
 
