@@ -125,3 +125,26 @@ def test_the_update_with_shared_prefixes_equals_the_plain_update(monkeypatch, gr
     torch.testing.assert_close(grads[1], grads[0], atol=1e-6, rtol=1e-4)
     for k in ("loss", "kl_to_ref", "entropy", "logprob_drift_max"):
         assert metrics[1][k] == pytest.approx(metrics[0][k], abs=1e-5), k
+
+
+@pytest.mark.parametrize("share", [False, True])
+def test_the_worker_trains_with_shared_prefixes_when_the_config_says_so(monkeypatch, share):
+    """``train.share_prefix`` reaches the update: the worker's step takes the shared path exactly when it is set."""
+    import mrl_llm.prefix_logprobs as pl
+    from mrl_llm.config import PolicyConfig, SamplingSection, TrainSection
+    from mrl_llm.worker import LLMPolicyWorker, WorkerConfig
+    from shared_interfaces.exchange import InMemoryExchange
+    from shared_interfaces.regimes.config import LossConfig
+    from tests.llm.helpers import install_verifier, tiny
+    from tests.llm.test_precision import ParityVerifier, _rows
+
+    install_verifier(monkeypatch, ParityVerifier())
+    pol = PolicyConfig(name="A", model_config=tiny("llama"), tokenizer_dir="utf8-bytes", group_size=8, device="cpu",
+                       sampling=SamplingSection(max_new_tokens=4),
+                       train=TrainSection(micro_batch=8, share_prefix=share))
+    w = LLMPolicyWorker("A", WorkerConfig(policy=pol, loss=LossConfig(kl_coef=0.0), track_ref_kl=False), seed=0)
+    calls = []
+    shared = pl.shared_prefix_logprobs
+    monkeypatch.setattr(pl, "shared_prefix_logprobs", lambda *a, **kw: calls.append(1) or shared(*a, **kw))
+    m = w.train_step(_rows(w, InMemoryExchange(), 0))
+    assert (len(calls) > 0) == share and m["nan_skipped"] == 0.0
