@@ -160,7 +160,11 @@ class TrainSection:
     (:func:`mrl_llm.micro_batches.token_budget_groups`); the mini-batch stays ``micro_batch *
     grad_accum`` rows. It must be >= ``max_prompt_len + sampling.max_new_tokens``. ``logprob_chunk``:
     positions per checkpointed LM-head + log-softmax chunk (:func:`mrl_llm.logprobs.forward_logprobs`;
-    None: all positions at once).
+    None: all positions at once). ``share_prefix`` (opt-in): the rows of a micro-batch that hold the same prompt
+    (a group's samples) run it through the backbone once, their responses after its KV cache
+    (:mod:`mrl_llm.prefix_logprobs`: the same values and gradients up to float rounding), in the update, the
+    snapshot and the reference passes; ignored with ``gradient_checkpointing``, ``ranks > 1`` (FSDP2) or a model
+    whose head is not separable. ``micro_batch`` a multiple of ``group_size`` keeps a group in one micro-batch.
 
     ``lr_groups`` (opt-in): ``[{match: GLOB, lr: LR}, ...]`` -- parameters whose name matches ``GLOB``
     train at ``LR`` (first match wins; ``lr: 0`` freezes them; the rest at ``lr``), e.g. a larger rate
@@ -199,6 +203,7 @@ class TrainSection:
     gradient_checkpointing: bool = False
     max_tokens_per_micro_batch: int | None = None
     logprob_chunk: int | None = 1024
+    share_prefix: bool = False
     #: per-parameter-name learning rates (:mod:`mrl_llm.param_groups`): first matching glob wins, lr 0 freezes
     lr_groups: tuple[LrGroup, ...] = ()
     fsdp_unit: Literal["layer", "model", "none"] = "layer"

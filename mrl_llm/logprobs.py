@@ -74,7 +74,7 @@ def pack(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], p
 
 def forward_logprobs(
     model: torch.nn.Module, batch: PackedBatch, temperature: float = 1.0, *, with_entropy: bool = False,
-    chunk_size: int | None = None,
+    chunk_size: int | None = None, share_prefix: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``(logp [B, L - 1], entropy [B, L - 1] or None)`` of the packed batch (differentiable).
 
@@ -82,8 +82,15 @@ def forward_logprobs(
     head and the log-softmax run on that window alone (``logits_to_keep``); positions before it are 0.
     With a large vocabulary this is most of the cost of a step. ``chunk_size``: the chunked path
     (:func:`chunked_forward_logprobs`; values at the response positions only, 0 elsewhere) where the
-    model allows it (:func:`chunkable`).
+    model allows it (:func:`chunkable`). ``share_prefix``: each distinct prompt through the backbone once
+    (:func:`mrl_llm.prefix_logprobs.shared_prefix_logprobs`; values at the response positions only) where the
+    model allows it (:func:`mrl_llm.prefix_logprobs.shareable`).
     """
+    if share_prefix:
+        from mrl_llm.prefix_logprobs import shareable, shared_prefix_logprobs
+
+        if shareable(model):
+            return shared_prefix_logprobs(model, batch, temperature, with_entropy=with_entropy, chunk_size=chunk_size)
     if chunk_size and chunkable(model):
         return chunked_forward_logprobs(model, batch, temperature, with_entropy=with_entropy, chunk_size=chunk_size)
     device = next(model.parameters()).device
@@ -217,10 +224,11 @@ def response_logprob_rows(
     micro_batch: int = 16,
     groups: Sequence[Sequence[int]] | None = None,
     chunk_size: int | None = None,
+    share_prefix: bool = False,
 ) -> list[torch.Tensor]:
     """Each response's per-token log-probs under ``model`` (no gradient; float32 ``[len]`` each, on the CPU), in micro-batches of
     ``micro_batch`` rows, or of the row indices ``groups`` (e.g. token-budget groups,
-    :mod:`mrl_llm.micro_batches`); ``chunk_size`` as in :func:`forward_logprobs`."""
+    :mod:`mrl_llm.micro_batches`); ``chunk_size`` and ``share_prefix`` as in :func:`forward_logprobs`."""
     was_training = model.training
     model.eval()
     if groups is None:
@@ -231,7 +239,7 @@ def response_logprob_rows(
         for g in groups:
             g = list(g)
             batch = pack([prompts[i] for i in g], [responses[i] for i in g], pad_id)
-            logp, _ = forward_logprobs(model, batch, temperature, chunk_size=chunk_size)
+            logp, _ = forward_logprobs(model, batch, temperature, chunk_size=chunk_size, share_prefix=share_prefix)
             logp = logp.float().cpu()
             for k, i in enumerate(g):
                 out[i] = logp[k][batch.response_mask[k]]

@@ -204,14 +204,17 @@ def backward(loss: torch.Tensor, sgt_term: torch.Tensor | None, no_sgt: list[tor
 def micro_batch_loss(model: torch.nn.Module, batch: TrainBatch, idx: list[int], snapshot: list[torch.Tensor] | None, *,
                      loss_cfg: LossConfig, temperature: float, pad_id: int, norm: LossNorm,
                      ref_model: torch.nn.Module | None, res: UpdateResult,
-                     logprob_chunk: int | None = None, split_sgt: bool = False) -> tuple[LossOutput, MicroBatch]:
+                     logprob_chunk: int | None = None, split_sgt: bool = False,
+                     share_prefix: bool = False) -> tuple[LossOutput, MicroBatch]:
     """Rows ``idx``: one forward, the core's behaviour correction and loss (module docstring). ``snapshot``:
     the rows' ``log pi_old`` from a pass before the first update, or None (``old = logp.detach()``).
     ``split_sgt``: also return the loss's SGT term with its graph (``MicroBatch.sgt_term``; None when the
-    rows hold no SGT token)."""
+    rows hold no SGT token). ``share_prefix``: the forward passes run each distinct prompt once
+    (:mod:`mrl_llm.prefix_logprobs`)."""
     device = next(model.parameters()).device
     packed = pack([batch.prompts[i] for i in idx], [batch.responses[i] for i in idx], pad_id)
-    logp_full, ent_full = forward_logprobs(model, packed, temperature, with_entropy=True, chunk_size=logprob_chunk)
+    logp_full, ent_full = forward_logprobs(model, packed, temperature, with_entropy=True, chunk_size=logprob_chunk,
+                                           share_prefix=share_prefix)
     logp, mask = response_layout(logp_full, packed)
     T = logp.shape[1]
     old = logp.detach() if snapshot is None else pad_tensors([snapshot[i] for i in idx], T).to(device, logp.dtype)
@@ -224,7 +227,8 @@ def micro_batch_loss(model: torch.nn.Module, batch: TrainBatch, idx: list[int], 
     ref = None
     if ref_model is not None:
         with torch.no_grad():
-            ref_full, _ = forward_logprobs(ref_model, packed, temperature, chunk_size=logprob_chunk)
+            ref_full, _ = forward_logprobs(ref_model, packed, temperature, chunk_size=logprob_chunk,
+                                           share_prefix=share_prefix)
         ref = response_layout(ref_full, packed)[0].to(logp.dtype)
         res.ref_seq_tokens += int(packed.attention_mask.sum())
     sgt_scale = None if batch.sgt_scale is None else batch.sgt_scale[idx].to(device)
@@ -258,12 +262,14 @@ def run_update(
     ref_model: torch.nn.Module | None = None,
     max_tokens: int | None = None,
     logprob_chunk: int | None = None,
+    share_prefix: bool = False,
     share: RankShare | None = None,
     autocast: Callable[[], AbstractContextManager] = nullcontext,
 ) -> UpdateResult:
     """Apply the step's update (module docstring) and return its diagnostics. ``autocast``: a factory of the
     compute dtype's context (:meth:`mrl_llm.precision.Precision.autocast` bound to the device), entered
-    around each forward and loss only (module docstring)."""
+    around each forward and loss only (module docstring). ``share_prefix``: every forward runs each distinct
+    prompt of a micro-batch once (``train.share_prefix``, :mod:`mrl_llm.prefix_logprobs`)."""
     res = UpdateResult()
     n = len(batch)
     if n == 0:
@@ -275,7 +281,7 @@ def run_update(
         with torch.no_grad(), _gathered(share, model), autocast():  # no graph (under FSDP a forward with grad and no backward breaks the next step)
             snapshot = response_logprob_rows(model, batch.prompts, batch.responses, pad_id=pad_id,
                                              temperature=temperature, micro_batch=micro_batch,
-                                             chunk_size=logprob_chunk,
+                                             chunk_size=logprob_chunk, share_prefix=share_prefix,
                                              groups=None if max_tokens is None
                                              else token_budget_groups(seq_lens, max_tokens))
         res.old_seq_tokens = sum(seq_lens)
@@ -303,7 +309,7 @@ def run_update(
                     out, mb = micro_batch_loss(model, batch, idx, snapshot, loss_cfg=loss_cfg,
                                                temperature=temperature, pad_id=pad_id, norm=norm, ref_model=ref_model,
                                                res=res if real else UpdateResult(), logprob_chunk=logprob_chunk,
-                                               split_sgt=bool(no_sgt))
+                                               split_sgt=bool(no_sgt), share_prefix=share_prefix)
                 ok = bool(torch.isfinite(out.loss).all())
                 finite = finite and ok
                 if not finite and share is None:

@@ -109,7 +109,7 @@ class PolicyModel:
                          temperature=policy.sampling.temperature, micro_batch=t.micro_batch,
                          grad_accum=t.grad_accum, grad_clip=t.grad_clip, pad_id=pad_id,
                          ref_model=self.ref_model, max_tokens=t.max_tokens_per_micro_batch,
-                         logprob_chunk=t.logprob_chunk, share=self.share,
+                         logprob_chunk=t.logprob_chunk, share_prefix=t.share_prefix, share=self.share,
                          autocast=functools.partial(self.precision.autocast, self.device))
         if self.group.sharded:  # the policy's token counts, not this rank's share
             res.tokens, res.seq_tokens, res.ref_seq_tokens = (int(x) for x in self.group.sum(

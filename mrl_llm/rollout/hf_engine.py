@@ -17,6 +17,15 @@ model's device (no host copy of the ``[B, V]`` distribution); finished rows leav
 and waiting sequences are prefilled into the freed rows (continuous batching; :mod:`mrl_llm.rollout.hf_batch`),
 as many in flight as :func:`~mrl_llm.rollout.hf_batch.rows_that_fit` allows within ``max_batch_size``.
 
+**Shared prompts** (``share_prompts``, the default). A group's rows that hold the same prompt (the ``n`` copies of
+a prompt, or equal prompts) are prefilled once: the group's distinct prompts run through the model, then their
+cache rows, last positions and last logits are repeated, one per sequence, before any row samples. The padded
+layout of every row is the one of prefilling each copy (the distinct prompts have the same longest length), so
+the samples are the same up to the float rounding of a smaller batch's matmuls; each row keeps its own seed,
+its place in the admission order and the ``logits_hook``'s view. A prompt whose copies are split over two
+admissions (a memory- or ``max_batch_size``-capped batch) is prefilled once in each. ``share_prompts=False``
+prefills every copy (the reference the tests and ``experiments/bench/real_step.py`` compare against).
+
 A sequence stops at the first EOS id (kept, with its log-prob; ``finish_reason = "stop"``) or after
 ``max_new_tokens`` (``"length"``), or earlier (``"length"``) where prompt + response fill the model's
 ``max_position_embeddings``, as vLLM stops at ``max_model_len``. A prompt token outside the model's
@@ -98,14 +107,16 @@ class HFEngine(RolloutEngine):
     """Samples from ``model`` (a transformers causal LM) with ``tokenizer``'s EOS/pad ids.
 
     ``max_batch_size``: the most sequences in flight (the batch is otherwise sized from memory, module
-    docstring); ``logits_hook``: :data:`LogitsHook`. When the engine holds the trainer's own model object
+    docstring); ``logits_hook``: :data:`LogitsHook`; ``share_prompts``: prefill each distinct prompt of an
+    admitted group once (module docstring). When the engine holds the trainer's own model object
     (colocated, the CPU default), weight sync is free: :meth:`sync_weights` with that object is a no-op.
     With a separate copy it copies the weights.
     """
 
     def __init__(self, model: torch.nn.Module, tokenizer, *, max_batch_size: int = 64,
-                 logits_hook: LogitsHook | None = None) -> None:
+                 logits_hook: LogitsHook | None = None, share_prompts: bool = True) -> None:
         self.model = model
+        self.share_prompts = bool(share_prompts)
         self.tokenizer = tokenizer
         self.max_batch_size = max(1, int(max_batch_size))
         self.logits_hook = logits_hook
@@ -171,6 +182,20 @@ class HFEngine(RolloutEngine):
             logits = self.model.get_output_embeddings()(out.last_hidden_state[:, -1])
         return out.past_key_values, attn, pos[:, -1], logits
 
+    def _prefill_group(self, prompts: list[list[int]], device: torch.device):
+        """:meth:`_prefill` of an admitted group; with ``share_prompts`` each distinct prompt runs once and its
+        cache row, last position and logits are repeated for each of its rows (module docstring)."""
+        if not self.share_prompts:
+            return self._prefill(prompts, device)
+        first: dict[tuple[int, ...], int] = {}
+        expand = [first.setdefault(tuple(p), len(first)) for p in prompts]
+        if len(first) == len(prompts):
+            return self._prefill(prompts, device)
+        cache, attn, pos, logits = self._prefill([list(p) for p in first], device)
+        idx = torch.tensor(expand, device=device)
+        cache, attn = select_rows(cache, attn, idx)
+        return cache, attn, pos[idx], logits[idx]
+
     @torch.no_grad()
     def _decode(self, flat: list[list[int]], seeds: list[int], sp: SamplingConfig):
         """Every sequence's tokens and log-probs ``[N, T]`` (host) and its token limit (module docstring)."""
@@ -198,7 +223,7 @@ class HFEngine(RolloutEngine):
             if waiting < N and free >= min(N - waiting, max(1, cap // 4)) and (merge_ok or not len(rows)):
                 group = list(range(waiting, min(N, waiting + free)))
                 waiting = group[-1] + 1
-                g_cache, g_attn, g_pos, g_logits = self._prefill([flat[k] for k in group], device)
+                g_cache, g_attn, g_pos, g_logits = self._prefill_group([flat[k] for k in group], device)
                 merge_ok = mergeable(g_cache)
                 if len(rows):  # the rows in flight take their step, then the group joins them
                     cache, attn, pos, logits = self._step(cache, attn, pos, tok)
