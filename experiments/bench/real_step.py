@@ -152,7 +152,7 @@ def prompts_of(args: argparse.Namespace, step: int, actors: dict) -> list:
     for name, (_, fmt) in POLICIES.items():
         w = actors[name].worker
         base = w.prompts.template.base if isinstance(w.prompts.template, FewShot) else w.prompts.template
-        texts = {p.problem.prompt_id: render(w.tokenizer, fmt, p.problem.question, list(p.shots)) for p in mine}
+        texts = {p.problem.prompt_id: render(w.tokenizer, fmt, p.with_shots()) for p in mine}
         w.prompts.template = FewShot(base, texts)
         for p in mine:
             w.render(p.problem)

@@ -29,6 +29,14 @@ def timed(fn):
     return out, time.perf_counter() - w, time.process_time() - c
 
 
+def prompt_texts(tok, fmt: str, n: int, seed: int) -> list[str]:
+    """``n`` few-shot ``add`` prompts (3 examples with distinct answers) rendered in ``fmt`` (``plain`` / ``chat``) by
+    :func:`experiments.real.task_probe.render`, the trainer's templates: the benches' prompts."""
+    from experiments.real.task_probe import draw_prompts, render
+
+    return [render(tok, fmt, p.with_shots()) for p in draw_prompts("add", n, seed, shots="distinct")]
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", required=True, help="a prepared model directory (config.json and tokenizer)")
@@ -44,7 +52,6 @@ def main(argv: list[str] | None = None) -> None:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    from experiments.real.task_probe import draw_prompts, render
     from mrl_llm.logprobs import forward_logprobs, pack
     from mrl_llm.rollout import HFEngine, SamplingConfig
 
@@ -52,8 +59,7 @@ def main(argv: list[str] | None = None) -> None:
     tok = AutoTokenizer.from_pretrained(args.model)
     torch.manual_seed(args.seed)
     model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(args.model))
-    drawn = draw_prompts("add", args.prompts, args.seed, shots="distinct")
-    texts = [render(tok, args.format, p.problem.question, list(p.shots)) for p in drawn]
+    texts = prompt_texts(tok, args.format, args.prompts, args.seed)
     prompts = [tok(t, add_special_tokens=args.format == "plain").input_ids for t in texts]
     lens = [len(p) for p in prompts]
     print(f"{args.model}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, random init; "

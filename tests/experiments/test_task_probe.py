@@ -242,3 +242,18 @@ def test_cli_refuses_empty_runs_and_bad_tasks_before_loading_a_model(tmp_path, c
         tp.main(["--models-dir", str(tmp_path), "--tasks", "add,addd"])
     tp.main(["--table", str(tmp_path / "none.jsonl")])
     assert "no candidate measured for both models yet" in capsys.readouterr().out
+
+
+def test_the_real_step_benches_render_their_prompts_with_task_probe():
+    """``experiments/bench/real_step_stages.py`` (and ``real_step.py``, the same call) render through ``render``: a
+    change of its signature broke both silently once (they have no other default-suite test)."""
+    from transformers import AutoTokenizer
+
+    from experiments.bench.real_step_stages import prompt_texts
+    from mrl_llm.config import find_shared_dir
+
+    tok = AutoTokenizer.from_pretrained(find_shared_dir() / "tokenizers" / "qwen1.5")
+    assert prompt_texts(tok, "plain", 0, 0) == []
+    plain, chat = prompt_texts(tok, "plain", 4, 0), prompt_texts(tok, "chat", 4, 0)
+    assert len(plain) == len(chat) == 4 and all(t.count("Q: ") == 4 for t in plain)
+    assert all(t.count("<|im_start|>user") == 4 for t in chat)
