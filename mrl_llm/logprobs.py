@@ -181,11 +181,24 @@ def _chunked(model: torch.nn.Module, batch: PackedBatch, temperature: float, *, 
                               use_cache=False).last_hidden_state
     mask = batch.response_mask.to(device)
     h = hidden[:, :-1][mask]  # [n, H]: the positions that predict a response token
-    targets = batch.targets.to(device)[mask]
-    head = model.get_output_embeddings()
+    flat, flat_ent = head_logprobs(model.get_output_embeddings(), h, batch.targets.to(device)[mask], temperature,
+                                   with_entropy=with_entropy, chunk_size=chunk_size)
+    logp = torch.zeros((B, L - 1), dtype=flat.dtype, device=device).masked_scatter(mask, flat)
+    ent = None
+    if with_entropy:
+        ent = torch.zeros((B, L - 1), dtype=flat_ent.dtype, device=device).masked_scatter(mask, flat_ent)
+    return logp, ent
+
+
+def head_logprobs(head: torch.nn.Module, h: torch.Tensor, targets: torch.Tensor, temperature: float, *,
+                  with_entropy: bool, chunk_size: int | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The log-probs of ``targets [n]`` from the hidden states ``h [n, H]`` through the LM ``head`` (and, with
+    ``with_entropy``, the entropies), ``chunk_size`` rows at a time (None: all at once), each chunk checkpointed when
+    a graph is built: ``[n]`` each; entropies None without ``with_entropy``; ``n = 0`` gives empty tensors."""
+    step = chunk_size or max(h.shape[0], 1)
     lps, ents = [], []
-    for s in range(0, h.shape[0], chunk_size):
-        args = (head, h[s : s + chunk_size], targets[s : s + chunk_size], temperature, with_entropy)
+    for s in range(0, h.shape[0], step):
+        args = (head, h[s : s + step], targets[s : s + step], temperature, with_entropy)
         if torch.is_grad_enabled() and h.requires_grad:
             lp, ent = checkpoint(_chunk_logp, *args, use_reentrant=False)
         else:
@@ -193,12 +206,9 @@ def _chunked(model: torch.nn.Module, batch: PackedBatch, temperature: float, *, 
         lps.append(lp)
         ents.append(ent)
     flat = torch.cat(lps) if lps else h.new_zeros(0, dtype=torch.float32)
-    logp = torch.zeros((B, L - 1), dtype=flat.dtype, device=device).masked_scatter(mask, flat)
-    ent = None
-    if with_entropy:
-        flat_ent = torch.cat(ents) if ents else flat.detach()
-        ent = torch.zeros((B, L - 1), dtype=flat_ent.dtype, device=device).masked_scatter(mask, flat_ent)
-    return logp, ent
+    if not with_entropy:
+        return flat, None
+    return flat, torch.cat(ents) if ents else flat.detach()
 
 
 

@@ -25,9 +25,8 @@ distinct prompts gain nothing (one prompt pass per row plus one response pass).
 from __future__ import annotations
 
 import torch
-from torch.utils.checkpoint import checkpoint
 
-from mrl_llm.logprobs import PackedBatch, _chunk_logp, chunkable
+from mrl_llm.logprobs import PackedBatch, chunkable, head_logprobs
 from mrl_llm.rollout.hf_batch import select_rows
 
 
@@ -87,20 +86,9 @@ def shared_prefix_logprobs(model: torch.nn.Module, batch: PackedBatch, temperatu
     hidden = torch.cat(h_rows, dim=1)  # [B, Lr + 1, H]: position t predicts response token t
     lens = torch.tensor(batch.response_lens, device=device)
     h = hidden[torch.arange(hidden.shape[1], device=device)[None] < lens[:, None]]  # row-major, as mask's order
-    targets = batch.targets.to(device)[mask]
-    head = model.get_output_embeddings()
-    step = chunk_size or h.shape[0]
-    lps, ents = [], []
-    for s in range(0, h.shape[0], step):
-        args = (head, h[s : s + step], targets[s : s + step], temperature, with_entropy)
-        if torch.is_grad_enabled() and h.requires_grad:
-            lp, e = checkpoint(_chunk_logp, *args, use_reentrant=False)
-        else:
-            lp, e = _chunk_logp(*args)
-        lps.append(lp)
-        ents.append(e)
-    flat = torch.cat(lps)
+    flat, flat_ent = head_logprobs(model.get_output_embeddings(), h, batch.targets.to(device)[mask], temperature,
+                                   with_entropy=with_entropy, chunk_size=chunk_size)
     logp = logp.to(flat.dtype).masked_scatter(mask, flat)
     if with_entropy:
-        ent = ent.masked_scatter(mask, torch.cat(ents).to(ent.dtype))
+        ent = ent.masked_scatter(mask, flat_ent.to(ent.dtype))
     return logp, ent

@@ -134,3 +134,21 @@ def test_a_model_that_ignores_or_lacks_logits_to_keep_gives_the_same_logprobs():
             got, _ = forward_logprobs(wrapped, packed)
             torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
     assert want[:, :3].eq(0).all() and want[packed.response_mask].lt(0).all()
+
+
+def test_head_logprobs_of_no_rows_and_in_chunks():
+    """:func:`mrl_llm.logprobs.head_logprobs`: no rows give empty tensors; chunks give what one pass gives."""
+    import torch
+
+    from mrl_llm.logprobs import head_logprobs
+
+    head = torch.nn.Linear(4, 7, bias=False)
+    lp, ent = head_logprobs(head, torch.zeros(0, 4), torch.zeros(0, dtype=torch.long), 1.0, with_entropy=True,
+                            chunk_size=None)
+    assert lp.shape == ent.shape == (0,)
+    h, y = torch.randn(5, 4), torch.tensor([0, 3, 6, 1, 2])
+    whole, none = head_logprobs(head, h, y, 0.7, with_entropy=False, chunk_size=None)
+    parts, ent = head_logprobs(head, h, y, 0.7, with_entropy=True, chunk_size=2)
+    assert none is None and ent.shape == (5,)
+    torch.testing.assert_close(parts, whole)
+    torch.testing.assert_close(whole, torch.log_softmax(head(h) / 0.7, -1).gather(-1, y[:, None]).squeeze(-1))
