@@ -268,3 +268,22 @@ def test_the_fit_is_the_best_of_a_profile_over_the_learning_rates():
     sc = kernel_scenario(counts, K, cv.train, ("p0", "p1"), 6, ks.floor)
     traj = simulate_kernel(sc, kernel_config(_run_settings(), ("grpo",), sc, ks, 2), cv.steps, 8)
     assert dispersion(traj, cv) == fit["dispersion"]
+
+
+def test_dispersion_is_one_when_nothing_after_step_0_was_evaluated():
+    from dataclasses import replace as dc_replace
+
+    from bandit_sim.kernel_fit import dispersion
+
+    cv = _curves()
+    C = cv.train.size
+    K = np.stack([np.eye(C), np.eye(C)])
+    counts = Counts(cv.samples[:, 0], cv.successes[:, 0], np.zeros((2, C), bool))
+    ks = KernelSettings(0.1, 0.0, 0.0, 1e-3)
+    sc = kernel_scenario(counts, K, cv.train, ("p0", "p1"), 6, ks.floor)
+    traj = simulate_kernel(sc, kernel_config(_run_settings(), ("grpo",), sc, ks, 2), cv.steps, 8)
+    samples = cv.samples.copy()
+    samples[:, 1:] = 0
+    empty = dc_replace(cv, samples=samples, successes=np.where(samples > 0, cv.successes, 0))
+    assert dispersion(traj, empty) == 1.0
+    assert dispersion(traj, cv) >= 1.0
